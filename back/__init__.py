@@ -1,0 +1,1 @@
+"""back: the draft worker of duo."""

@@ -1,0 +1,79 @@
+"""Drafters: keep a local sequence (lead's tokens + own guesses) and extend it.
+
+`catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead
+has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
+only what is missing is evaluated. `next_token` proposes one more token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from back.ngram import ngram_draft
+from shared.model import Model, common_prefix, sync_cache
+from shared.protocol import SamplingParams
+from shared.sampling import Dist, distribution, sample
+
+MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
+
+
+class Drafter(Protocol):
+    local: list[int]
+
+    def catch_up(self, lead_tokens: Sequence[int]) -> int: ...
+
+    def next_token(self, params: SamplingParams, rng: np.random.Generator
+                   ) -> tuple[int, Dist | None] | None: ...
+
+
+class ModelDrafter:
+    def __init__(self, model: Model, batch: int = 512,
+                 progress: Callable[[int, int], None] | None = None) -> None:
+        self.model, self.batch, self.progress = model, batch, progress
+        self._logits: np.ndarray | None = None  # next-token logits after `local`
+
+    @property
+    def local(self) -> list[int]:
+        return self.model.cached
+
+    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+        keep = common_prefix(self.model.cached, lead_tokens)
+        if keep == len(lead_tokens) and self._logits is not None and keep > 0:
+            return 0  # lead is a prefix of our draft: nothing to redo
+        # Re-evaluate at least the last token, whose logits we need to draft on.
+        head = list(lead_tokens[:-1])
+        evaluated = sync_cache(self.model, head, self.batch, self.progress)
+        self._logits = self.model.evaluate([lead_tokens[-1]], 1)[-1]
+        return evaluated + 1
+
+    def next_token(self, params: SamplingParams, rng: np.random.Generator
+                   ) -> tuple[int, Dist | None] | None:
+        if self._logits is None or len(self.model.cached) >= self.model.n_ctx:
+            return None
+        dist = distribution(self._logits, params, MAX_SUPPORT)
+        token = sample(dist, rng)
+        self._logits = self.model.evaluate([token], 1)[-1]
+        return token, None if params.temperature <= 0 else dist
+
+
+class NgramDrafter:
+    def __init__(self, n_max: int = 4) -> None:
+        self.n_max = n_max
+        self.local: list[int] = []
+
+    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+        keep = common_prefix(self.local, lead_tokens)
+        if keep < len(lead_tokens):
+            self.local = list(lead_tokens)
+        return len(lead_tokens) - keep
+
+    def next_token(self, params: SamplingParams, rng: np.random.Generator
+                   ) -> tuple[int, Dist | None] | None:
+        guess = ngram_draft(self.local, self.n_max, 1)
+        if not guess:
+            return None
+        self.local.append(guess[0])
+        return guess[0], None  # no probabilities: lead verifies by sample-and-compare

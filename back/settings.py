@@ -1,0 +1,29 @@
+"""The back's settings: CLI flags and BACK_* environment variables come from here."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class BackSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="BACK_", extra="ignore")
+
+    lead: str = Field("127.0.0.1:5555", description="lead's address, host:port or URL")
+    model: str = Field("qwen2.5-coder-0.5b", description="draft GGUF path or preset name",
+                       json_schema_extra={"short": "m"})
+    drafter: Literal["model", "ngram"] = Field("model", description="model: a draft model; "
+                                               "ngram: prompt lookup, no model needed")
+    threads: int = Field(0, ge=0, description="CPU threads for the draft model (0: all cores)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
+    ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens")
+    batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
+    max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
+    ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram the ngram drafter matches")
+    api_key: str | None = Field(None, description="lead's API key, if it requires one")
+    poll_wait: float = Field(10.0, gt=0, le=30, description="long-poll wait, seconds")
+    back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")
+    log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
+                           description="debug, info, warning or error")

@@ -1,0 +1,1 @@
+"""lead: the target-model server of duo."""

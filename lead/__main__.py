@@ -1,0 +1,39 @@
+"""python -m lead: serve the target model."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from lead.settings import LeadSettings
+from shared.cli import fail, parse_settings, setup_logging
+from shared.presets import ModelError
+
+DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
+               "draft tokens posted by backs (python -m back --lead HOST:PORT).")
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
+    setup_logging(settings.log_level)
+    import uvicorn
+
+    from lead.app import create_app
+
+    try:
+        app = create_app(settings)
+    except ModelError as exc:
+        fail(str(exc))
+    log = logging.getLogger("lead")
+    model = app.state.engine.model
+    log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
+             model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
+    try:
+        uvicorn.run(app, host=settings.host, port=settings.port,
+                    log_level=settings.log_level.lower(), timeout_graceful_shutdown=5)
+    except OSError as exc:
+        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,195 @@
+"""create_app(settings, target=None): the lead's HTTP surface.
+
+OpenAI-compatible chat/completions (streaming as SSE), the back protocol under
+/duo, /metrics and /health. Tests inject a fake target; production loads GGUF.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lead import api
+from lead.backroutes import back_router
+from lead.engine import Emission, Engine, GenRequest, QueueFull, Session
+from lead.settings import LeadSettings
+from shared.model import Model
+
+
+def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
+    model = target if target is not None else _load_target(settings)
+    engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
+                    max_queue=settings.max_queue, batch=settings.batch_size)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.shutdown()
+
+    app = FastAPI(title="duo lead", version="0.1.0", lifespan=lifespan)
+    app.state.engine, app.state.settings = engine, settings
+    _install_error_handlers(app)
+    _install_body_limit(app, settings.max_body_kb * 1024)
+    guarded = [Depends(_key_checker(settings.api_key))]
+    app.include_router(_openai_router(engine, settings), dependencies=guarded)
+    app.include_router(back_router(engine), dependencies=guarded)
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model.name, "busy": engine.session is not None
+                and not engine.session.done}
+
+    return app
+
+
+def _load_target(settings: LeadSettings) -> Model:
+    from shared.llm import load_model  # the llama.cpp edge, imported only when needed
+
+    return load_model(settings.model, threads=settings.threads, n_gpu_layers=settings.n_gpu_layers,
+                      n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc)
+
+
+def _key_checker(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
+    async def check(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        expected = f"Bearer {api_key}"
+        if not hmac.compare_digest(given.encode(), expected.encode()):
+            raise HTTPException(401, "missing or wrong API key (Authorization: Bearer KEY)")
+
+    return check
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return JSONResponse(api.error_body(message), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
+        return JSONResponse(api.error_body(str(exc.detail), kind), status_code=exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+
+def _install_body_limit(app: FastAPI, limit: int) -> None:
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next: Callable[[Request], Awaitable[Response]]
+                         ) -> Response:
+        length = request.headers.get("content-length", "0")
+        if not length.isdigit() or int(length) > limit:
+            return JSONResponse(api.error_body(f"request body over {limit} bytes"),
+                                status_code=413)
+        return await call_next(request)
+
+
+def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:
+    router = APIRouter()
+    model = engine.model
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model.name, "object": "model",
+                                            "owned_by": "duo", "n_ctx": model.n_ctx}]}
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat(body: api.ChatRequest) -> Response:
+        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        prompt_ids = model.tokenize(model.format_chat(messages), special=True, add_bos=False)
+        return await _serve(engine, settings, body, prompt_ids, chat=True)
+
+    @router.post("/v1/completions", response_model=None)
+    async def completions(body: api.CompletionRequest) -> Response:
+        prompt_ids = model.tokenize(body.prompt, special=False, add_bos=True)
+        return await _serve(engine, settings, body, prompt_ids, chat=False)
+
+    return router
+
+
+def _gen_request(engine: Engine, settings: LeadSettings, body: api._Common,
+                 prompt_ids: list[int]) -> GenRequest:
+    n_ctx = engine.model.n_ctx
+    if not prompt_ids:
+        raise HTTPException(400, "the prompt is empty")
+    if len(prompt_ids) >= n_ctx:
+        raise HTTPException(400, f"the prompt is {len(prompt_ids)} tokens; the context holds "
+                                 f"{n_ctx} (start lead with a larger --ctx-size)")
+    wanted = body.wanted_tokens()
+    if wanted is not None and wanted > n_ctx:
+        raise HTTPException(400, f"max_tokens {wanted} exceeds the context size {n_ctx}")
+    return GenRequest(prompt_ids, wanted or settings.max_tokens, body.sampling(0.0), body.stops())
+
+
+async def _serve(engine: Engine, settings: LeadSettings, body: api._Common,
+                 prompt_ids: list[int], chat: bool) -> Response:
+    gen = engine.generate(_gen_request(engine, settings, body, prompt_ids))
+    try:
+        first = await anext(gen)  # waits its turn in the queue; 429 before any header
+    except QueueFull:
+        raise HTTPException(429, "lead is busy: the queue is full; retry shortly",
+                            headers={"Retry-After": "1"}) from None
+    kind = "chat.completion" if chat else "text_completion"
+    rid = api.new_id("chatcmpl" if chat else "cmpl")
+    if body.stream:
+        return StreamingResponse(_sse(engine, gen, first, rid, kind, chat),
+                                 media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+    emissions = [first, *[e async for e in gen]]
+    text = "".join(e.text for e in emissions)
+    session = emissions[-1].session
+    assert session is not None, "the last emission carries the session"
+    choice = api.chat_choice(text, session.finish_reason, False) if chat else \
+        api.text_choice(text, session.finish_reason)
+    return JSONResponse({**api.envelope(kind, rid, engine.model.name), "choices": [choice],
+                         "usage": _usage(session)})
+
+
+async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emission, rid: str,
+               kind: str, chat: bool) -> AsyncIterator[str]:
+    chunk_kind = f"{kind}.chunk" if chat else kind
+    head = api.envelope(chunk_kind, rid, engine.model.name)
+
+    def event(text: str, finish: str | None, n: int, from_draft: int, opening: bool = False,
+              **extra: Any) -> str:
+        choice = api.chat_choice(text, finish, True, opening) if chat else \
+            api.text_choice(text, finish)
+        payload = {**head, "choices": [choice], "duo": {"tokens": n, "accepted": from_draft},
+                   **extra}
+        return f"data: {json.dumps(payload)}\n\n"
+
+    try:
+        if chat:
+            yield event("", None, 0, 0, opening=True)
+        last = first
+        async for e in _chain(first, gen):
+            if e.text:
+                yield event(e.text, None, e.n_tokens, e.n_from_draft)
+            last = e
+        session = last.session
+        assert session is not None, "the last emission carries the session"
+        yield event("", session.finish_reason, 0, 0, usage=_usage(session))
+        yield "data: [DONE]\n\n"
+    finally:
+        await gen.aclose()  # a client gone mid-stream ends its generation here
+
+
+async def _chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator[Emission]:
+    yield first
+    async for e in rest:
+        yield e
+
+
+def _usage(s: Session) -> dict[str, int]:
+    return api.usage(s.n_prompt, s.n_generated, s.drafted, s.accepted)

@@ -1,0 +1,62 @@
+"""The back protocol (/duo/*) and /metrics."""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, HTTPException, Query
+from fastapi.responses import PlainTextResponse
+
+from lead.engine import Engine
+from shared.protocol import DraftPost, Info, State
+from shared.sampling import Dist
+
+MAX_WAIT_S = 30.0
+
+
+def back_router(engine: Engine) -> APIRouter:
+    router = APIRouter()
+    model = engine.model
+
+    @router.get("/duo/info")
+    async def info() -> Info:
+        return Info(model=model.name, n_vocab=model.n_vocab, fingerprint=model.fingerprint(),
+                    eos_token_ids=sorted(model.eos_token_ids), n_ctx=model.n_ctx,
+                    max_draft=engine.max_draft)
+
+    @router.get("/duo/state")
+    async def state(since: int = Query(-1, description="return once version > since"),
+                    offset: int = Query(0, ge=0, description="first token to return"),
+                    wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S,
+                                        description="seconds to wait for news")) -> State:
+        if wait <= 0 or engine.version > since:
+            return engine.state(offset)
+        return await engine.wait_state(since, offset, wait)
+
+    @router.post("/duo/draft")
+    async def draft(post: DraftPost) -> State:
+        if len(post.token_ids) > engine.max_draft:
+            engine.metrics.drafts_invalid += 1
+            raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead verifies at "
+                                     f"most {engine.max_draft} (max_draft in /duo/info)")
+        bad = _out_of_vocab(post, model.n_vocab)
+        if bad is not None:
+            engine.metrics.drafts_invalid += 1
+            raise HTTPException(400, f"token id {bad} is outside the vocabulary "
+                                     f"(0..{model.n_vocab - 1})")
+        dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
+                 for d in post.dists] if post.dists else None
+        engine.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
+        return engine.state(post.start)
+
+    @router.get("/metrics", response_class=PlainTextResponse)
+    async def metrics() -> str:
+        return engine.metrics.prometheus(engine.gauges())
+
+    return router
+
+
+def _out_of_vocab(post: DraftPost, n_vocab: int) -> int | None:
+    ids = list(post.token_ids)
+    for d in post.dists or []:
+        ids += d.token_ids
+    return next((t for t in ids if not 0 <= t < n_vocab), None)

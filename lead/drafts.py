@@ -1,0 +1,102 @@
+"""Draft bookkeeping: candidates posted by backs, checked against lead's tokens.
+
+A candidate is (start, token_ids): token_ids[0] is proposed for position `start`
+of the session's token sequence. It is useful while it agrees with every token
+lead already has in [start, n) and reaches past n; the useful part is its tail
+from n on. One candidate is kept per back (each post replaces that back's last).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from shared.sampling import Dist
+
+
+@dataclass(frozen=True)
+class Candidate:
+    back_id: str
+    start: int
+    token_ids: tuple[int, ...]
+    dists: tuple[Dist, ...] | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids)
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The useful tail of a candidate: what the next verify step can check."""
+
+    back_id: str
+    token_ids: list[int]
+    dists: list[Dist] | None
+
+
+def agrees(tokens: Sequence[int], candidate: Candidate) -> bool:
+    """True if the candidate matches lead's tokens wherever both have one and reaches past them."""
+    n = len(tokens)
+    if candidate.start > n or candidate.end <= n:
+        return False
+    overlap = n - candidate.start
+    return list(tokens[candidate.start:n]) == list(candidate.token_ids[:overlap])
+
+
+def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draft:
+    skip = len(tokens) - candidate.start
+    ids = list(candidate.token_ids[skip:skip + limit])
+    dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
+    return Draft(candidate.back_id, ids, dists)
+
+
+@dataclass
+class DraftBoard:
+    """Candidates of the current session, one per back; counts what it drops."""
+
+    max_backs: int = 16
+    candidates: dict[str, Candidate] = field(default_factory=dict)
+    posted: int = 0
+    stale: int = 0
+
+    def post(self, tokens: Sequence[int], candidate: Candidate) -> bool:
+        self.posted += 1
+        if not agrees(tokens, candidate):
+            self.stale += 1
+            return False
+        if candidate.back_id not in self.candidates and len(self.candidates) >= self.max_backs:
+            self.stale += 1
+            return False
+        self.candidates[candidate.back_id] = candidate
+        return True
+
+    def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
+        """The agreeing candidate that reaches furthest; stale ones are dropped."""
+        live = {k: c for k, c in self.candidates.items() if agrees(tokens, c)}
+        self.candidates = live
+        if limit <= 0 or not live:
+            return None
+        furthest = max(live.values(), key=lambda c: c.end)
+        return useful_tail(tokens, furthest, limit)
+
+    def clear(self) -> None:
+        self.candidates.clear()
+
+
+@dataclass
+class BackRegistry:
+    """When each back was last heard from (for metrics: backs seen recently)."""
+
+    last_seen: dict[str, float] = field(default_factory=dict)
+
+    def seen(self, back_id: str, now: float | None = None) -> None:
+        self.last_seen[back_id] = time.monotonic() if now is None else now
+        if len(self.last_seen) > 1024:  # bound memory against many ids
+            oldest = min(self.last_seen, key=self.last_seen.__getitem__)
+            del self.last_seen[oldest]
+
+    def active(self, window_s: float = 60.0, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(1 for t in self.last_seen.values() if now - t <= window_s)

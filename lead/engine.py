@@ -1,0 +1,249 @@
+"""The lead's decode loop: one generation at a time, drafts verified, never awaited.
+
+All session state lives on the event loop. Model work runs on one dedicated
+thread, so model calls are serialised even when a cancelled request leaves a
+step running; the model's own `cached` list is the truth about its KV cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import numpy as np
+
+from lead.cost import CostModel
+from lead.drafts import BackRegistry, Candidate, Draft, DraftBoard
+from lead.metrics import Metrics
+from lead.textstream import TextStream
+from lead.verify import Verdict, verify
+from shared.model import Model, sync_cache
+from shared.protocol import SamplingParams, State
+from shared.sampling import Dist
+
+log = logging.getLogger("lead")
+T = TypeVar("T")
+
+
+class QueueFull(Exception):
+    pass
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Emission:
+    text: str
+    n_tokens: int
+    n_from_draft: int
+    session: Session | None = None  # set on the last emission of a generation
+
+
+@dataclass
+class Session:
+    id: str
+    tokens: list[int]
+    n_prompt: int
+    params: SamplingParams
+    rng: np.random.Generator
+    done: bool = False
+    finish_reason: str | None = None
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    prompt_evaluated: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    t_decode: float = 0.0
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass
+class StepResult:
+    verdict: Verdict
+    batch: int
+    seconds: float
+
+
+class Engine:
+    def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
+                 max_queue: int = 8, batch: int = 512) -> None:
+        self.model = model
+        self.max_draft, self.max_queue, self.batch = max_draft, max_queue, batch
+        self.cost = CostModel(max_draft=max_draft, fixed=draft_len)
+        self.board = DraftBoard()
+        self.backs = BackRegistry()
+        self.metrics = Metrics()
+        self.session: Session | None = None
+        self.version = 0
+        self._lock = asyncio.Lock()  # FIFO: one generation at a time
+        self._changed = asyncio.Condition()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._waiting = 0
+        self._ids = itertools.count(1)
+
+    # --- model thread ---
+    async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    def _prefill(self, prompt_ids: list[int]) -> int:
+        # The cache holds everything but the last token; each step evaluates that one.
+        return sync_cache(self.model, prompt_ids[:-1], self.batch)
+
+    def _step(self, tokens_before: int, last: int, draft: Draft | None, params: SamplingParams,
+              rng: np.random.Generator) -> StepResult:
+        if len(self.model.cached) != tokens_before - 1:  # e.g. after a cancelled request
+            raise RuntimeError("model cache out of step with the session")
+        draft_ids = draft.token_ids if draft else []
+        t0 = time.perf_counter()
+        rows = self.model.evaluate([last, *draft_ids], len(draft_ids) + 1)
+        seconds = time.perf_counter() - t0
+        verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None)
+        self.model.truncate(tokens_before + len(verdict.accepted))
+        return StepResult(verdict, len(draft_ids) + 1, seconds)
+
+    # --- generation ---
+    async def generate(self, req: GenRequest) -> AsyncIterator[Emission]:
+        """Queue, then run one generation, yielding text as it is decided."""
+        if self._lock.locked() and self._waiting >= self.max_queue:
+            self.metrics.rejected += 1
+            raise QueueFull()
+        self._waiting += 1
+        try:
+            await self._lock.acquire()
+        finally:
+            self._waiting -= 1
+        try:
+            async for emission in self._run(req):
+                yield emission
+        finally:
+            await self._finish()
+            self._lock.release()
+
+    async def _run(self, req: GenRequest) -> AsyncIterator[Emission]:
+        session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
+                          tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
+                          params=req.params, rng=np.random.default_rng(req.params.seed))
+        self.board.clear()
+        self.session = session
+        await self._notify()
+        session.prompt_evaluated = await self._on_model_thread(self._prefill, req.prompt_ids)
+        session.t_decode = time.perf_counter()
+        text = TextStream(req.stop)
+        while session.finish_reason is None:
+            result = await self._on_model_thread(
+                self._step, len(session.tokens), session.tokens[-1], self._pick_draft(session),
+                session.params, session.rng)
+            emitted = self._apply(session, result, req.max_tokens)
+            await self._notify()
+            for i, token in enumerate(emitted):
+                chunk = text.push(self.model.token_bytes(token)) if token not in \
+                    self.model.eos_token_ids else ""
+                yield Emission(chunk, 1, int(i < len(result.verdict.accepted)))
+            if text.stopped:
+                session.finish_reason = "stop"
+        yield Emission(text.finish(), 0, 0, session=session)
+
+    def _pick_draft(self, session: Session) -> Draft | None:
+        """The best posted draft, cut to the length that pays and fits the context."""
+        room = self.model.n_ctx - len(session.tokens)  # KV room for draft tokens
+        draft = self.board.best(session.tokens, self.max_draft)
+        if draft is None:
+            return None
+        usable = self.cost.choose(min(len(draft.token_ids), room))
+        if usable == 0:
+            return None
+        dists = draft.dists[:usable] if draft.dists else None
+        return Draft(draft.back_id, draft.token_ids[:usable], dists)
+
+    def _apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
+        verdict = result.verdict
+        drafted = result.batch - 1
+        self.cost.record_step(result.batch, result.seconds)
+        self.cost.record_verify(drafted, len(verdict.accepted))
+        session.drafted += drafted
+        session.accepted += len(verdict.accepted)
+        session.steps += 1
+        emitted = verdict.emitted[: max_tokens - session.n_generated]
+        eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
+        if eos is not None:
+            emitted = emitted[: eos + 1]
+            session.finish_reason = "stop"
+        session.tokens.extend(emitted)
+        if session.finish_reason is None and (session.n_generated >= max_tokens
+                                              or len(session.tokens) >= self.model.n_ctx):
+            session.finish_reason = "length"
+        return emitted
+
+    async def _finish(self) -> None:
+        session = self.session
+        if session is None:
+            return
+        if session.finish_reason is None:
+            session.finish_reason = "cancelled"
+        session.done = True
+        self.board.clear()
+        self.metrics.record_session(session, time.perf_counter())
+        log.info("%s", self.metrics.session_line(session, time.perf_counter()))
+        await self._notify()
+
+    # --- back protocol ---
+    async def _notify(self) -> None:
+        self.version += 1
+        async with self._changed:
+            self._changed.notify_all()
+
+    def state(self, offset: int = 0) -> State:
+        s = self.session
+        if s is None:
+            return State(version=self.version)
+        offset = min(max(offset, 0), len(s.tokens))
+        return State(version=self.version, session_id=s.id, offset=offset,
+                     token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
+                     done=s.done, draft_len=0 if s.done else self.cost.choose(None),
+                     sampling=s.params)
+
+    async def wait_state(self, since: int, offset: int, timeout: float) -> State:
+        """Long-poll: return as soon as the state's version passes `since`, or at timeout."""
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > since),
+                                       timeout)
+            except TimeoutError:
+                pass
+        return self.state(offset)
+
+    def post_draft(self, session_id: str, start: int, token_ids: list[int],
+                   dists: list[Dist] | None, back_id: str) -> bool:
+        self.backs.seen(back_id)
+        s = self.session
+        self.metrics.drafts_posted += 1
+        if s is None or s.done or s.id != session_id:
+            self.metrics.drafts_stale += 1
+            return False
+        useful = self.board.post(s.tokens, Candidate(back_id, start, tuple(token_ids),
+                                                     tuple(dists) if dists else None))
+        self.metrics.drafts_stale += 0 if useful else 1
+        return useful
+
+    def gauges(self) -> dict[str, float]:
+        return {"draft_len": self.cost.choose(None), "backs_active": self.backs.active(),
+                "queue_waiting": self._waiting, **self.cost.snapshot()}
+
+    def shutdown(self) -> None:
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,80 @@
+"""Counters of the lead, the per-request console line, and Prometheus text."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class _Session(Protocol):
+    n_prompt: int
+    prompt_evaluated: int
+    drafted: int
+    accepted: int
+    steps: int
+    t_start: float
+    t_decode: float
+    finish_reason: str | None
+
+    @property
+    def n_generated(self) -> int: ...
+
+
+@dataclass
+class Metrics:
+    requests: int = 0
+    rejected: int = 0
+    prompt_tokens: int = 0
+    prompt_evaluated: int = 0
+    generated_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    decode_seconds: float = 0.0
+    drafts_posted: int = 0
+    drafts_stale: int = 0
+    drafts_invalid: int = 0
+
+    def record_session(self, s: _Session, now: float) -> None:
+        self.requests += 1
+        self.prompt_tokens += s.n_prompt
+        self.prompt_evaluated += s.prompt_evaluated
+        self.generated_tokens += s.n_generated
+        self.drafted += s.drafted
+        self.accepted += s.accepted
+        self.steps += s.steps
+        self.decode_seconds += max(now - s.t_decode, 0.0) if s.t_decode else 0.0
+
+    @staticmethod
+    def session_line(s: _Session, now: float) -> str:
+        prefill = (s.t_decode or now) - s.t_start
+        decode = max(now - s.t_decode, 1e-9) if s.t_decode else 0.0
+        rate = s.n_generated / decode if decode else 0.0
+        share = f" ({100 * s.accepted / s.drafted:.0f}%)" if s.drafted else ""
+        return (f"prompt {s.n_prompt} tokens ({s.prompt_evaluated} evaluated) in {prefill:.2f} s"
+                f" | {s.n_generated} tokens decoded in {decode:.2f} s ({rate:.1f} tok/s)"
+                f" | drafted {s.drafted} accepted {s.accepted}{share} | {s.finish_reason}")
+
+    def prometheus(self, extra: dict[str, float]) -> str:
+        acceptance = self.accepted / self.drafted if self.drafted else 0.0
+        tps = self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
+        rows: list[tuple[str, str, float]] = [
+            ("duo_requests_total", "counter", self.requests),
+            ("duo_requests_rejected_total", "counter", self.rejected),
+            ("duo_prompt_tokens_total", "counter", self.prompt_tokens),
+            ("duo_prompt_tokens_evaluated_total", "counter", self.prompt_evaluated),
+            ("duo_generated_tokens_total", "counter", self.generated_tokens),
+            ("duo_drafted_tokens_total", "counter", self.drafted),
+            ("duo_accepted_tokens_total", "counter", self.accepted),
+            ("duo_verify_steps_total", "counter", self.steps),
+            ("duo_draft_posts_total", "counter", self.drafts_posted),
+            ("duo_draft_posts_stale_total", "counter", self.drafts_stale),
+            ("duo_draft_posts_invalid_total", "counter", self.drafts_invalid),
+            ("duo_acceptance_rate", "gauge", acceptance),
+            ("duo_decode_tokens_per_second", "gauge", tps),
+        ]
+        rows += [(f"duo_{name}", "gauge", value) for name, value in extra.items()]
+        lines: list[str] = []
+        for name, kind, value in rows:
+            lines += [f"# TYPE {name} {kind}", f"{name} {value:g}"]
+        return "\n".join(lines) + "\n"

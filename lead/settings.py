@@ -1,0 +1,31 @@
+"""The lead's settings: CLI flags and LEAD_* environment variables come from here."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class LeadSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LEAD_", extra="ignore")
+
+    model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
+                       "(qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m)",
+                       json_schema_extra={"short": "m"})
+    host: str = Field("0.0.0.0", description="address to listen on")
+    port: int = Field(5555, ge=1, le=65535, description="port to listen on")
+    threads: int = Field(0, ge=0, description="CPU threads for the target (0: all cores)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
+    ctx_size: int = Field(4096, ge=64, description="context size in tokens")
+    batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
+    max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
+    draft_len: int | None = Field(None, ge=0, le=64,
+                                  description="fixed draft length (default: cost-aware, measured)")
+    max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
+    max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
+    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
+    rpc: str | None = Field(None, description="llama.cpp RPC servers host:port,host:port "
+                            "to offload target layers to")
+    max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
+    log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
+                           description="debug, info, warning or error")

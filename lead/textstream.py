@@ -1,0 +1,55 @@
+"""Bytes of tokens -> text, with stop strings that never leak.
+
+UTF-8 characters split across tokens are held until complete; text that could
+still turn out to be the start of a stop string is held until it cannot.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Sequence
+
+
+class TextStream:
+    def __init__(self, stop: Sequence[str] = ()) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._stop = [s for s in stop if s]
+        self._held = ""
+        self.stopped = False
+
+    def push(self, data: bytes) -> str:
+        """Feed one token's bytes; return the text that is now safe to emit."""
+        if self.stopped:
+            return ""
+        self._held += self._decoder.decode(data)
+        cut = self._first_stop()
+        if cut is not None:
+            self.stopped = True
+            out, self._held = self._held[:cut], ""
+            return out
+        keep = self._partial_stop_len()
+        out = self._held[: len(self._held) - keep]
+        self._held = self._held[len(out):]
+        return out
+
+    def finish(self) -> str:
+        """End of generation: release what was held (no stop string completed)."""
+        if self.stopped:
+            return ""
+        out = self._held + self._decoder.decode(b"", final=True)
+        self._held = ""
+        return out
+
+    def _first_stop(self) -> int | None:
+        hits = [i for i in (self._held.find(s) for s in self._stop) if i >= 0]
+        return min(hits) if hits else None
+
+    def _partial_stop_len(self) -> int:
+        """Length of the longest tail of held text that begins some stop string."""
+        best = 0
+        for stop in self._stop:
+            for n in range(min(len(stop) - 1, len(self._held)), best, -1):
+                if self._held.endswith(stop[:n]):
+                    best = n
+                    break
+        return best

@@ -1,0 +1,91 @@
+"""Pure verification of a draft against the target's logits.
+
+Rows: `target_logits[i]` is the target's next-token logits after the context
+extended by draft[:i]; so there is one row per draft token plus one (bonus).
+
+- greedy: accept while draft[i] == argmax(row i); then emit argmax of the first
+  disagreeing row (or of the last row: the bonus token).
+- sampling, no draft probabilities: sample x_i ~ p_i; accept while x_i == draft[i];
+  the first differing sample is emitted. Exact: each token is a draw from p.
+- sampling with draft probabilities q_i (Leviathan et al. 2023, Chen et al. 2023):
+  accept draft[i] with probability min(1, p_i(x)/q_i(x)); on rejection draw from
+  norm(max(0, p_i - q_i)) and stop; if all pass, draw the bonus from p_k.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.protocol import SamplingParams
+from shared.sampling import Dist, distribution, greedy, is_greedy, sample
+
+
+@dataclass(frozen=True)
+class Verdict:
+    accepted: list[int]  # the draft's accepted prefix
+    next_token: int  # bonus (all accepted) or the target's correction
+
+    @property
+    def emitted(self) -> list[int]:
+        return [*self.accepted, self.next_token]
+
+
+def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: SamplingParams,
+           rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None) -> Verdict:
+    assert target_logits.shape[0] == len(draft_token_ids) + 1, "one row per draft token + 1"
+    if is_greedy(params):
+        return _verify_greedy(draft_token_ids, target_logits)
+    if draft_dists is None:
+        return _verify_sample_compare(draft_token_ids, target_logits, params, rng)
+    return _verify_rejection(draft_token_ids, draft_dists, target_logits, params, rng)
+
+
+def _verify_greedy(draft: Sequence[int], rows: np.ndarray) -> Verdict:
+    for i, token in enumerate(draft):
+        best = greedy(rows[i])
+        if best != token:
+            return Verdict(list(draft[:i]), best)
+    return Verdict(list(draft), greedy(rows[len(draft)]))
+
+
+def _verify_sample_compare(draft: Sequence[int], rows: np.ndarray, params: SamplingParams,
+                           rng: np.random.Generator) -> Verdict:
+    for i, token in enumerate(draft):
+        drawn = sample(distribution(rows[i], params), rng)
+        if drawn != token:
+            return Verdict(list(draft[:i]), drawn)
+    return Verdict(list(draft), sample(distribution(rows[len(draft)], params), rng))
+
+
+def _verify_rejection(draft: Sequence[int], dists: Sequence[Dist], rows: np.ndarray,
+                      params: SamplingParams, rng: np.random.Generator) -> Verdict:
+    for i, token in enumerate(draft):
+        p = distribution(rows[i], params)
+        p_x, q_x = p.prob_of(token), dists[i].prob_of(token)
+        # q_x == 0 cannot come from an honest draw: treat as a rejection.
+        if q_x > 0 and rng.random() * q_x < p_x:
+            continue
+        return Verdict(list(draft[:i]), sample(residual(p, dists[i]), rng))
+    return Verdict(list(draft), sample(distribution(rows[len(draft)], params), rng))
+
+
+def residual(p: Dist, q: Dist) -> Dist:
+    """norm(max(0, p - q)) on p's support; p itself when p <= q everywhere (p == q)."""
+    excess = np.maximum(p.probs - _lookup(q, p.token_ids), 0.0)
+    total = excess.sum()
+    if total <= 1e-12:
+        return p
+    keep = excess > 0
+    return Dist(p.token_ids[keep], excess[keep] / total)
+
+
+def _lookup(q: Dist, ids: np.ndarray) -> np.ndarray:
+    """q's probability of each of `ids` (0 off q's support)."""
+    order = np.argsort(q.token_ids)
+    sorted_ids = q.token_ids[order]
+    pos = np.clip(np.searchsorted(sorted_ids, ids), 0, sorted_ids.size - 1)
+    hit = sorted_ids[pos] == ids
+    return np.where(hit, q.probs[order][pos], 0.0)

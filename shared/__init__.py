@@ -1,0 +1,1 @@
+"""Code shared by lead and back: wire protocol, sampling, model presets, CLI helpers."""

@@ -1,0 +1,80 @@
+"""Generate an argparse CLI from a pydantic-settings class: one set of defaults.
+
+Every field becomes `--kebab-name`; the environment variable `<PREFIX><NAME>` sets
+the same field. Precedence: flag > environment > default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any, TypeVar, get_args, get_origin
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def _flag_type(annotation: Any) -> Any:
+    """The scalar type argparse converts to; pydantic validates the rest."""
+    origin = get_origin(annotation)
+    if origin is not None:
+        scalar = [a for a in get_args(annotation) if a is not type(None)]
+        return _flag_type(scalar[0]) if len(scalar) == 1 else str
+    return annotation if annotation in (int, float, str) else str
+
+
+def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse.ArgumentParser:
+    prefix = settings_cls.model_config.get("env_prefix", "")
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    for name, field in settings_cls.model_fields.items():
+        flags = [f"--{name.replace('_', '-')}"]
+        short = (field.json_schema_extra or {}).get("short") if isinstance(
+            field.json_schema_extra, dict) else None
+        if short:
+            flags.insert(0, f"-{short}")
+        help_text = f"{field.description or ''} [env {prefix}{name.upper()}]"
+        if field.annotation is bool:
+            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
+                                default=argparse.SUPPRESS, help=help_text + f" (default: {field.default})")
+            continue
+        if get_origin(field.annotation) is list:
+            parser.add_argument(*flags, dest=name, action="append", default=argparse.SUPPRESS,
+                                help=help_text + " (repeatable)")
+            continue
+        parser.add_argument(*flags, dest=name, type=_flag_type(field.annotation),
+                            default=argparse.SUPPRESS, help=help_text + f" (default: {field.default})")
+    return parser
+
+
+def parse_settings(settings_cls: type[S], prog: str, description: str,
+                   argv: Sequence[str] | None = None) -> S:
+    """Parse flags over env vars; a bad value is a one-line error and exit 2."""
+    parser = build_parser(settings_cls, prog, description)
+    flags = vars(parser.parse_args(argv))
+    try:
+        return settings_cls(**flags)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        parser.error(f"{where.replace('_', '-')}: {first['msg']}")
+    raise AssertionError("unreachable")
+
+
+def setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+    )
+
+
+def fail(message: str) -> None:
+    """A one-line CLI error: no traceback for problems the user can fix."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(1)

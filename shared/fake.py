@@ -1,0 +1,101 @@
+"""A deterministic fake model: the scripted stand-in for llama.cpp in tests and simulation.
+
+Its logits are a pure function of the last `order` tokens of the context (and a
+salt), so its greedy continuation is fixed and any two instances agree. A draft
+fake can be made to agree with a target fake only part of the time.
+Text maps one character to one token; a few tokens carry half of a UTF-8 character.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Sequence
+
+import numpy as np
+
+ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
+SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
+EOS = 0  # token 0 is "<eos>"
+
+
+class FakeModel:
+    def __init__(self, n_vocab: int = 96, salt: str = "target", order: int = 3,
+                 agree: float = 1.0, agree_salt: str = "target", n_ctx: int = 2048,
+                 eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
+                 name: str = "fake") -> None:
+        assert n_vocab >= len(ALPHABET) + 3
+        self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
+        self.eos_token_ids = frozenset({EOS})
+        self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
+        self.eos_bias = eos_bias
+        self.cost_s = cost_s  # (seconds per call, seconds per token): simulated compute
+        self.cached: list[int] = []
+        self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
+        self.calls: list[int] = []  # batch size of every evaluate call
+
+    # --- text ---
+    def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]:
+        return [ALPHABET.index(c) + 1 if c in ALPHABET else 1 for c in text]
+
+    def token_bytes(self, token_id: int) -> bytes:
+        if token_id == EOS:
+            return b""
+        if 1 <= token_id <= len(ALPHABET):
+            return ALPHABET[token_id - 1].encode()
+        extra = token_id - len(ALPHABET) - 1
+        return SPLIT_UTF8[extra] if extra < len(SPLIT_UTF8) else b"~"
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+    def fingerprint(self) -> str:
+        return f"fake-{self.n_vocab}"
+
+    # --- compute ---
+    def logits_for(self, context: Sequence[int]) -> np.ndarray:
+        key = tuple(context[-self.order:])
+        salt = self.agree_salt if self._agrees(key) else self.salt
+        seed = int.from_bytes(hashlib.blake2b(repr((salt, key)).encode(), digest_size=8).digest())
+        logits = np.random.default_rng(seed).normal(0.0, 2.0, self.n_vocab).astype(np.float32)
+        logits[EOS] += self.eos_bias
+        return logits
+
+    def _agrees(self, key: tuple[int, ...]) -> bool:
+        if self.agree >= 1.0:
+            return True
+        digest = hashlib.blake2b(repr(("agree", key)).encode(), digest_size=8).digest()
+        return int.from_bytes(digest) / 2**64 < self.agree
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        if len(self.cached) + len(tokens) > self.n_ctx:
+            raise RuntimeError("context full")
+        self._spend(len(tokens))
+        start = len(self.cached)
+        self.cached.extend(tokens)
+        self.evaluated += len(tokens)
+        self.calls.append(len(tokens))
+        rows = [self.logits_for(self.cached[: start + i + 1])
+                for i in range(len(tokens) - n_logits, len(tokens))]
+        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def _spend(self, n_tokens: int) -> None:
+        seconds = self.cost_s[0] + self.cost_s[1] * n_tokens
+        if seconds > 0:
+            time.sleep(seconds)  # simulated compute time, not synchronisation
+
+    def truncate(self, n: int) -> None:
+        del self.cached[n:]
+
+    # --- reference ---
+    def greedy_continuation(self, context: Sequence[int], n: int) -> list[int]:
+        """What this model emits alone, greedily (stops after EOS)."""
+        out: list[int] = []
+        ctx = list(context)
+        while len(out) < n:
+            token = int(np.argmax(self.logits_for(ctx)))
+            out.append(token)
+            ctx.append(token)
+            if token == EOS:
+                break
+        return out

@@ -1,0 +1,140 @@
+"""The one module that talks to llama-cpp-python (lead and back both use it).
+
+LlamaModel drives the context directly through the low-level API: one batch per
+call, logits requested only for the rows that are needed (no logits_all), and
+`llama_memory_seq_rm` to roll the KV cache back.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import llama_cpp
+import numpy as np
+from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+from shared.presets import ModelError, resolve_model
+
+_PIECE_BUF = 256
+_DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+                     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+class LlamaModel:
+    def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
+                 n_batch: int = 512) -> None:
+        threads = threads or os.cpu_count() or 1
+        try:
+            self._llm = llama_cpp.Llama(
+                model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
+                n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers,
+                logits_all=False, verbose=False)
+        except (ValueError, RuntimeError) as exc:
+            raise ModelError(f"cannot load {path}: {exc} (is it a GGUF file?)") from None
+        self.name = path.stem
+        self._ctx = self._llm.ctx
+        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
+        self.n_ctx = self._llm.n_ctx()
+        self.n_batch = n_batch
+        self.eos_token_ids = frozenset(
+            t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
+        self.cached: list[int] = []
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._piece = ctypes.create_string_buffer(_PIECE_BUF)
+        self._fingerprint: str | None = None
+        self._chat = self._chat_formatter()
+
+    def close(self) -> None:
+        llama_cpp.llama_batch_free(self._batch)
+        self._llm.close()
+
+    # --- text ---
+    def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        n = llama_cpp.llama_token_to_piece(self._vocab, token_id, self._piece, _PIECE_BUF, 0, False)
+        return self._piece.raw[:max(n, 0)]
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        return self._chat(messages=messages).prompt
+
+    def _chat_formatter(self) -> Jinja2ChatFormatter:
+        meta = self._llm.metadata
+        template = meta.get("tokenizer.chat_template") or _DEFAULT_TEMPLATE
+        eos = self._text_of(self._llm.token_eos())
+        bos = self._text_of(self._llm.token_bos())
+        return Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
+
+    def _text_of(self, token_id: int) -> str:
+        if token_id < 0:
+            return ""
+        return (llama_cpp.llama_vocab_get_text(self._vocab, token_id) or b"").decode(
+            "utf-8", "replace")
+
+    def fingerprint(self) -> str:
+        """SHA-256 over the token table: equal fingerprints mean interchangeable ids."""
+        if self._fingerprint is None:
+            digest = hashlib.sha256()
+            for t in range(self.n_vocab):
+                digest.update(llama_cpp.llama_vocab_get_text(self._vocab, t) or b"")
+                digest.update(b"\0")
+            self._fingerprint = digest.hexdigest()[:32]
+        return self._fingerprint
+
+    # --- compute ---
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them."""
+        rows: list[np.ndarray] = []
+        for start in range(0, len(tokens), self.n_batch):
+            chunk = tokens[start:start + self.n_batch]
+            first_logit = len(tokens) - n_logits - start  # index within chunk
+            rows += self._decode(chunk, max(first_logit, 0))
+        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def _decode(self, chunk: Sequence[int], first_logit: int) -> list[np.ndarray]:
+        n_past = len(self.cached)
+        if n_past + len(chunk) > self.n_ctx:
+            raise RuntimeError(f"context full ({self.n_ctx} tokens)")
+        b = self._batch
+        for i, token in enumerate(chunk):
+            b.token[i], b.pos[i], b.n_seq_id[i] = token, n_past + i, 1
+            b.seq_id[i][0] = 0
+            b.logits[i] = i >= first_logit
+        b.n_tokens = len(chunk)
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc != 0:
+            self.truncate(n_past)  # a failed decode may leave partial entries
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        self.cached.extend(chunk)
+        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i),
+                                      shape=(self.n_vocab,)).copy()
+                for i in range(first_logit, len(chunk))]
+
+    def truncate(self, n: int) -> None:
+        if n < len(self.cached):
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
+            del self.cached[n:]
+
+
+def check_rpc(rpc: str | None) -> None:
+    """--rpc needs a llama.cpp built with GGML_RPC, and an API to register the servers."""
+    if not rpc:
+        return
+    if not llama_cpp.llama_supports_rpc():
+        raise ModelError("--rpc: this llama-cpp-python build has no RPC support; reinstall with "
+                         "CMAKE_ARGS='-DGGML_RPC=on' pip install --force-reinstall "
+                         "--no-cache-dir llama-cpp-python==0.3.36")
+    raise ModelError("--rpc: llama-cpp-python 0.3.36 exposes no call to register RPC servers; "
+                     "run llama.cpp's llama-server with --rpc for the target instead")
+
+
+def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
+               n_batch: int = 512, rpc: str | None = None) -> LlamaModel:
+    check_rpc(rpc)
+    return LlamaModel(resolve_model(spec), threads, n_gpu_layers, n_ctx, n_batch)

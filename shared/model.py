@@ -1,0 +1,63 @@
+"""The model interface lead and back program against, and KV-cache sync helpers.
+
+A Model holds a KV cache for one sequence: `cached` lists the tokens whose keys
+and values it holds, in order. `evaluate` appends tokens and returns the logits
+rows of the last few of them; `truncate` rolls the cache back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+
+class Model(Protocol):
+    name: str
+    n_vocab: int
+    n_ctx: int
+    eos_token_ids: frozenset[int]
+    cached: list[int]
+
+    def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]: ...
+
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str: ...
+
+    def fingerprint(self) -> str: ...
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+        """Append tokens to the cache; logits rows [n_logits, n_vocab] of the last n_logits."""
+        ...
+
+    def truncate(self, n: int) -> None:
+        """Keep the first n cached tokens."""
+        ...
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+def sync_cache(model: Model, tokens: Sequence[int], batch: int = 512,
+               progress: Callable[[int, int], None] | None = None) -> int:
+    """Make the cache hold exactly `tokens`, evaluating only what it lacks.
+
+    Returns the number of tokens evaluated. Long inputs go in batches of `batch`,
+    reporting (done, total) after each.
+    """
+    keep = common_prefix(model.cached, tokens)
+    if keep < len(model.cached):
+        model.truncate(keep)
+    todo = list(tokens[keep:])
+    for i in range(0, len(todo), batch):
+        model.evaluate(todo[i:i + batch], 0)
+        if progress:
+            progress(min(i + batch, len(todo)), len(todo))
+    return len(todo)

@@ -1,0 +1,76 @@
+"""Wire models of the lead <-> back protocol (JSON over HTTP).
+
+GET  /duo/info            -> Info
+GET  /duo/state?session=&offset=&wait=  -> State (long-poll)
+POST /duo/draft  DraftPost -> State (tokens from the draft's start)
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+# Hard wire limit; lead applies its own, smaller `max_draft` on top.
+MAX_DRAFT_WIRE = 64
+MAX_SUPPORT_WIRE = 256
+
+
+class SamplingParams(BaseModel):
+    """Sampling settings of a request; temperature 0 means greedy."""
+
+    model_config = ConfigDict(extra="forbid")
+    temperature: float = Field(0.0, ge=0.0, le=100.0)
+    top_k: int = Field(0, ge=0, description="0 = off")
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_p: float = Field(0.0, ge=0.0, lt=1.0)
+    seed: int | None = None
+
+
+class Info(BaseModel):
+    model: str
+    n_vocab: int
+    fingerprint: str = Field(description="hash of the token table; equal => ids compatible")
+    eos_token_ids: list[int]
+    n_ctx: int
+    max_draft: int
+
+
+class State(BaseModel):
+    version: int = Field(0, description="bumped on every change; long-poll with since=version")
+    session_id: str | None = None
+    offset: int = 0
+    token_ids: list[int] = Field(default_factory=list, description="tokens from offset on")
+    n_tokens: int = 0
+    n_prompt: int = 0
+    done: bool = True
+    draft_len: int = 0
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+
+
+class DraftDist(BaseModel):
+    """The exact (sparse) distribution a draft token was sampled from."""
+
+    token_ids: list[int] = Field(max_length=MAX_SUPPORT_WIRE)
+    probs: list[float] = Field(max_length=MAX_SUPPORT_WIRE)
+
+    @model_validator(mode="after")
+    def _same_length(self) -> DraftDist:
+        if len(self.token_ids) != len(self.probs) or not self.token_ids:
+            raise ValueError("token_ids and probs must be non-empty and of equal length")
+        if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-3:
+            raise ValueError("probs must be non-negative and sum to 1")
+        return self
+
+
+class DraftPost(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    session_id: str
+    start: int = Field(ge=0, description="position of token_ids[0] in the session's tokens")
+    token_ids: list[int] = Field(min_length=1, max_length=MAX_DRAFT_WIRE)
+    dists: list[DraftDist] | None = None
+    back_id: str = Field("", max_length=64)
+
+    @model_validator(mode="after")
+    def _dists_match(self) -> DraftPost:
+        if self.dists is not None and len(self.dists) != len(self.token_ids):
+            raise ValueError("dists must have one entry per draft token")
+        return self
