@@ -46,7 +46,8 @@ def back_router(engine: Engine) -> APIRouter:
         dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
                  for d in post.dists] if post.dists else None
         engine.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
-        return engine.state(post.start)
+        return engine.state(post.start).model_copy(
+            update={"your_accepted": engine.accepted_from(post.back_id)})
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:

@@ -64,6 +64,7 @@ class Session:
     drafted: int = 0
     accepted: int = 0
     steps: int = 0
+    accepted_by_back: dict[str, int] = field(default_factory=dict)
     prompt_evaluated: int = 0
     t_start: float = field(default_factory=time.perf_counter)
     t_decode: float = 0.0
@@ -78,6 +79,7 @@ class StepResult:
     verdict: Verdict
     batch: int
     seconds: float
+    back_id: str
 
 
 class Engine:
@@ -115,7 +117,7 @@ class Engine:
         seconds = time.perf_counter() - t0
         verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None)
         self.model.truncate(tokens_before + len(verdict.accepted))
-        return StepResult(verdict, len(draft_ids) + 1, seconds)
+        return StepResult(verdict, len(draft_ids) + 1, seconds, draft.back_id if draft else "")
 
     # --- generation ---
     async def generate(self, req: GenRequest) -> AsyncIterator[Emission]:
@@ -178,6 +180,9 @@ class Engine:
         self.cost.record_verify(drafted, len(verdict.accepted))
         session.drafted += drafted
         session.accepted += len(verdict.accepted)
+        if drafted:
+            by_back = session.accepted_by_back
+            by_back[result.back_id] = by_back.get(result.back_id, 0) + len(verdict.accepted)
         session.steps += 1
         emitted = verdict.emitted[: max_tokens - session.n_generated]
         eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
@@ -227,6 +232,10 @@ class Engine:
             except TimeoutError:
                 pass
         return self.state(offset)
+
+    def accepted_from(self, back_id: str) -> int:
+        s = self.session
+        return s.accepted_by_back.get(back_id, 0) if s else 0
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:

@@ -59,6 +59,7 @@ class FakeModel:
         seed = int.from_bytes(hashlib.blake2b(repr((salt, key)).encode(), digest_size=8).digest())
         logits = np.random.default_rng(seed).normal(0.0, 2.0, self.n_vocab).astype(np.float32)
         logits[EOS] += self.eos_bias
+        logits[len(ALPHABET) + 1:] -= 100.0  # only printable text: replies re-tokenize exactly
         return logits
 
     def _agrees(self, key: tuple[int, ...]) -> bool:

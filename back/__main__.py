@@ -1,0 +1,76 @@
+"""python -m back --lead HOST:PORT: draft for a lead."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from back.client import LeadClient
+from back.drafter import Drafter, ModelDrafter, NgramDrafter
+from back.settings import BackSettings
+from back.worker import IncompatibleModel, Worker
+from shared.cli import fail, parse_settings, setup_logging
+from shared.presets import ModelError
+
+DESCRIPTION = ("duo back: runs a draft model (or n-gram lookup) next to a lead and posts "
+               "speculation candidates; join or leave at any time.")
+log = logging.getLogger("back")
+
+
+def build_worker(settings: BackSettings) -> Worker:
+    client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait)
+    drafter: Drafter
+    fingerprint = n_vocab = None
+    if settings.drafter == "ngram":
+        drafter = NgramDrafter(settings.ngram_max)
+    else:
+        from shared.llm import load_model
+
+        model = load_model(settings.model, settings.threads, settings.n_gpu_layers,
+                           settings.ctx_size, settings.batch_size)
+        fingerprint, n_vocab = model.fingerprint(), model.n_vocab
+        drafter = ModelDrafter(model, settings.batch_size, _progress)
+        log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
+    worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
+    if settings.drafter == "ngram":
+        worker.burst = settings.max_ahead
+    return worker
+
+
+def _progress(done: int, total: int) -> None:
+    if total > 512:
+        log.info("catching up: %d / %d tokens", done, total)
+
+
+async def serve(worker: Worker) -> None:
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, lambda: (worker.stop(), task and task.cancel()))
+    log.info("following lead at %s as %s", worker.client.base_url, worker.back_id)
+    try:
+        await worker.run()
+    finally:
+        await worker.client.close()
+
+
+def main(argv: list[str] | None = None) -> None:
+    settings = parse_settings(BackSettings, "python -m back", DESCRIPTION, argv)
+    setup_logging(settings.log_level)
+    try:
+        worker = build_worker(settings)
+    except ModelError as exc:
+        fail(str(exc))
+    try:
+        asyncio.run(serve(worker))
+    except IncompatibleModel as exc:
+        fail(str(exc))
+    except asyncio.CancelledError:
+        pass
+    log.info("stopped")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,59 @@
+"""The back's HTTP client for lead's /duo protocol (transport injectable for tests)."""
+
+from __future__ import annotations
+
+import httpx
+
+from shared.protocol import DraftPost, Info, State
+
+
+class LeadError(Exception):
+    """Lead answered, but not with what the protocol promises (4xx/5xx)."""
+
+
+def lead_url(address: str) -> str:
+    address = address.strip().rstrip("/")
+    return address if "://" in address else f"http://{address}"
+
+
+class LeadClient:
+    def __init__(self, address: str, api_key: str | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 poll_wait: float = 10.0) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.poll_wait = poll_wait
+        self._http = httpx.AsyncClient(base_url=lead_url(address), headers=headers,
+                                       transport=transport,
+                                       timeout=httpx.Timeout(5.0, read=poll_wait + 10.0))
+
+    @property
+    def base_url(self) -> str:
+        return str(self._http.base_url)
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+    async def info(self) -> Info:
+        return Info.model_validate(await self._get("/duo/info", {}))
+
+    async def state(self, since: int, offset: int, wait: float | None = None) -> State:
+        params = {"since": since, "offset": offset,
+                  "wait": self.poll_wait if wait is None else wait}
+        return State.model_validate(await self._get("/duo/state", params))
+
+    async def post_draft(self, post: DraftPost) -> State:
+        response = await self._http.post("/duo/draft", json=post.model_dump(exclude_none=True))
+        return State.model_validate(self._json(response))
+
+    async def _get(self, path: str, params: dict[str, float]) -> object:
+        return self._json(await self._http.get(path, params=params))
+
+    @staticmethod
+    def _json(response: httpx.Response) -> object:
+        if response.status_code >= 400:
+            try:
+                message = response.json()["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                message = response.text[:200]
+            raise LeadError(f"lead answered {response.status_code}: {message}")
+        return response.json()

@@ -1,0 +1,207 @@
+"""The back's loop: follow lead's state, catch up, draft ahead, post, repeat.
+
+Never spins: with nothing to do it waits on lead's long-poll. Model work runs on
+one thread; the network stays on the event loop. Any network failure means
+"lead is gone for now": back logs once, retries with backoff and resumes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import httpx
+import numpy as np
+
+from back.client import LeadClient, LeadError
+from back.drafter import Drafter
+from shared.protocol import DraftDist, DraftPost, Info, State
+
+log = logging.getLogger("back")
+T = TypeVar("T")
+
+
+class IncompatibleModel(Exception):
+    pass
+
+
+@dataclass
+class SessionStats:
+    session_id: str
+    catch_up_s: float = 0.0
+    caught_up: int = 0
+    drafted: int = 0
+    posts: int = 0
+    accepted: int = 0  # as lead reports back
+    t0: float = field(default_factory=time.perf_counter)
+
+    def line(self) -> str:
+        share = f" ({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else ""
+        return (f"session {self.session_id}: caught up {self.caught_up} tokens in "
+                f"{self.catch_up_s:.2f} s; drafted {self.drafted} in {self.posts} posts, "
+                f"accepted {self.accepted}{share}")
+
+
+class Worker:
+    def __init__(self, client: LeadClient, drafter: Drafter, fingerprint: str | None,
+                 n_vocab: int | None, max_ahead: int = 16, back_id: str = "") -> None:
+        self.client, self.drafter = client, drafter
+        self.fingerprint, self.n_vocab = fingerprint, n_vocab
+        self.max_ahead = max_ahead
+        self.back_id = back_id or f"{socket.gethostname()}-{os.getpid()}"
+        self.lead_tokens: list[int] = []
+        self.state = State()
+        self.stats: SessionStats | None = None
+        self.sessions_done: list[SessionStats] = []
+        self.max_draft = max_ahead
+        self.eos_token_ids: frozenset[int] = frozenset()
+        self.burst = 1  # tokens drafted per post (ngram drafting is free: use more)
+        self._dists: dict[int, DraftDist] = {}  # absolute position -> its draft distribution
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft")
+        self._stop = asyncio.Event()
+        self._rng = np.random.default_rng()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+
+    # --- outer loop: connection and backoff ---
+    async def run(self) -> None:
+        delay, down_since = 0.25, None
+        while not self._stop.is_set():
+            try:
+                await self.handshake()
+                if down_since is not None:
+                    log.info("lead is back after %.1f s", time.monotonic() - down_since)
+                    down_since, delay = None, 0.25
+                await self.follow()
+            except (httpx.TransportError, LeadError) as exc:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning("lead unreachable (%s); retrying with backoff", _brief(exc))
+                await self._sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _sleep(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    async def handshake(self) -> Info:
+        info = await self.client.info()
+        if self.n_vocab is not None and (info.n_vocab != self.n_vocab
+                                         or info.fingerprint != self.fingerprint):
+            raise IncompatibleModel(
+                f"draft model does not match lead's {info.model}: vocabulary {self.n_vocab} vs "
+                f"{info.n_vocab}, token table {self.fingerprint} vs {info.fingerprint}")
+        self.max_draft = max(1, min(self.max_ahead, info.max_draft))
+        self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.state = State(version=-1)  # lead may have restarted: versions start over
+        self.lead_tokens = []
+        return info
+
+    # --- inner loop: one lead ---
+    async def follow(self) -> None:
+        while not self._stop.is_set():
+            offset = len(self.lead_tokens)
+            state = await self.client.state(since=self.state.version, offset=offset)
+            self._absorb(state, offset)
+            while self._should_draft() and not self._stop.is_set():
+                await self._draft_and_post()
+
+    def _absorb(self, state: State, offset: int) -> None:
+        """Take lead's state (tokens from `offset`) into lead_tokens."""
+        if state.session_id != self.state.session_id:
+            self._end_session()
+            self.lead_tokens = []
+            if state.session_id is not None and not state.done:
+                self.stats = SessionStats(state.session_id)
+                self._rng = np.random.default_rng(state.sampling.seed)
+            if state.offset != 0:  # we asked from our offset for the old session: refetch
+                self.state = state.model_copy(update={"version": -1})
+                return
+        self.lead_tokens = self.lead_tokens[:state.offset] + state.token_ids
+        self.state = state
+        if state.done:
+            self._end_session()
+
+    def _end_session(self) -> None:
+        if self.stats is not None:
+            log.info("%s", self.stats.line())
+            self.sessions_done.append(self.stats)
+            self.stats = None
+
+    def _ahead(self) -> int:
+        return max(0, len(self.drafter.local) - len(self.lead_tokens))
+
+    def _should_draft(self) -> bool:
+        s = self.state
+        return (s.session_id is not None and not s.done and s.draft_len > 0
+                and len(self.lead_tokens) == s.n_tokens > 0
+                and self._ahead_limit() > self._ahead_after_catch_up())
+
+    def _ahead_limit(self) -> int:
+        return min(self.max_draft, max(2 * self.state.draft_len, 2))
+
+    def _ahead_after_catch_up(self) -> int:
+        local = self.drafter.local
+        n = len(self.lead_tokens)
+        return self._ahead() if local[:n] == self.lead_tokens else 0
+
+    async def _draft_and_post(self) -> None:
+        lead_tokens = list(self.lead_tokens)
+        grown = await self._on_model_thread(self._extend, lead_tokens, self.state)
+        draft = self.drafter.local[len(lead_tokens):]
+        if not grown or not draft:
+            self.state = self.state.model_copy(update={"draft_len": 0})  # wait for news
+            return
+        draft = draft[: self.max_draft]
+        positions = range(len(lead_tokens), len(lead_tokens) + len(draft))
+        dists = [self._dists[p] for p in positions] if all(p in self._dists for p in positions) \
+            else None
+        post = DraftPost(session_id=self.state.session_id or "", start=len(lead_tokens),
+                         token_ids=draft, back_id=self.back_id, dists=dists)
+        reply = await self.client.post_draft(post)
+        if self.stats:
+            self.stats.drafted += grown
+            self.stats.posts += 1
+            self.stats.accepted = max(self.stats.accepted, reply.your_accepted)
+        self._absorb(reply, len(lead_tokens))
+
+    def _extend(self, lead_tokens: list[int], state: State) -> int:
+        """Model thread: catch up with lead, then draft up to `burst` more tokens."""
+        t0 = time.perf_counter()
+        evaluated = self.drafter.catch_up(lead_tokens)
+        if self.stats and evaluated:
+            self.stats.caught_up += evaluated
+            self.stats.catch_up_s += time.perf_counter() - t0
+        local = self.drafter.local
+        self._dists = {p: d for p, d in self._dists.items() if p < len(local)}
+        grown = 0
+        while grown < min(self.burst, self._ahead_limit() - self._ahead()):
+            got = self.drafter.next_token(state.sampling, self._rng)
+            if got is None:
+                break
+            token, dist = got
+            if dist is not None:
+                self._dists[len(local) - 1] = DraftDist(token_ids=dist.token_ids.tolist(),
+                                                         probs=dist.probs.tolist())
+            grown += 1
+            if token in self.eos_token_ids:
+                break
+        return grown
+
+
+def _brief(exc: Exception) -> str:
+    return str(exc) or type(exc).__name__

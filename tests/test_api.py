@@ -1,0 +1,209 @@
+"""Lead's HTTP API over a fake target: OpenAI shapes, streaming, stops, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from lead.app import create_app
+from shared.fake import ALPHABET, FakeModel
+from tests.conftest import ScriptedModel, chat_body, make_settings
+
+
+def sse_events(text: str) -> list[dict]:
+    lines = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+def scripted_client(text: str, **settings: object) -> tuple[TestClient, ScriptedModel]:
+    model = ScriptedModel([])
+    model.script = model.tokenize(text) + [0]
+    return TestClient(create_app(make_settings(**settings), model)), model
+
+
+def ask(client: TestClient, model: ScriptedModel, **body: object) -> httpx.Response:
+    prompt = model.tokenize(model.format_chat([{"role": "user", "content": "q"}]))
+    model.prompt_len = len(prompt)
+    return client.post("/v1/chat/completions", json=chat_body("q", **body))
+
+
+def test_chat_completion_shape_and_usage(client: TestClient, fake_target: FakeModel) -> None:
+    r = client.post("/v1/chat/completions", json=chat_body(max_tokens=10))
+    assert r.status_code == 200
+    body = r.json()
+    assert body["object"] == "chat.completion"
+    assert body["choices"][0]["message"]["role"] == "assistant"
+    assert body["choices"][0]["finish_reason"] == "length"
+    assert body["usage"]["completion_tokens"] == 10
+    assert body["usage"]["drafted_tokens"] == 0 and body["usage"]["accepted_tokens"] == 0
+    prompt = fake_target.tokenize(fake_target.format_chat([{"role": "user", "content": "hello"}]))
+    expected = fake_target.greedy_continuation(prompt, 10)
+    text = b"".join(fake_target.token_bytes(t) for t in expected).decode()
+    assert body["choices"][0]["message"]["content"] == text
+
+
+def test_stream_matches_non_stream_and_ends_with_done(client: TestClient) -> None:
+    whole = client.post("/v1/chat/completions", json=chat_body(max_tokens=20)).json()
+    r = client.post("/v1/chat/completions", json=chat_body(max_tokens=20, stream=True))
+    assert r.headers["content-type"].startswith("text/event-stream")
+    events = sse_events(r.text)
+    assert events[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert text == whole["choices"][0]["message"]["content"]
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 20
+    assert all("duo" in e and e["duo"]["accepted"] <= e["duo"]["tokens"] for e in events)
+
+
+def test_completions_endpoint_streams_too(client: TestClient) -> None:
+    r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5})
+    assert r.json()["object"] == "text_completion" and r.json()["usage"]["completion_tokens"] == 5
+    s = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5, "stream": True})
+    assert "".join(e["choices"][0]["text"] for e in sse_events(s.text)) == \
+        r.json()["choices"][0]["text"]
+
+
+def test_eos_finishes_with_stop() -> None:
+    client, model = scripted_client("done")
+    body = ask(client, model, max_tokens=50).json()
+    assert body["choices"][0]["message"]["content"] == "done"
+    assert body["choices"][0]["finish_reason"] == "stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_never_leaks(stream: bool) -> None:
+    client, model = scripted_client("one two END three")
+    r = ask(client, model, stop=["END", "zzz"], stream=stream)
+    if stream:
+        events = sse_events(r.text)
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+        finish = events[-1]["choices"][0]["finish_reason"]
+    else:
+        text, finish = r.json()["choices"][0]["message"]["content"], \
+            r.json()["choices"][0]["finish_reason"]
+    assert text == "one two " and finish == "stop"
+
+
+def test_utf8_split_across_tokens_streams_intact() -> None:
+    model = ScriptedModel([])
+    e1, e2 = len(ALPHABET) + 1, len(ALPHABET) + 2  # the two halves of "é"
+    model.script = model.tokenize("caf") + [e1, e2] + model.tokenize("!") + [0]
+    client = TestClient(create_app(make_settings(), model))
+    events = sse_events(ask(client, model, stream=True).text)
+    pieces = [e["choices"][0]["delta"].get("content", "") for e in events]
+    assert "".join(pieces) == "café!" and "é" in pieces and "\ufffd" not in "".join(pieces)
+
+
+def test_prefix_reuse_second_turn_evaluates_only_new_tokens(client: TestClient,
+                                                            fake_target: FakeModel) -> None:
+    turn1 = [{"role": "user", "content": "hello"}]
+    reply = client.post("/v1/chat/completions", json={"messages": turn1, "max_tokens": 8}).json()
+    turn2 = turn1 + [{"role": "assistant", "content": reply["choices"][0]["message"]["content"]},
+                     {"role": "user", "content": "more"}]
+    before = fake_target.evaluated
+    r2 = client.post("/v1/chat/completions", json={"messages": turn2, "max_tokens": 1}).json()
+    prompt2 = r2["usage"]["prompt_tokens"]
+    new_tokens = len(fake_target.tokenize("more\nassistant: ")) + len("user: ")
+    # only the tail past the shared prefix is evaluated (plus the one decode step)
+    assert fake_target.evaluated - before <= new_tokens + 2 < prompt2
+
+
+def test_context_full_finishes_with_length() -> None:
+    model = FakeModel(n_ctx=64)
+    client = TestClient(create_app(make_settings(), model))
+    r = client.post("/v1/completions", json={"prompt": "x" * 40, "max_tokens": 60}).json()
+    assert r["choices"][0]["finish_reason"] == "length"
+    assert r["usage"]["prompt_tokens"] + r["usage"]["completion_tokens"] <= 64 + 1
+
+
+def test_models_health_metrics(client: TestClient) -> None:
+    assert client.get("/v1/models").json()["data"][0]["id"] == "fake"
+    assert client.get("/health").json()["status"] == "ok"
+    client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
+    metrics = client.get("/metrics").text
+    assert "duo_requests_total 1" in metrics and "duo_generated_tokens_total 3" in metrics
+    assert "duo_draft_len" in metrics and "duo_backs_active 0" in metrics
+
+
+# --- bad input: 4xx with a message, and the server keeps serving ---
+
+BAD_BODIES = [
+    ("not json", "{oops"),
+    ("no messages", {"messages": []}),
+    ("wrong type", {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}),
+    ("negative max_tokens", chat_body(max_tokens=-1)),
+    ("huge max_tokens", chat_body(max_tokens=10**9)),
+    ("bad role", {"messages": [{"role": "robot", "content": "x"}]}),
+    ("negative temperature", chat_body(temperature=-0.5)),
+    ("top_p zero", chat_body(top_p=0)),
+    ("top_p over one", chat_body(top_p=1.5)),
+    ("negative top_k", chat_body(top_k=-3)),
+    ("n > 1", chat_body(n=2)),
+    ("stop wrong type", chat_body(stop=5)),
+]
+
+
+@pytest.mark.parametrize(("name", "body"), BAD_BODIES, ids=[b[0] for b in BAD_BODIES])
+def test_bad_chat_input_is_400_with_message(client: TestClient, name: str, body: object) -> None:
+    if isinstance(body, str):
+        r = client.post("/v1/chat/completions", content=body,
+                        headers={"content-type": "application/json"})
+    else:
+        r = client.post("/v1/chat/completions", json=body)
+    assert r.status_code == 400, (name, r.text)
+    assert r.json()["error"]["message"]
+    assert client.post("/v1/chat/completions", json=chat_body(max_tokens=2)).status_code == 200
+
+
+def test_prompt_longer_than_context_is_400() -> None:
+    client = TestClient(create_app(make_settings(), FakeModel(n_ctx=64)))
+    r = client.post("/v1/completions", json={"prompt": "y" * 200})
+    assert r.status_code == 400 and "context" in r.json()["error"]["message"]
+
+
+def test_oversized_body_is_413(client: TestClient) -> None:
+    small = TestClient(create_app(make_settings(max_body_kb=1), FakeModel()))
+    r = small.post("/v1/completions", json={"prompt": "z" * 5000})
+    assert r.status_code == 413 and "body" in r.json()["error"]["message"]
+
+
+def test_api_key_required_everywhere_but_health() -> None:
+    client = TestClient(create_app(make_settings(api_key="s3cret"), FakeModel()))
+    assert client.get("/health").status_code == 200
+    for method, path in [("get", "/v1/models"), ("get", "/duo/info"), ("get", "/duo/state"),
+                         ("get", "/metrics")]:
+        assert getattr(client, method)(path).status_code == 401
+    r = client.post("/v1/chat/completions", json=chat_body(max_tokens=1),
+                    headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401 and "key" in r.json()["error"]["message"]
+    ok = client.post("/v1/chat/completions", json=chat_body(max_tokens=1),
+                     headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200
+
+
+def test_full_queue_is_429_with_retry_after_and_nothing_is_lost() -> None:
+    model = FakeModel(cost_s=(0.01, 0.0))
+    app = create_app(make_settings(max_queue=1), model)
+
+    async def run() -> list[httpx.Response]:
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            bodies = [chat_body(f"q{i}", max_tokens=15) for i in range(5)]
+            return await asyncio.gather(*(http.post("/v1/chat/completions", json=b)
+                                          for b in bodies))
+
+    responses = asyncio.run(run())
+    codes = sorted(r.status_code for r in responses)
+    assert codes.count(200) == 2 and codes.count(429) == 3, codes
+    assert all(r.headers.get("retry-after") for r in responses if r.status_code == 429)
+    for i, r in enumerate(responses):
+        if r.status_code == 200:  # each completed request got its own reply
+            prompt = model.tokenize(model.format_chat([{"role": "user", "content": f"q{i}"}]))
+            want = model.greedy_continuation(prompt, 15)
+            text = b"".join(model.token_bytes(t) for t in want).decode()
+            assert r.json()["choices"][0]["message"]["content"] == text

@@ -1,0 +1,175 @@
+"""Pure pieces: draft board, cost model, text stream, n-gram drafter, sampling, CLI."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from back.ngram import ngram_draft
+from lead.cost import CostModel
+from lead.drafts import BackRegistry, Candidate, DraftBoard
+from lead.settings import LeadSettings
+from lead.textstream import TextStream
+from shared.cli import parse_settings
+from shared.protocol import SamplingParams
+from shared.sampling import distribution, sample
+
+# --- draft board ---
+
+
+def test_board_keeps_agreeing_candidate_and_returns_its_tail() -> None:
+    board = DraftBoard()
+    tokens = [1, 2, 3, 4]
+    assert board.post(tokens, Candidate("a", 2, (3, 4, 5, 6)))
+    draft = board.best(tokens, 8)
+    assert draft is not None and draft.token_ids == [5, 6]
+
+
+def test_board_drops_disagreeing_and_useless_candidates() -> None:
+    board = DraftBoard()
+    tokens = [1, 2, 3]
+    assert not board.post(tokens, Candidate("a", 1, (9, 9, 9)))  # disagrees at position 1
+    assert not board.post(tokens, Candidate("a", 0, (1, 2)))  # ends before lead
+    assert not board.post(tokens, Candidate("a", 5, (1,)))  # starts past lead: a gap
+    assert board.stale == 3 and board.best(tokens, 8) is None
+
+
+def test_board_prefers_candidate_reaching_furthest_and_forgets_overtaken() -> None:
+    board = DraftBoard()
+    tokens = [1, 2]
+    board.post(tokens, Candidate("short", 2, (3,)))
+    board.post(tokens, Candidate("long", 2, (3, 4, 5)))
+    assert board.best(tokens, 8).token_ids == [3, 4, 5]
+    tokens += [3, 7]  # lead went another way at position 3
+    assert board.best(tokens, 8) is None
+    assert board.candidates == {}
+
+
+def test_board_limit_cuts_draft() -> None:
+    board = DraftBoard()
+    board.post([1], Candidate("a", 1, (2, 3, 4, 5)))
+    assert board.best([1], 2).token_ids == [2, 3]
+
+
+def test_registry_counts_recent_backs() -> None:
+    reg = BackRegistry()
+    reg.seen("a", now=0.0)
+    reg.seen("b", now=50.0)
+    assert reg.active(60.0, now=70.0) == 1
+
+
+# --- cost model ---
+
+
+def test_cost_model_switches_speculation_off_where_verify_is_expensive() -> None:
+    cpu = CostModel(max_draft=8, alpha=0.5)
+    for b in range(1, 10):
+        cpu.record_step(b, 0.05 * b)  # verify cost linear in b (compute-bound CPU)
+    assert cpu.choose() == 0
+
+
+def test_cost_model_drafts_long_where_verify_is_flat() -> None:
+    gpu = CostModel(max_draft=8, alpha=0.9)
+    for b in range(1, 10):
+        gpu.record_step(b, 0.02)  # flat cost: memory-bound GPU
+    assert gpu.choose() >= 6
+
+
+def test_cost_model_learns_acceptance_and_probes_when_off() -> None:
+    model = CostModel(max_draft=4, alpha=0.9, probe_every=4)
+    for _ in range(30):
+        model.record_verify(drafted=4, accepted=0)
+    assert model.alpha < 0.05
+    for b in range(1, 6):
+        model.record_step(b, 0.05 * b)
+    model.steps_since_draft = 0
+    for _ in range(4):
+        model.record_step(1, 0.05)
+    assert model.choose() == 1  # the probe
+
+
+def test_cost_model_fixed_and_available() -> None:
+    assert CostModel(max_draft=8, fixed=3).choose() == 3
+    assert CostModel(max_draft=8, fixed=3).choose(available=2) == 2
+
+
+# --- text stream ---
+
+
+def test_stop_string_never_leaks_even_across_tokens() -> None:
+    stream = TextStream(["</end>"])
+    out = "".join(stream.push(p.encode()) for p in ["Hello </", "en", "d> tail"])
+    assert out == "Hello " and stream.stopped
+
+
+def test_partial_stop_is_released_when_it_turns_out_not_to_be_one() -> None:
+    stream = TextStream(["STOP"])
+    out = stream.push(b"ST") + stream.push(b"ART") + stream.finish()
+    assert out == "START" and not stream.stopped
+
+
+def test_utf8_split_across_tokens_streams_intact() -> None:
+    stream = TextStream()
+    parts = [stream.push(b) for b in (b"caf", b"\xc3", b"\xa9", b"!")]
+    assert parts == ["caf", "", "é", "!"]
+
+
+# --- n-gram drafter ---
+
+
+def test_ngram_proposes_continuation_of_latest_longest_match() -> None:
+    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3]
+    assert ngram_draft(tokens, n_max=3, k=2) == [4, 5]
+
+
+def test_ngram_prefers_longer_match_and_handles_no_match() -> None:
+    tokens = [7, 8, 1, 2, 5, 6, 2, 9, 1, 2]  # "1 2" -> 5 ; "2" alone -> 9 (latest)
+    assert ngram_draft(tokens, n_max=2, k=1) == [5]
+    assert ngram_draft([1, 2, 3], n_max=3, k=4) == []
+    assert ngram_draft([1, 2, 1], n_max=3, k=0) == []
+
+
+# --- sampling ---
+
+
+def test_distribution_truncates_exactly() -> None:
+    logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
+    top_p = distribution(logits, SamplingParams(temperature=1.0, top_p=0.75))
+    assert top_p.token_ids.tolist() == [0, 1]
+    assert np.allclose(top_p.probs, [0.5 / 0.8, 0.3 / 0.8])
+    top_k = distribution(logits, SamplingParams(temperature=1.0, top_k=3))
+    assert top_k.token_ids.tolist() == [0, 1, 2]
+    min_p = distribution(logits, SamplingParams(temperature=1.0, min_p=0.25))
+    assert min_p.token_ids.tolist() == [0, 1, 2]
+
+
+def test_greedy_distribution_and_seeded_sampling() -> None:
+    logits = np.array([0.1, 3.0, 0.2], dtype=np.float32)
+    assert sample(distribution(logits, SamplingParams()), np.random.default_rng()) == 1
+    params = SamplingParams(temperature=1.0)
+    draws = [[sample(distribution(logits, params), np.random.default_rng(7)) for _ in range(5)]
+             for _ in range(2)]
+    assert draws[0] == draws[1]
+
+
+def test_top_p_window_falls_back_to_full_sort_when_mass_is_spread() -> None:
+    logits = np.zeros(5000, dtype=np.float32)  # flat: the top window holds too little mass
+    dist = distribution(logits, SamplingParams(temperature=1.0, top_p=0.9001))
+    assert dist.token_ids.size == 4501  # smallest prefix reaching 0.9001
+
+
+# --- settings / CLI ---
+
+
+def test_cli_flags_override_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LEAD_PORT", "6000")
+    monkeypatch.setenv("LEAD_MAX_DRAFT", "5")
+    s = parse_settings(LeadSettings, "lead", "", ["--port", "7000", "-m", "x.gguf"])
+    assert (s.port, s.max_draft, s.model) == (7000, 5, "x.gguf")
+
+
+def test_cli_bad_value_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse_settings(LeadSettings, "lead", "", ["--port", "99999"])
+    assert exc.value.code == 2
+    assert "port" in capsys.readouterr().err
