@@ -53,6 +53,7 @@ async def serve(worker: Worker) -> None:
     try:
         await worker.run()
     finally:
+        worker.close()
         await worker.client.close()
 
 

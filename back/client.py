@@ -36,8 +36,9 @@ class LeadClient:
     async def info(self) -> Info:
         return Info.model_validate(await self._get("/duo/info", {}))
 
-    async def state(self, since: int, offset: int, wait: float | None = None) -> State:
-        params = {"since": since, "offset": offset,
+    async def state(self, since: int, offset: int, wait: float | None = None,
+                    back_id: str = "") -> State:
+        params = {"since": since, "offset": offset, "back": back_id,
                   "wait": self.poll_wait if wait is None else wait}
         return State.model_validate(await self._get("/duo/state", params))
 
@@ -45,7 +46,7 @@ class LeadClient:
         response = await self._http.post("/duo/draft", json=post.model_dump(exclude_none=True))
         return State.model_validate(self._json(response))
 
-    async def _get(self, path: str, params: dict[str, float]) -> object:
+    async def _get(self, path: str, params: dict[str, float | str]) -> object:
         return self._json(await self._http.get(path, params=params))
 
     @staticmethod

@@ -8,6 +8,7 @@ one thread; the network stays on the event loop. Any network failure means
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -60,10 +61,12 @@ class Worker:
         self.state = State()
         self.stats: SessionStats | None = None
         self.sessions_done: list[SessionStats] = []
+        self.outages = 0
         self.max_draft = max_ahead
         self.eos_token_ids: frozenset[int] = frozenset()
         self.burst = 1  # tokens drafted per post (ngram drafting is free: use more)
         self._dists: dict[int, DraftDist] = {}  # absolute position -> its draft distribution
+        self._last_post: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft")
         self._stop = asyncio.Event()
         self._rng = np.random.default_rng()
@@ -87,16 +90,19 @@ class Worker:
             except (httpx.TransportError, LeadError) as exc:
                 if down_since is None:
                     down_since = time.monotonic()
+                    self.outages += 1
                     log.warning("lead unreachable (%s); retrying with backoff", _brief(exc))
                 await self._sleep(delay)
                 delay = min(delay * 2, 5.0)
+        self.close()
+
+    def close(self) -> None:
+        self._end_session()  # a back stopped mid-session still reports it
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _sleep(self, seconds: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stop.wait(), seconds)
-        except TimeoutError:
-            pass
 
     async def handshake(self) -> Info:
         info = await self.client.info()
@@ -115,16 +121,22 @@ class Worker:
     async def follow(self) -> None:
         while not self._stop.is_set():
             offset = len(self.lead_tokens)
-            state = await self.client.state(since=self.state.version, offset=offset)
+            state = await self.client.state(self.state.version, offset, back_id=self.back_id)
+            if state.version < self.state.version:
+                log.info("lead restarted; starting over")
+                await self.handshake()
+                continue
             self._absorb(state, offset)
             while self._should_draft() and not self._stop.is_set():
-                await self._draft_and_post()
+                if not await self._draft_and_post():
+                    break
 
     def _absorb(self, state: State, offset: int) -> None:
         """Take lead's state (tokens from `offset`) into lead_tokens."""
         if state.session_id != self.state.session_id:
             self._end_session()
             self.lead_tokens = []
+            self._last_post = (0, ())
             if state.session_id is not None and not state.done:
                 self.stats = SessionStats(state.session_id)
                 self._rng = np.random.default_rng(state.sampling.seed)
@@ -133,6 +145,8 @@ class Worker:
                 return
         self.lead_tokens = self.lead_tokens[:state.offset] + state.token_ids
         self.state = state
+        if self.stats:
+            self.stats.accepted = max(self.stats.accepted, state.your_accepted)
         if state.done:
             self._end_session()
 
@@ -143,41 +157,44 @@ class Worker:
             self.stats = None
 
     def _ahead(self) -> int:
-        return max(0, len(self.drafter.local) - len(self.lead_tokens))
-
-    def _should_draft(self) -> bool:
-        s = self.state
-        return (s.session_id is not None and not s.done and s.draft_len > 0
-                and len(self.lead_tokens) == s.n_tokens > 0
-                and self._ahead_limit() > self._ahead_after_catch_up())
+        """Draft tokens held beyond lead's tokens (0 if local disagrees with lead)."""
+        n = len(self.lead_tokens)
+        local = self.drafter.local
+        return len(local) - n if len(local) > n and local[:n] == self.lead_tokens else 0
 
     def _ahead_limit(self) -> int:
         return min(self.max_draft, max(2 * self.state.draft_len, 2))
 
-    def _ahead_after_catch_up(self) -> int:
-        local = self.drafter.local
-        n = len(self.lead_tokens)
-        return self._ahead() if local[:n] == self.lead_tokens else 0
+    def _should_draft(self) -> bool:
+        s = self.state
+        return (s.session_id is not None and not s.done and s.draft_len > 0
+                and len(self.lead_tokens) == s.n_tokens > 0)
 
-    async def _draft_and_post(self) -> None:
-        lead_tokens = list(self.lead_tokens)
-        grown = await self._on_model_thread(self._extend, lead_tokens, self.state)
-        draft = self.drafter.local[len(lead_tokens):]
-        if not grown or not draft:
-            self.state = self.state.model_copy(update={"draft_len": 0})  # wait for news
-            return
-        draft = draft[: self.max_draft]
-        positions = range(len(lead_tokens), len(lead_tokens) + len(draft))
+    def _already_posted(self, start: int, draft: list[int]) -> bool:
+        last_start, last = self._last_post
+        skip = start - last_start
+        return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
+
+    async def _draft_and_post(self) -> bool:
+        """Catch up, draft, post what is new. False: nothing new, wait for lead's news."""
+        n = len(self.lead_tokens)
+        await self._on_model_thread(self._extend, list(self.lead_tokens), self.state)
+        draft = self.drafter.local[n: n + self._ahead_limit()]
+        if not draft or self._already_posted(n, draft):
+            return False
+        positions = range(n, n + len(draft))
         dists = [self._dists[p] for p in positions] if all(p in self._dists for p in positions) \
             else None
-        post = DraftPost(session_id=self.state.session_id or "", start=len(lead_tokens),
-                         token_ids=draft, back_id=self.back_id, dists=dists)
+        post = DraftPost(session_id=self.state.session_id or "", start=n, token_ids=draft,
+                         back_id=self.back_id, dists=dists)
         reply = await self.client.post_draft(post)
         if self.stats:
-            self.stats.drafted += grown
+            last_start, last = self._last_post
+            self.stats.drafted += n + len(draft) - max(last_start + len(last), n)
             self.stats.posts += 1
-            self.stats.accepted = max(self.stats.accepted, reply.your_accepted)
-        self._absorb(reply, len(lead_tokens))
+        self._last_post = (n, tuple(draft))
+        self._absorb(reply, n)
+        return True
 
     def _extend(self, lead_tokens: list[int], state: State) -> int:
         """Model thread: catch up with lead, then draft up to `burst` more tokens."""

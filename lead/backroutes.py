@@ -27,10 +27,14 @@ def back_router(engine: Engine) -> APIRouter:
     async def state(since: int = Query(-1, description="return once version > since"),
                     offset: int = Query(0, ge=0, description="first token to return"),
                     wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S,
-                                        description="seconds to wait for news")) -> State:
-        if wait <= 0 or engine.version > since:
-            return engine.state(offset)
-        return await engine.wait_state(since, offset, wait)
+                                        description="seconds to wait for news"),
+                    back: str = Query("", max_length=64, description="the asking back's id")
+                    ) -> State:
+        if back:
+            engine.backs.seen(back)
+        if wait > 0 and engine.version <= since:
+            await engine.wait_state(since, wait)
+        return engine.state(offset, back)
 
     @router.post("/duo/draft")
     async def draft(post: DraftPost) -> State:
@@ -46,8 +50,7 @@ def back_router(engine: Engine) -> APIRouter:
         dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
                  for d in post.dists] if post.dists else None
         engine.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
-        return engine.state(post.start).model_copy(
-            update={"your_accepted": engine.accepted_from(post.back_id)})
+        return engine.state(post.start, post.back_id)
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:

@@ -8,6 +8,7 @@ step running; the model's own `cached` list is the truth about its KV cache.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import time
@@ -213,7 +214,7 @@ class Engine:
         async with self._changed:
             self._changed.notify_all()
 
-    def state(self, offset: int = 0) -> State:
+    def state(self, offset: int = 0, back_id: str = "") -> State:
         s = self.session
         if s is None:
             return State(version=self.version)
@@ -221,21 +222,14 @@ class Engine:
         return State(version=self.version, session_id=s.id, offset=offset,
                      token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
                      done=s.done, draft_len=0 if s.done else self.cost.choose(None),
-                     sampling=s.params)
+                     sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
-    async def wait_state(self, since: int, offset: int, timeout: float) -> State:
+    async def wait_state(self, since: int, timeout: float) -> None:
         """Long-poll: return as soon as the state's version passes `since`, or at timeout."""
         async with self._changed:
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait_for(lambda: self.version > since),
                                        timeout)
-            except TimeoutError:
-                pass
-        return self.state(offset)
-
-    def accepted_from(self, back_id: str) -> int:
-        s = self.session
-        return s.accepted_by_back.get(back_id, 0) if s else 0
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:

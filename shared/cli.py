@@ -31,7 +31,6 @@ def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse
     prefix = settings_cls.model_config.get("env_prefix", "")
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     for name, field in settings_cls.model_fields.items():
         flags = [f"--{name.replace('_', '-')}"]
@@ -39,17 +38,14 @@ def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse
             field.json_schema_extra, dict) else None
         if short:
             flags.insert(0, f"-{short}")
-        help_text = f"{field.description or ''} [env {prefix}{name.upper()}]"
+        help_text = f"{field.description or ''} (default: {field.default}) " \
+                    f"[env {prefix}{name.upper()}]"
         if field.annotation is bool:
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text + f" (default: {field.default})")
-            continue
-        if get_origin(field.annotation) is list:
-            parser.add_argument(*flags, dest=name, action="append", default=argparse.SUPPRESS,
-                                help=help_text + " (repeatable)")
+                                default=argparse.SUPPRESS, help=help_text)
             continue
         parser.add_argument(*flags, dest=name, type=_flag_type(field.annotation),
-                            default=argparse.SUPPRESS, help=help_text + f" (default: {field.default})")
+                            default=argparse.SUPPRESS, help=help_text)
     return parser
 
 
@@ -72,6 +68,8 @@ def setup_logging(level: str) -> None:
         level=level.upper(), stream=sys.stderr,
         format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
     )
+    if level.upper() != "DEBUG":  # one line per HTTP request is noise at info level
+        logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 def fail(message: str) -> None:

@@ -44,8 +44,8 @@ class State(BaseModel):
     done: bool = True
     draft_len: int = 0
     sampling: SamplingParams = Field(default_factory=SamplingParams)
-    your_accepted: int = Field(0, description="in a draft reply: this back's tokens accepted "
-                                              "in this session so far")
+    your_accepted: int = Field(0, description="the asking back's tokens accepted in this "
+                                              "session so far")
 
 
 class DraftDist(BaseModel):

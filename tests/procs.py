@@ -1,0 +1,88 @@
+"""Real processes for the real-model tier: start lead and back, wait on conditions, kill."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import wait_until
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Proc:
+    def __init__(self, args: list[str], env: dict[str, str] | None = None,
+                 log_name: str = "proc") -> None:
+        self.log_path = Path(os.environ.get("DUO_TEST_LOGS", "/tmp")) / \
+            f"duo-{log_name}-{os.getpid()}-{time.monotonic_ns()}.log"
+        self._log = self.log_path.open("wb")
+        self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=self._log,
+                                  stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
+                                  start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def alive(self) -> bool:
+        return self.p.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.alive():
+            self.p.send_signal(sig)
+        self.p.wait(15)
+
+    def stop(self) -> None:
+        if self.alive():
+            self.kill(signal.SIGTERM)
+        self._log.close()
+
+
+class Lead(Proc):
+    def __init__(self, model: str = "smollm2-135m", *extra: str,
+                 env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
+                          str(self.port), "--threads", "1", "--ctx-size", "2048", *extra],
+                         env, "lead")
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until(self._healthy, 120, f"lead to serve (log: {self.log_path})")
+
+    def _healthy(self) -> bool:
+        if not self.alive():
+            raise AssertionError(f"lead exited:\n{self.log()[-2000:]}")
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+class Back(Proc):
+    def __init__(self, lead: Lead, model: str = "smollm2-135m", *extra: str) -> None:
+        super().__init__(["-m", "back", "--lead", f"127.0.0.1:{lead.port}", "-m", model,
+                          "--threads", "1", "--poll-wait", "2", *extra], None, "back")
+        self.lead = lead
+
+    def wait_attached(self) -> None:
+        wait_until(lambda: metric(self.lead, "duo_backs_active") >= 1 or not self.alive(), 60,
+                   "back to attach")
+        assert self.alive(), self.log()[-2000:]
+
+
+def metric(lead: Lead, name: str) -> float:
+    for line in httpx.get(f"{lead.url}/metrics", timeout=5).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise KeyError(name)

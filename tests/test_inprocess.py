@@ -1,0 +1,206 @@
+"""Lead app + back worker in one process over httpx.ASGITransport (fake target and draft)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import httpx
+import pytest
+
+from back.client import LeadClient
+from back.drafter import ModelDrafter, NgramDrafter
+from back.worker import IncompatibleModel, Worker
+from lead.app import create_app
+from shared.fake import FakeModel
+from tests.conftest import async_wait_until, make_settings
+
+TARGET_COST = (0.003, 0.0005)  # seconds per call, per token: slow enough to overlap with backs
+
+
+class SwitchableTransport(httpx.AsyncBaseTransport):
+    """Routes to the current lead app; `app = None` is a lead that is down."""
+
+    def __init__(self, app: object | None) -> None:
+        self.app = app
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.app is None:
+            raise httpx.ConnectError("lead down", request=request)
+        return await httpx.ASGITransport(app=self.app).handle_async_request(request)
+
+
+def new_lead(**settings: object) -> tuple[object, FakeModel]:
+    target = FakeModel(cost_s=TARGET_COST, eos_bias=-100.0)  # long replies: no early EOS
+    return create_app(make_settings(max_tokens=120, **settings), target), target
+
+
+def model_worker(transport: httpx.AsyncBaseTransport, agree: float = 0.8,
+                 salt: str = "draft", back_id: str = "m") -> Worker:
+    draft = FakeModel(salt=salt, agree=agree, cost_s=(0.0005, 0.0))
+    client = LeadClient("http://lead", transport=transport, poll_wait=1.0)
+    return Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab, back_id=back_id)
+
+
+async def ask(transport: httpx.AsyncBaseTransport, text: str = "hello there",
+              max_tokens: int = 120) -> dict:
+    async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+        r = await http.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+
+def text_of(reply: dict) -> str:
+    return reply["choices"][0]["message"]["content"]
+
+
+async def with_workers(workers: list[Worker], body: Callable[[], Awaitable[None]]) -> None:
+    tasks = [asyncio.create_task(w.run()) for w in workers]
+    try:
+        await body()
+    finally:
+        for w, t in zip(workers, tasks, strict=True):
+            w.stop()
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def reference(text: str = "hello there", max_tokens: int = 120) -> str:
+    app, _ = new_lead()
+    return text_of(await ask(httpx.ASGITransport(app=app), text, max_tokens))
+
+
+def run(coro: Awaitable[None]) -> None:
+    asyncio.run(asyncio.wait_for(coro, 60))  # type: ignore[arg-type]
+
+
+def test_output_with_back_equals_output_without() -> None:
+    async def body() -> None:
+        alone = await reference()
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        worker = model_worker(transport)
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            reply = await ask(transport)
+            assert text_of(reply) == alone
+            assert reply["usage"]["accepted_tokens"] > 0
+
+        await with_workers([worker], check)
+    run(body())
+
+
+def test_always_wrong_draft_costs_no_correctness() -> None:
+    async def body() -> None:
+        alone = await reference()
+        app, _ = new_lead(draft_len=4)
+        transport = httpx.ASGITransport(app=app)
+        worker = model_worker(transport, agree=0.0, salt="nonsense")
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            reply = await ask(transport)
+            assert text_of(reply) == alone
+            assert reply["usage"]["drafted_tokens"] > 0
+            assert reply["usage"]["accepted_tokens"] <= reply["usage"]["drafted_tokens"] // 10
+
+        await with_workers([worker], check)
+    run(body())
+
+
+def test_back_joining_mid_generation_helps_that_reply() -> None:
+    async def body() -> None:
+        alone = await reference(max_tokens=200)
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        reply_task = asyncio.create_task(ask(transport, max_tokens=200))
+        await async_wait_until(lambda: engine.session is not None
+                               and engine.session.n_generated >= 40, what="40 tokens alone")
+        assert engine.session.accepted == 0
+        worker = model_worker(transport)
+        await with_workers([worker], lambda: asyncio.shield(reply_task))  # type: ignore[arg-type]
+        reply = reply_task.result()
+        assert text_of(reply) == alone
+        assert reply["usage"]["accepted_tokens"] > 0
+    run(body())
+
+
+def test_back_dropping_mid_generation_lead_finishes_alone() -> None:
+    async def body() -> None:
+        alone = await reference(max_tokens=200)
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        worker = model_worker(transport)
+        task = asyncio.create_task(worker.run())
+        await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+        reply_task = asyncio.create_task(ask(transport, max_tokens=200))
+        await async_wait_until(lambda: engine.session is not None and engine.session.accepted > 5,
+                               what="drafts accepted")
+        task.cancel()  # the back vanishes mid-reply
+        await asyncio.gather(task, return_exceptions=True)
+        at_drop = engine.session.n_generated
+        assert at_drop < 200
+        reply = await reply_task
+        assert text_of(reply) == alone
+        assert reply["usage"]["completion_tokens"] == 200
+    run(body())
+
+
+def test_lead_restart_back_reconnects_and_helps_next_reply() -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = SwitchableTransport(app)
+        worker = model_worker(transport)
+
+        async def scenario() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            first = await ask(transport)
+            transport.app = None  # lead goes down...
+            await async_wait_until(lambda: worker.outages >= 1, what="back to notice the outage")
+            new_app, _ = new_lead()
+            transport.app = new_app  # ...and comes back with version counters reset
+            second = await ask(transport)
+            assert text_of(second) == text_of(first)
+            assert second["usage"]["accepted_tokens"] > 0
+
+        await with_workers([worker], scenario)
+    run(body())
+
+
+def test_ngram_back_and_model_back_together() -> None:
+    async def body() -> None:
+        text = "abc abc abc abc abc"
+        alone = await reference(text)
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        ngram = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
+                       NgramDrafter(3), None, None, back_id="ngram")
+        ngram.burst = 8
+        workers = [model_worker(transport), ngram]
+
+        async def check() -> None:
+            await async_wait_until(lambda: all(w.state.version >= 0 for w in workers),
+                                   what="both backs")
+            reply = await ask(transport, text)
+            assert text_of(reply) == alone
+            engine = app.state.engine  # type: ignore[attr-defined]
+            assert engine.backs.active() == 2
+
+        await with_workers(workers, check)
+    run(body())
+
+
+def test_incompatible_draft_model_is_refused() -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        client = LeadClient("http://lead", transport=transport)
+        worker = Worker(client, ModelDrafter(FakeModel(n_vocab=80)), "other", 80)
+        with pytest.raises(IncompatibleModel, match="vocabulary"):
+            await worker.run()
+    run(body())
+

@@ -1,0 +1,137 @@
+"""Real-model tier: SmolLM2-135M in real lead and back processes.
+
+Batched and single-token evaluation differ at near-ties (../shared/perf-notes.md),
+so exact equality of output is tested with fakes; here we test what holds exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.conftest import wait_until
+from tests.procs import Back, Lead, metric
+
+pytestmark = pytest.mark.real
+
+CODE_PROMPT = "Write a Python function that checks whether a number is prime, with comments."
+
+
+@pytest.fixture(scope="module")
+def lead() -> Iterator[Lead]:
+    proc = Lead()
+    yield proc
+    proc.stop()
+
+
+def chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> dict:
+    r = httpx.post(f"{lead.url}/v1/chat/completions", timeout=120, json={
+        "messages": [{"role": "user", "content": text}], **body})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def stream_chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> Iterator[dict]:
+    with httpx.stream("POST", f"{lead.url}/v1/chat/completions", timeout=120, json={
+            "messages": [{"role": "user", "content": text}], "stream": True, **body}) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+def state(lead: Lead, offset: int = 0, since: int = -1, wait: float = 0) -> dict:
+    return httpx.get(f"{lead.url}/duo/state", params={"offset": offset, "since": since,
+                                                       "wait": wait}, timeout=40).json()
+
+
+def test_chat_completion_and_stream_agree(lead: Lead) -> None:
+    reply = chat(lead, max_tokens=40)
+    text = reply["choices"][0]["message"]["content"]
+    assert len(text) > 20 and reply["usage"]["completion_tokens"] <= 40
+    events = list(stream_chat(lead, max_tokens=40))
+    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    assert streamed == text  # same prompt, same greedy path, no drafts: identical
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+
+
+def test_stop_string_is_not_emitted(lead: Lead) -> None:
+    full = chat(lead, max_tokens=40)["choices"][0]["message"]["content"]
+    stop = full[10:14]
+    reply = chat(lead, max_tokens=40, stop=[stop])
+    assert reply["choices"][0]["message"]["content"] == full[: full.index(stop)]
+    assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+def test_second_turn_evaluates_only_new_tokens(lead: Lead) -> None:
+    first = chat(lead, "Name a colour.", max_tokens=12)
+    answer = first["choices"][0]["message"]["content"]
+    before = metric(lead, "duo_prompt_tokens_evaluated_total")
+    messages = [{"role": "user", "content": "Name a colour."},
+                {"role": "assistant", "content": answer},
+                {"role": "user", "content": "And another one?"}]
+    second = httpx.post(f"{lead.url}/v1/chat/completions", timeout=60,
+                        json={"messages": messages, "max_tokens": 5}).json()
+    evaluated = metric(lead, "duo_prompt_tokens_evaluated_total") - before
+    prompt_tokens = second["usage"]["prompt_tokens"]
+    assert evaluated < prompt_tokens - first["usage"]["prompt_tokens"] + 2 + 12
+    assert evaluated < prompt_tokens / 2
+
+
+@pytest.mark.parametrize(("path", "body", "fragment"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
+                              "max_tokens": -5}, "max_tokens"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 3000}]},
+     "context"),
+    ("/duo/draft", {"session_id": "x", "start": 0, "token_ids": [10**7]}, "vocabulary"),
+    ("/duo/draft", {"session_id": "x", "start": 0, "token_ids": list(range(40))}, "at most"),
+])
+def test_real_bad_input_is_4xx_and_lead_keeps_serving(lead: Lead, path: str, body: dict,
+                                                      fragment: str) -> None:
+    r = httpx.post(f"{lead.url}{path}", json=body, timeout=30)
+    assert 400 <= r.status_code < 500 and fragment in r.json()["error"]["message"]
+    assert chat(lead, "Hi", max_tokens=3)["usage"]["completion_tokens"] >= 1
+
+
+def test_smollm2_back_drafting_for_itself(lead: Lead) -> None:
+    """SmolLM2 drafting for itself: same speed as the target, so a fresh back only keeps
+    pace; a regenerated reply is where its KV cache pays: it posts the continuation it
+    already holds, far ahead, and lead accepts nearly all of it."""
+    back = Back(lead)
+    try:
+        back.wait_attached()
+        first = chat(lead, max_tokens=80)["usage"]
+        again = chat(lead, max_tokens=80)["usage"]
+        assert again["drafted_tokens"] > 20, again
+        assert again["accepted_tokens"] / again["drafted_tokens"] > 0.8, (first, again)
+    finally:
+        back.stop()
+    assert "accepted" in back.log()
+
+
+def test_client_disconnect_frees_lead(lead: Lead) -> None:
+    with httpx.stream("POST", f"{lead.url}/v1/chat/completions", timeout=60, json={
+            "messages": [{"role": "user", "content": CODE_PROMPT}], "max_tokens": 500,
+            "stream": True}) as r:
+        for i, _ in enumerate(r.iter_lines()):
+            if i > 6:
+                break  # leaving the block closes the connection mid-stream
+    wait_until(lambda: not httpx.get(f"{lead.url}/health").json()["busy"], 10,
+               "lead to drop the abandoned generation")
+    assert chat(lead, "Hi", max_tokens=3)["usage"]["completion_tokens"] >= 1
+
+
+def test_back_refuses_incompatible_draft_model(lead: Lead, tmp_path) -> None:
+    from shared.presets import cache_dir
+
+    qwen = cache_dir() / "qwen2.5-coder-0.5b-instruct.gguf"
+    if not qwen.is_file():
+        pytest.skip("qwen2.5-coder-0.5b not installed (run make models)")
+    back = Back(lead, str(qwen))
+    back.p.wait(120)
+    assert back.p.returncode == 1
+    assert "does not match" in back.log()
+    back.stop()
