@@ -1,0 +1,1 @@
+"""chat: the REPL client of duo."""

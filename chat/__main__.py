@@ -1,0 +1,48 @@
+"""python chat.py [--lead HOST:PORT] ...: talk to a duo lead."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from chat.client import ChatClient
+from chat.repl import Conversation, Repl, interactive, piped
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python chat.py", description="Chat with a duo lead; "
+                                "tokens from accepted drafts are shown in colour.")
+    p.add_argument("--lead", default=os.environ.get("DUO_LEAD", "127.0.0.1:5555"),
+                   help="lead's address (default: %(default)s) [env DUO_LEAD]")
+    p.add_argument("--api-key", default=os.environ.get("DUO_API_KEY"),
+                   help="lead's API key [env DUO_API_KEY]")
+    p.add_argument("--system", help="system prompt")
+    p.add_argument("--max-tokens", type=int, help="most tokens per reply (default: lead's)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default: greedy)")
+    p.add_argument("--no-color", action="store_true", help="no colours (also: NO_COLOR=1)")
+    args = p.parse_args(argv)
+    if args.max_tokens is not None and args.max_tokens < 1:
+        p.error("--max-tokens must be at least 1")
+    if args.temperature is not None and not 0 <= args.temperature <= 2:
+        p.error("--temperature must be between 0 and 2")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    interactive_mode = sys.stdin.isatty()
+    colour = (not args.no_color and not os.environ.get("NO_COLOR") and interactive_mode
+              and sys.stdout.isatty())
+    client = ChatClient(args.lead, args.api_key)
+    params = {"max_tokens": args.max_tokens, "temperature": args.temperature}
+    repl = Repl(client, Conversation(system=args.system), colour, params)
+    try:
+        code = interactive(repl) if interactive_mode else piped(repl, sys.stdin.read())
+    finally:
+        client.close()
+    raise SystemExit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,118 @@
+"""Talks to lead's OpenAI-compatible chat API; turns failures into one-line errors."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import httpx
+
+
+class ChatError(Exception):
+    """Something the user can act on; the message is one line."""
+
+
+@dataclass
+class Piece:
+    text: str
+    from_draft: bool
+
+
+@dataclass
+class ReplyStats:
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    finish_reason: str | None = None
+    t_first: float | None = None
+    t_end: float = 0.0
+    text: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        elapsed = (self.t_end - self.t_first) if self.t_first else 0.0
+        rate = f"{self.tokens / elapsed:.1f} tok/s" if elapsed > 0 else "- tok/s"
+        share = f"{100 * self.accepted / self.drafted:.0f}%" if self.drafted else "-"
+        return (f"[{self.tokens} tokens, {rate}, drafted {self.drafted} / accepted "
+                f"{self.accepted}, acceptance {share}]")
+
+
+class ChatClient:
+    def __init__(self, lead: str, api_key: str | None = None,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        base = lead if "://" in lead else f"http://{lead}"
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base = base.rstrip("/")
+        self._http = httpx.Client(base_url=self.base, headers=headers, transport=transport,
+                                  timeout=httpx.Timeout(10.0, read=300.0))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def stream(self, messages: list[dict[str, str]], stats: ReplyStats,
+               **params: object) -> Iterator[Piece]:
+        body = {"messages": messages, "stream": True,
+                **{k: v for k, v in params.items() if v is not None}}
+        try:
+            with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
+                self._check(response)
+                for line in response.iter_lines():
+                    piece = self._event(line, stats)
+                    if piece is not None:
+                        yield piece
+        except httpx.ConnectError:
+            raise ChatError(f"cannot reach lead at {self.base}: is `python -m lead` "
+                            "running there?") from None
+        except httpx.TimeoutException:
+            raise ChatError(f"lead at {self.base} stopped answering (timeout)") from None
+        except httpx.TransportError as exc:
+            raise ChatError(f"connection to lead lost: {exc}") from None
+        finally:
+            stats.t_end = time.perf_counter()
+
+    @staticmethod
+    def _event(line: str, stats: ReplyStats) -> Piece | None:
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            return None
+        event = json.loads(line[6:])
+        choice = event["choices"][0]
+        if usage := event.get("usage"):
+            stats.drafted, stats.accepted = usage["drafted_tokens"], usage["accepted_tokens"]
+            stats.tokens = usage["completion_tokens"]
+        stats.finish_reason = choice.get("finish_reason") or stats.finish_reason
+        text = choice.get("delta", {}).get("content") or ""
+        if not text:
+            return None
+        if stats.t_first is None:
+            stats.t_first = time.perf_counter()
+        stats.text.append(text)
+        return Piece(text, event.get("duo", {}).get("accepted", 0) > 0)
+
+    def _check(self, response: httpx.Response) -> None:
+        if response.status_code < 400:
+            return
+        response.read()
+        try:
+            message = response.json()["error"]["message"]
+        except (ValueError, KeyError, TypeError):
+            message = response.text[:200]
+        if response.status_code == 401:
+            raise ChatError("lead refused the API key: pass --api-key (or DUO_API_KEY)")
+        if response.status_code == 429:
+            wait = response.headers.get("retry-after", "a few")
+            raise ChatError(f"lead is busy (its queue is full); try again in {wait} s")
+        raise ChatError(f"lead answered {response.status_code}: {message}")
+
+    def metrics(self) -> dict[str, float]:
+        try:
+            response = self._http.get("/metrics")
+        except httpx.TransportError:
+            raise ChatError(f"cannot reach lead at {self.base}") from None
+        self._check(response)
+        out: dict[str, float] = {}
+        for line in response.text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.partition(" ")
+                out[name.removeprefix("duo_")] = float(value)
+        return out

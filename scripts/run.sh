@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Start lead (target) and back (draft) on this machine, then chat; stop both on exit.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+PORT=${LEAD_PORT:-5555}
+half=$(( $(nproc) / 2 )); [ "$half" -ge 1 ] || half=1
+export LEAD_THREADS=${LEAD_THREADS:-$half} BACK_THREADS=${BACK_THREADS:-$half}
+mkdir -p logs
+"$PY" -m lead -m "${TARGET:-qwen2.5-coder-1.5b}" --host 127.0.0.1 --port "$PORT" \
+    >logs/lead.log 2>&1 &
+lead=$!
+back=
+trap 'kill $lead $back 2>/dev/null || true; wait 2>/dev/null || true' EXIT
+echo "starting lead on 127.0.0.1:$PORT (log: logs/lead.log) ..."
+for _ in $(seq 1 240); do
+  "$PY" -c "import httpx,sys; httpx.get('http://127.0.0.1:$PORT/health', timeout=1)" \
+      2>/dev/null && break
+  kill -0 "$lead" 2>/dev/null || { echo "lead failed to start:"; tail -5 logs/lead.log; exit 1; }
+  sleep 0.5
+done
+"$PY" -m back --lead "127.0.0.1:$PORT" -m "${DRAFT:-qwen2.5-coder-0.5b}" >logs/back.log 2>&1 &
+back=$!
+echo "back attached (log: logs/back.log). Tokens from accepted drafts show in green."
+"$PY" chat.py --lead "127.0.0.1:$PORT"
