@@ -34,6 +34,7 @@ def build_worker(settings: BackSettings) -> Worker:
         drafter = ModelDrafter(model, settings.batch_size, _progress)
         log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
     worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
+    worker.send_dists = settings.send_dists
     if settings.drafter == "ngram":
         worker.burst = settings.max_ahead
     return worker

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -22,8 +22,16 @@ class BackSettings(BaseSettings):
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
     max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram the ngram drafter matches")
+    send_dists: bool = Field(True, description="post each draft token's sampling distribution "
+                             "(exact rejection sampling at temperature > 0; off: lead "
+                             "verifies by sample-and-compare)")
     api_key: str | None = Field(None, description="lead's API key, if it requires one")
     poll_wait: float = Field(10.0, gt=0, le=30, description="long-poll wait, seconds")
     back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _empty_key_is_none(cls, v: object) -> object:
+        return None if v == "" else v

@@ -65,6 +65,7 @@ class Worker:
         self.max_draft = max_ahead
         self.eos_token_ids: frozenset[int] = frozenset()
         self.burst = 1  # tokens drafted per post (ngram drafting is free: use more)
+        self.send_dists = True
         self._dists: dict[int, DraftDist] = {}  # absolute position -> its draft distribution
         self._last_post: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft")
@@ -183,8 +184,8 @@ class Worker:
         if not draft or self._already_posted(n, draft):
             return False
         positions = range(n, n + len(draft))
-        dists = [self._dists[p] for p in positions] if all(p in self._dists for p in positions) \
-            else None
+        dists = [self._dists[p] for p in positions] if self.send_dists and \
+            all(p in self._dists for p in positions) else None
         post = DraftPost(session_id=self.state.session_id or "", start=n, token_ids=draft,
                          back_id=self.back_id, dists=dists)
         reply = await self.client.post_draft(post)

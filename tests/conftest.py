@@ -10,18 +10,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.procs import wait_until
 from lead.app import create_app
 from lead.settings import LeadSettings
 from shared.fake import FakeModel
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
-               what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.01)
 
 
 async def async_wait_until(predicate: Callable[[], bool], timeout: float = 10.0,

@@ -204,3 +204,39 @@ def test_incompatible_draft_model_is_refused() -> None:
             await worker.run()
     run(body())
 
+
+
+def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        posted_dists: list[bool] = []
+        original = engine.post_draft
+
+        def spy(session_id, start, token_ids, dists, back_id):  # type: ignore[no-untyped-def]
+            posted_dists.append(dists is not None)
+            return original(session_id, start, token_ids, dists, back_id)
+
+        engine.post_draft = spy
+
+        async def sampled(seed: int) -> dict:
+            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                r = await http.post("/v1/chat/completions", json={
+                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+                    "temperature": 0.8, "top_k": 20, "seed": seed})
+                return r.json()
+
+        alone = [text_of(await sampled(11)) for _ in range(2)]
+        assert alone[0] == alone[1]  # same seed, no drafts: same output
+        assert text_of(await sampled(12)) != alone[0]
+        worker = model_worker(transport, agree=0.9)
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            reply = await sampled(13)
+            assert reply["usage"]["accepted_tokens"] > 0
+            assert posted_dists and all(posted_dists)
+
+        await with_workers([worker], check)
+    run(body())

@@ -12,8 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import wait_until
-from tests.procs import Back, Lead, metric
+from bench.procs import Back, Lead, metric, wait_until
 
 pytestmark = pytest.mark.real
 

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.procs import Back, Lead
 from shared.presets import PRESETS, cache_dir
-from tests.procs import Back, Lead
 from tests.test_real import chat, state, stream_chat
 
 pytestmark = pytest.mark.real

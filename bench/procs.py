@@ -1,4 +1,4 @@
-"""Real processes for the real-model tier: start lead and back, wait on conditions, kill."""
+"""Real lead and back processes (for the bench and the real-model tests): start, wait, kill."""
 
 from __future__ import annotations
 
@@ -8,13 +8,22 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from tests.conftest import wait_until
-
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
+               what: str = "condition") -> None:
+    """Poll a condition until it holds; fail with what was awaited after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
 
 
 def free_port() -> int:

@@ -1,0 +1,18 @@
+# duo: one image for lead and back (the command picks the role).
+FROM python:3.11-slim
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends build-essential cmake \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /app
+COPY pyproject.toml README.md chat.py ./
+COPY lead lead
+COPY back back
+COPY chat chat
+COPY shared shared
+COPY bench bench
+RUN pip install --no-cache-dir .
+# Model presets are downloaded, assembled and verified into this volume on first start.
+ENV DUO_CACHE=/models PYTHONUNBUFFERED=1
+VOLUME /models
+EXPOSE 5555
+CMD ["python", "-m", "lead"]

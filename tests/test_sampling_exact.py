@@ -1,0 +1,147 @@
+"""Speculative sampling is exact: emitted tokens follow the target's distribution p.
+
+A small-vocabulary fake target p(.|context) and draft distributions q that are close
+to p, far from p, and disjoint from p. Each trial runs the real verifier step by step
+(draft 3 tokens from q, verify, append what it emits) until two tokens exist; the
+joint law of (x1, x2) must be p(x1) p(x2|x1). Chi-square test, 12,000 trials, false-
+alarm rate 0.1 % per check (seeds are fixed, so a run is reproducible). A deliberately
+wrong verifier must be caught by the same check: the test has power.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from lead.verify import Verdict, verify
+from shared.protocol import SamplingParams
+from shared.sampling import Dist, distribution, sample
+
+V = 6  # tokens 0-3 can be emitted by the target; 4-5 only by the disjoint draft
+PARAMS = SamplingParams(temperature=1.0)
+TRIALS = 12_000
+Z_0_1_PERCENT = 3.090  # one-sided normal quantile for a 0.1 % false-alarm rate
+
+
+def target_logits(context: list[int]) -> np.ndarray:
+    seed = int.from_bytes(hashlib.blake2b(repr(context).encode(), digest_size=8).digest())
+    logits = np.random.default_rng(seed).normal(0.0, 1.2, V)
+    logits[4:] = -np.inf  # p is zero there
+    return logits
+
+
+def p_of(context: list[int]) -> np.ndarray:
+    return distribution(target_logits(context), PARAMS).dense(V)
+
+
+def _dist(probs: np.ndarray) -> Dist:
+    keep = np.nonzero(probs > 0)[0]
+    return Dist(keep, probs[keep] / probs[keep].sum())
+
+
+DRAFTS: dict[str, Callable[[list[int]], Dist]] = {
+    "close": lambda ctx: _dist(0.85 * p_of(ctx) + 0.15 * np.r_[np.full(4, 0.25), 0, 0]),
+    "far": lambda ctx: _dist(np.r_[np.exp(-2 * target_logits(ctx)[:4]), 0, 0]),
+    "disjoint": lambda ctx: _dist(np.r_[0, 0, 0, 0, 0.5, 0.5]),
+}
+
+
+def speculative_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator,
+                     verifier: Callable[..., Verdict] = verify) -> tuple[int, int]:
+    out: list[int] = []
+    while len(out) < 2:
+        draft, dists, ctx = [], [], list(out)
+        for _ in range(3):
+            q = q_of(ctx)
+            token = sample(q, rng)
+            draft.append(token)
+            dists.append(q)
+            ctx.append(token)
+        rows = np.stack([target_logits(out + draft[:i]) for i in range(4)])
+        out += verifier(draft, rows, PARAMS, rng, dists).emitted
+    return out[0], out[1]
+
+
+def chi_square_ok(counts: Counter, expected: dict[tuple[int, int], float], n: int
+                  ) -> tuple[bool, float, float]:
+    cells = [c for c, e in expected.items() if e > 0]
+    if any(counts[c] for c in counts if expected.get(c, 0) == 0):
+        return False, math.inf, 0.0  # an impossible pair was emitted
+    stat = sum((counts[c] - n * expected[c]) ** 2 / (n * expected[c]) for c in cells)
+    df = len(cells) - 1
+    # Wilson-Hilferty approximation of the chi-square quantile
+    critical = df * (1 - 2 / (9 * df) + Z_0_1_PERCENT * math.sqrt(2 / (9 * df))) ** 3
+    return stat <= critical, stat, critical
+
+
+def exact_joint() -> dict[tuple[int, int], float]:
+    first = p_of([])
+    return {(a, b): first[a] * p_of([a])[b] for a in range(V) for b in range(V)}
+
+
+@pytest.mark.parametrize("draft", list(DRAFTS))
+def test_emitted_tokens_follow_target_distribution(draft: str) -> None:
+    rng = np.random.default_rng(20261122)
+    counts = Counter(speculative_pair(DRAFTS[draft], rng) for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    print(f"\n{draft}: chi2 {stat:.1f} vs critical {critical:.1f} ({TRIALS} trials)")
+    assert ok, f"{draft}: chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_the_check_catches_a_biased_verifier() -> None:
+    def accept_everything(draft, rows, params, rng, dists):  # type: ignore[no-untyped-def]
+        return Verdict(list(draft), sample(distribution(rows[-1], params), rng))
+
+    rng = np.random.default_rng(7)
+    counts = Counter(speculative_pair(DRAFTS["close"], rng, accept_everything)
+                     for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    assert not ok, f"a wrong verifier passed: chi2 {stat:.1f} <= {critical:.1f}"
+
+
+def test_sample_and_compare_without_probabilities_is_exact_too() -> None:
+    rng = np.random.default_rng(99)
+
+    def no_dists(draft, rows, params, rng, dists):  # type: ignore[no-untyped-def]
+        return verify(draft, rows, params, rng, None)
+
+    counts = Counter(speculative_pair(DRAFTS["far"], rng, no_dists) for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    assert ok, f"chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_rejection_sampling_accepts_more_than_sample_and_compare() -> None:
+    rng = np.random.default_rng(3)
+    q_of = DRAFTS["close"]
+    accepted = {"rejection": 0, "compare": 0}
+    for _ in range(3000):
+        draft, dists, ctx = [], [], []
+        for _ in range(3):
+            q = q_of(ctx)
+            token = sample(q, rng)
+            draft.append(token)
+            dists.append(q)
+            ctx.append(token)
+        rows = np.stack([target_logits(draft[:i]) for i in range(4)])
+        accepted["rejection"] += len(verify(draft, rows, PARAMS, rng, dists).accepted)
+        accepted["compare"] += len(verify(draft, rows, PARAMS, rng, None).accepted)
+    assert accepted["rejection"] > 1.2 * accepted["compare"], accepted
+
+
+def test_seeded_verification_is_reproducible() -> None:
+    rows = np.stack([target_logits([1] * i) for i in range(4)])
+    dists = [DRAFTS["far"]([])] * 3
+    runs = [verify([0, 1, 2], rows, PARAMS, np.random.default_rng(5), dists) for _ in range(2)]
+    assert runs[0] == runs[1]
+
+
+def test_low_temperature_approaches_greedy() -> None:
+    logits = np.array([0.0, 2.0, 1.99, -1.0], dtype=np.float32)
+    cold = distribution(logits, SamplingParams(temperature=1e-4))
+    assert cold.token_ids[np.argmax(cold.probs)] == 1 and cold.probs.max() > 0.999
+    assert np.isfinite(cold.probs).all()
