@@ -10,7 +10,7 @@ import sys
 from back.client import LeadClient
 from back.drafter import Drafter, ModelDrafter, NgramDrafter
 from back.settings import BackSettings
-from back.worker import IncompatibleModel, Worker
+from back.worker import BackFatal, Worker
 from shared.cli import fail, parse_settings, setup_logging
 from shared.presets import ModelError
 
@@ -65,9 +65,14 @@ def main(argv: list[str] | None = None) -> None:
         worker = build_worker(settings)
     except ModelError as exc:
         fail(str(exc))
+    run_worker(worker)
+
+
+def run_worker(worker: Worker) -> None:
+    """Run until SIGINT/SIGTERM (exit 0) or a fatal problem (one-line error, exit 1)."""
     try:
         asyncio.run(serve(worker))
-    except IncompatibleModel as exc:
+    except BackFatal as exc:
         fail(str(exc))
     except asyncio.CancelledError:
         pass

@@ -10,6 +10,10 @@ from shared.protocol import DraftPost, Info, State
 class LeadError(Exception):
     """Lead answered, but not with what the protocol promises (4xx/5xx)."""
 
+    def __init__(self, message: str, status: int = 0, retry_after: float = 0.0) -> None:
+        super().__init__(message)
+        self.status, self.retry_after = status, retry_after
+
 
 def lead_url(address: str) -> str:
     address = address.strip().rstrip("/")
@@ -56,5 +60,7 @@ class LeadClient:
                 message = response.json()["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 message = response.text[:200]
-            raise LeadError(f"lead answered {response.status_code}: {message}")
+            retry = response.headers.get("retry-after", "0")
+            raise LeadError(f"lead answered {response.status_code}: {message}",
+                            response.status_code, float(retry) if retry.isdigit() else 1.0)
         return response.json()

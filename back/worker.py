@@ -29,7 +29,11 @@ log = logging.getLogger("back")
 T = TypeVar("T")
 
 
-class IncompatibleModel(Exception):
+class BackFatal(Exception):
+    """A problem retrying cannot fix; the back stops with this one-line message."""
+
+
+class IncompatibleModel(BackFatal):
     pass
 
 
@@ -89,6 +93,9 @@ class Worker:
                     down_since, delay = None, 0.25
                 await self.follow()
             except (httpx.TransportError, LeadError) as exc:
+                if isinstance(exc, LeadError) and exc.status == 401:
+                    raise BackFatal("lead refused the API key: pass --api-key "
+                                    "(or BACK_API_KEY)") from None
                 if down_since is None:
                     down_since = time.monotonic()
                     self.outages += 1
@@ -116,6 +123,8 @@ class Worker:
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.state = State(version=-1)  # lead may have restarted: versions start over
         self.lead_tokens = []
+        log.info("attached to lead: model %s, context %d, max draft %d", info.model, info.n_ctx,
+                 info.max_draft)
         return info
 
     # --- inner loop: one lead ---
@@ -188,7 +197,13 @@ class Worker:
             all(p in self._dists for p in positions) else None
         post = DraftPost(session_id=self.state.session_id or "", start=n, token_ids=draft,
                          back_id=self.back_id, dists=dists)
-        reply = await self.client.post_draft(post)
+        try:
+            reply = await self.client.post_draft(post)
+        except LeadError as exc:
+            if exc.status != 429:
+                raise
+            await self._sleep(exc.retry_after)  # lead asked this back to post less often
+            return False
         if self.stats:
             last_start, last = self._last_post
             self.stats.drafted += n + len(draft) - max(last_start + len(last), n)

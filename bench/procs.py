@@ -84,14 +84,15 @@ class Back(Proc):
                           "--threads", "1", "--poll-wait", "2", *extra], None, "back")
         self.lead = lead
 
-    def wait_attached(self) -> None:
-        wait_until(lambda: metric(self.lead, "duo_backs_active") >= 1 or not self.alive(), 60,
+    def wait_attached(self, timeout: float = 60) -> None:
+        wait_until(lambda: "attached to lead" in self.log() or not self.alive(), timeout,
                    "back to attach")
         assert self.alive(), self.log()[-2000:]
 
 
-def metric(lead: Lead, name: str) -> float:
-    for line in httpx.get(f"{lead.url}/metrics", timeout=5).text.splitlines():
+def metric(lead: Lead | Proc, name: str) -> float:
+    url = lead.url  # type: ignore[union-attr]
+    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)

@@ -16,9 +16,8 @@ DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
-    import uvicorn
-
     from lead.app import create_app
+    from lead.serve import serve
 
     try:
         app = create_app(settings)
@@ -29,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
     try:
-        uvicorn.run(app, host=settings.host, port=settings.port,
-                    log_level=settings.log_level.lower(), timeout_graceful_shutdown=5)
+        serve(app, settings.host, settings.port, settings.log_level)
     except OSError as exc:
         fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import numpy as np
-from fastapi import APIRouter, HTTPException, Query
+from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse
 
+from lead.drafts import RateLimiter
 from lead.engine import Engine
 from shared.protocol import DraftPost, Info, State
 from shared.sampling import Dist
@@ -13,9 +14,10 @@ from shared.sampling import Dist
 MAX_WAIT_S = 30.0
 
 
-def back_router(engine: Engine) -> APIRouter:
+def back_router(engine: Engine, max_posts_per_s: float = 500.0) -> APIRouter:
     router = APIRouter()
     model = engine.model
+    limiter = RateLimiter(max_posts_per_s)
 
     @router.get("/duo/info")
     async def info() -> Info:
@@ -37,7 +39,11 @@ def back_router(engine: Engine) -> APIRouter:
         return engine.state(offset, back)
 
     @router.post("/duo/draft")
-    async def draft(post: DraftPost) -> State:
+    async def draft(post: DraftPost, request: Request) -> State:
+        client = f"{request.client.host if request.client else '?'}/{post.back_id}"
+        if not limiter.allow(client):
+            raise HTTPException(429, f"more than {max_posts_per_s:g} draft posts per second "
+                                     "from this client", headers={"Retry-After": "1"})
         if len(post.token_ids) > engine.max_draft:
             engine.metrics.drafts_invalid += 1
             raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead verifies at "

@@ -100,3 +100,21 @@ class BackRegistry:
     def active(self, window_s: float = 60.0, now: float | None = None) -> int:
         now = time.monotonic() if now is None else now
         return sum(1 for t in self.last_seen.values() if now - t <= window_s)
+
+
+@dataclass
+class RateLimiter:
+    """Token bucket per client: `rate` posts per second, bursts up to one second's worth."""
+
+    rate: float
+    buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, time
+
+    def allow(self, client: str, now: float | None = None) -> bool:
+        now = time.monotonic() if now is None else now
+        tokens, last = self.buckets.get(client, (self.rate, now))
+        tokens = min(self.rate, tokens + (now - last) * self.rate)
+        allowed = tokens >= 1.0
+        self.buckets[client] = (tokens - 1.0 if allowed else tokens, now)
+        if len(self.buckets) > 1024:  # bound memory against many clients
+            self.buckets.pop(next(iter(self.buckets)))
+        return allowed

@@ -186,20 +186,21 @@ def test_api_key_required_everywhere_but_health() -> None:
     assert ok.status_code == 200
 
 
-def test_full_queue_is_429_with_retry_after_and_nothing_is_lost() -> None:
-    model = FakeModel(cost_s=(0.01, 0.0))
-    app = create_app(make_settings(max_queue=1), model)
+def test_32_concurrent_requests_each_complete_or_get_429() -> None:
+    model = FakeModel(cost_s=(0.002, 0.0))
+    app = create_app(make_settings(max_queue=8), model)
 
     async def run() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-            bodies = [chat_body(f"q{i}", max_tokens=15) for i in range(5)]
+            bodies = [chat_body(f"q{i}", max_tokens=15) for i in range(32)]
             return await asyncio.gather(*(http.post("/v1/chat/completions", json=b)
                                           for b in bodies))
 
     responses = asyncio.run(run())
     codes = sorted(r.status_code for r in responses)
-    assert codes.count(200) == 2 and codes.count(429) == 3, codes
+    # one runs, eight wait, the rest are told to come back: none lost, none mixed
+    assert codes.count(200) == 9 and codes.count(429) == 23, codes
     assert all(r.headers.get("retry-after") for r in responses if r.status_code == 429)
     for i, r in enumerate(responses):
         if r.status_code == 200:  # each completed request got its own reply
@@ -207,3 +208,28 @@ def test_full_queue_is_429_with_retry_after_and_nothing_is_lost() -> None:
             want = model.greedy_continuation(prompt, 15)
             text = b"".join(model.token_bytes(t) for t in want).decode()
             assert r.json()["choices"][0]["message"]["content"] == text
+
+
+def test_draft_posts_over_the_rate_get_429(fake_target: FakeModel) -> None:
+    client = TestClient(create_app(make_settings(max_draft_posts=3), fake_target))
+    body = {"session_id": "none", "start": 0, "token_ids": [1], "back_id": "b"}
+    codes = [client.post("/duo/draft", json=body).status_code for _ in range(6)]
+    assert codes[:3] == [200] * 3 and 429 in codes[3:]
+    assert client.get("/health").status_code == 200
+
+
+def test_draft_post_errors(client: TestClient) -> None:
+    base = {"session_id": "x", "start": 0, "back_id": "b"}
+    cases = [({**base, "token_ids": []}, "token_ids"),
+             ({**base, "token_ids": [10**6]}, "vocabulary"),
+             ({**base, "token_ids": list(range(9))}, "at most"),
+             ({**base, "start": -1, "token_ids": [1]}, "start"),
+             ({**base, "token_ids": [1], "dists": [{"token_ids": [1], "probs": [0.5]}]}, "sum"),
+             ({**base, "token_ids": [1, 2], "dists": [{"token_ids": [1], "probs": [1.0]}]},
+              "one entry")]
+    for body, fragment in cases:
+        r = client.post("/duo/draft", json=body)
+        assert r.status_code == 400 and fragment in r.json()["error"]["message"], (body, r.text)
+    stale = client.post("/duo/draft", json={**base, "token_ids": [1]})
+    assert stale.status_code == 200 and stale.json()["session_id"] is None
+    assert "duo_draft_posts_invalid_total 2" in client.get("/metrics").text

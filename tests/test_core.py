@@ -173,3 +173,13 @@ def test_cli_bad_value_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -
         parse_settings(LeadSettings, "lead", "", ["--port", "99999"])
     assert exc.value.code == 2
     assert "port" in capsys.readouterr().err
+
+
+def test_rate_limiter_allows_rate_then_refuses_then_refills() -> None:
+    from lead.drafts import RateLimiter
+
+    limiter = RateLimiter(rate=5)
+    allowed = [limiter.allow("a", now=0.0) for _ in range(8)]
+    assert allowed == [True] * 5 + [False] * 3
+    assert limiter.allow("b", now=0.0)  # per client
+    assert limiter.allow("a", now=0.5)  # half a second refills 2.5 posts

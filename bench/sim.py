@@ -1,0 +1,77 @@
+"""SIMULATION: lead and back as real processes over HTTP, with fake models of chosen cost.
+
+    python -m bench.sim lead --port 5555 --call-s 0.02 --token-s 0.001
+    python -m bench.sim back --lead 127.0.0.1:5555 --agree 0.8 --call-s 0.002
+
+The fake target's logits are a pure function of the context, so its greedy output is
+exactly reproducible: fault tests compare replies with and without backs exactly, and
+the protocol's own efficiency can be measured independently of this CPU (e.g. a
+GPU-like target whose verify cost is flat in the batch size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from shared.cli import setup_logging
+from shared.fake import FakeModel
+
+
+def target_model(a: argparse.Namespace) -> FakeModel:
+    return FakeModel(cost_s=(a.call_s, a.token_s), eos_bias=-100.0, name="sim-target")
+
+
+def run_lead(a: argparse.Namespace) -> None:
+    from lead.app import create_app
+    from lead.serve import serve
+    from lead.settings import LeadSettings
+
+    settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
+                            draft_len=a.draft_len, max_queue=a.max_queue,
+                            max_tokens=a.max_tokens, api_key=a.api_key)
+    app = create_app(settings, target_model(a))
+    logging.getLogger("lead").info("SIMULATED lead (fake target) on %s:%d", a.host, a.port)
+    serve(app, a.host, a.port, "warning")
+
+
+def run_back(a: argparse.Namespace) -> None:
+    from back.__main__ import run_worker
+    from back.client import LeadClient
+    from back.drafter import ModelDrafter
+    from back.worker import Worker
+
+    draft = FakeModel(salt="sim-draft", agree=a.agree, cost_s=(a.call_s, a.token_s))
+    client = LeadClient(a.lead, a.api_key, poll_wait=2.0)
+    worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
+                    max_ahead=a.max_ahead)
+    run_worker(worker)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.sim", description=__doc__.splitlines()[0])
+    roles = p.add_subparsers(dest="role", required=True)
+    lead = roles.add_parser("lead", help="a lead serving a simulated target")
+    lead.add_argument("--host", default="127.0.0.1")
+    lead.add_argument("--port", type=int, default=5555)
+    lead.add_argument("--max-draft", type=int, default=8)
+    lead.add_argument("--draft-len", type=int, default=None)
+    lead.add_argument("--max-queue", type=int, default=8)
+    lead.add_argument("--max-tokens", type=int, default=256)
+    back = roles.add_parser("back", help="a back drafting with a simulated draft model")
+    back.add_argument("--lead", default="127.0.0.1:5555")
+    back.add_argument("--agree", type=float, default=0.8,
+                      help="share of contexts where the draft's logits equal the target's")
+    back.add_argument("--max-ahead", type=int, default=16)
+    for role in (lead, back):
+        role.add_argument("--call-s", type=float, default=0.0, help="seconds per model call")
+        role.add_argument("--token-s", type=float, default=0.0, help="seconds per token")
+        role.add_argument("--api-key", default=None)
+    a = p.parse_args(argv)
+    setup_logging("info")
+    run_lead(a) if a.role == "lead" else run_back(a)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
