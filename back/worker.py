@@ -24,6 +24,7 @@ import numpy as np
 from back.client import LeadClient, LeadError
 from back.drafter import Drafter
 from shared.protocol import DraftDist, DraftPost, Info, State
+from shared.sampling import make_rng
 
 log = logging.getLogger("back")
 T = TypeVar("T")
@@ -149,7 +150,7 @@ class Worker:
             self._last_post = (0, ())
             if state.session_id is not None and not state.done:
                 self.stats = SessionStats(state.session_id)
-                self._rng = np.random.default_rng(state.sampling.seed)
+                self._rng = make_rng(state.sampling.seed)
             if state.offset != 0:  # we asked from our offset for the old session: refetch
                 self.state = state.model_copy(update={"version": -1})
                 return

@@ -40,7 +40,8 @@ def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
     _install_body_limit(app, settings.max_body_kb * 1024)
     guarded = [Depends(_key_checker(settings.api_key))]
     app.include_router(_openai_router(engine, settings), dependencies=guarded)
-    app.include_router(back_router(engine, settings.max_draft_posts), dependencies=guarded)
+    app.include_router(back_router(engine, settings.max_draft_posts, settings.max_poll_s),
+                       dependencies=guarded)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -14,7 +14,8 @@ from shared.sampling import Dist
 MAX_WAIT_S = 30.0
 
 
-def back_router(engine: Engine, max_posts_per_s: float = 500.0) -> APIRouter:
+def back_router(engine: Engine, max_posts_per_s: float = 500.0,
+                max_poll_s: float = MAX_WAIT_S) -> APIRouter:
     router = APIRouter()
     model = engine.model
     limiter = RateLimiter(max_posts_per_s)
@@ -35,7 +36,7 @@ def back_router(engine: Engine, max_posts_per_s: float = 500.0) -> APIRouter:
         if back:
             engine.backs.seen(back)
         if wait > 0 and engine.version <= since:
-            await engine.wait_state(since, wait)
+            await engine.wait_state(since, min(wait, max_poll_s))
         return engine.state(offset, back)
 
     @router.post("/duo/draft")

@@ -27,7 +27,7 @@ from lead.textstream import TextStream
 from lead.verify import Verdict, verify
 from shared.model import Model, sync_cache
 from shared.protocol import SamplingParams, State
-from shared.sampling import Dist
+from shared.sampling import Dist, make_rng
 
 log = logging.getLogger("lead")
 T = TypeVar("T")
@@ -96,13 +96,20 @@ class Engine:
         self.version = 0
         self._lock = asyncio.Lock()  # FIFO: one generation at a time
         self._changed = asyncio.Condition()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        self._executor: ThreadPoolExecutor | None = None
         self._waiting = 0
         self._ids = itertools.count(1)
 
     # --- model thread ---
+    def _model_thread(self) -> ThreadPoolExecutor:
+        # One thread: model calls never overlap. Made on demand, so the app survives a
+        # lifespan restart (shutdown() ends it).
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
+        return self._executor
+
     async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._model_thread(), fn, *args)
 
     def _prefill(self, prompt_ids: list[int]) -> int:
         # The cache holds everything but the last token; each step evaluates that one.
@@ -141,7 +148,7 @@ class Engine:
     async def _run(self, req: GenRequest) -> AsyncIterator[Emission]:
         session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
-                          params=req.params, rng=np.random.default_rng(req.params.seed))
+                          params=req.params, rng=make_rng(req.params.seed))
         self.board.clear()
         self.session = session
         await self._notify()
@@ -164,7 +171,7 @@ class Engine:
 
     def _launch_step(self, session: Session) -> asyncio.Future[StepResult]:
         loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._executor, self._step, len(session.tokens),
+        return loop.run_in_executor(self._model_thread(), self._step, len(session.tokens),
                                     session.tokens[-1], self._pick_draft(session),
                                     session.params, session.rng)
 
@@ -255,4 +262,6 @@ class Engine:
                 "queue_waiting": self._waiting, **self.cost.snapshot()}
 
     def shutdown(self) -> None:
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self._executor is not None:
+            self._executor.shutdown(wait=True, cancel_futures=True)
+            self._executor = None

@@ -27,6 +27,8 @@ class LeadSettings(BaseSettings):
     rpc: str | None = Field(None, description="llama.cpp RPC servers host:port,host:port "
                             "to offload target layers to")
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
+    max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
+                              "to a back, seconds")
     max_draft_posts: float = Field(500.0, gt=0, description="draft posts per second allowed "
                                    "from one client (more get 429)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",

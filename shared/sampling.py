@@ -33,6 +33,11 @@ class Dist:
         return out
 
 
+def make_rng(seed: int | None) -> np.random.Generator:
+    """A generator for a request's seed; any integer is valid (OpenAI allows negatives)."""
+    return np.random.default_rng(None if seed is None else seed % 2**64)
+
+
 def is_greedy(params: SamplingParams) -> bool:
     return params.temperature <= 0.0
 

@@ -160,6 +160,13 @@ def test_bad_chat_input_is_400_with_message(client: TestClient, name: str, body:
     assert client.post("/v1/chat/completions", json=chat_body(max_tokens=2)).status_code == 200
 
 
+def test_any_integer_seed_is_accepted(client: TestClient) -> None:
+    for seed in (-1, 2**70):  # found by the schema fuzzer: a negative seed crashed numpy
+        r = client.post("/v1/chat/completions", json=chat_body(max_tokens=2, seed=seed,
+                                                                temperature=0.5))
+        assert r.status_code == 200, r.text
+
+
 def test_prompt_longer_than_context_is_400() -> None:
     client = TestClient(create_app(make_settings(), FakeModel(n_ctx=64)))
     r = client.post("/v1/completions", json={"prompt": "y" * 200})

@@ -1,0 +1,23 @@
+"""Schemathesis against lead's own OpenAPI schema: whatever it sends, never a 5xx."""
+
+from __future__ import annotations
+
+import schemathesis
+from hypothesis import HealthCheck, settings
+from schemathesis.checks import not_a_server_error
+
+from lead.app import create_app
+from shared.fake import FakeModel
+from tests.conftest import make_settings
+
+# A small context keeps generated max_tokens cheap; short polls keep /duo/state fast.
+app = create_app(make_settings(max_poll_s=0.05, max_draft_posts=10_000),
+                 FakeModel(n_ctx=256))
+schema = schemathesis.openapi.from_asgi("/openapi.json", app)
+
+
+@schema.parametrize()
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+def test_no_input_makes_lead_fail(case: schemathesis.Case) -> None:
+    response = case.call()
+    case.validate_response(response, checks=[not_a_server_error])
