@@ -34,11 +34,12 @@ def free_port() -> int:
 
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 log_name: str = "proc") -> None:
+                 log_name: str = "proc", cpus: str | None = None) -> None:
         self.log_path = Path(os.environ.get("DUO_TEST_LOGS", "/tmp")) / \
             f"duo-{log_name}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
-        self.p = subprocess.Popen([sys.executable, *args], cwd=ROOT, stdout=self._log,
+        pin = ["taskset", "-c", cpus] if cpus else []  # placement: emulate separate devices
+        self.p = subprocess.Popen([*pin, sys.executable, *args], cwd=ROOT, stdout=self._log,
                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                   start_new_session=True)
 
@@ -61,11 +62,11 @@ class Proc:
 
 class Lead(Proc):
     def __init__(self, model: str = "smollm2-135m", *extra: str,
-                 env: dict[str, str] | None = None) -> None:
+                 env: dict[str, str] | None = None, cpus: str | None = None) -> None:
         self.port = free_port()
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
                           str(self.port), "--threads", "1", "--ctx-size", "2048", *extra],
-                         env, "lead")
+                         env, "lead", cpus)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self._healthy, 120, f"lead to serve (log: {self.log_path})")
 
@@ -79,9 +80,10 @@ class Lead(Proc):
 
 
 class Back(Proc):
-    def __init__(self, lead: Lead, model: str = "smollm2-135m", *extra: str) -> None:
+    def __init__(self, lead: Lead, model: str = "smollm2-135m", *extra: str,
+                 cpus: str | None = None) -> None:
         super().__init__(["-m", "back", "--lead", f"127.0.0.1:{lead.port}", "-m", model,
-                          "--threads", "1", "--poll-wait", "2", *extra], None, "back")
+                          "--threads", "1", "--poll-wait", "2", *extra], None, "back", cpus)
         self.lead = lead
 
     def wait_attached(self, timeout: float = 60) -> None:
@@ -96,3 +98,36 @@ def metric(lead: Lead | Proc, name: str) -> float:
         if line.startswith(name + " "):
             return float(line.split()[1])
     raise KeyError(name)
+
+
+# Simulated models (python -m bench.sim): exact greedy output, chosen costs.
+SIM_TARGET = ["--call-s", "0.015", "--token-s", "0.0005"]  # ~65 tok/s alone
+SIM_DRAFT = ["--agree", "0.9", "--call-s", "0.0015"]  # 10x cheaper per call
+
+
+class SimLead(Proc):
+    def __init__(self, port: int | None = None, *extra: str) -> None:
+        """`extra`: bench.sim lead options (default: SIM_TARGET)."""
+        self.port = port or free_port()
+        super().__init__(["-m", "bench.sim", "lead", "--port", str(self.port),
+                          *(extra or SIM_TARGET)], None, "simlead")
+        self.url = f"http://127.0.0.1:{self.port}"
+        wait_until(self._up, 30, "simulated lead")
+
+    def _up(self) -> bool:
+        assert self.alive(), self.log()
+        try:
+            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+
+
+class SimBack(Proc):
+    def __init__(self, lead: SimLead, *extra: str) -> None:
+        """`extra`: bench.sim back options (default: SIM_DRAFT)."""
+        super().__init__(["-m", "bench.sim", "back", "--lead", f"127.0.0.1:{lead.port}",
+                          *(extra or SIM_DRAFT)], None, "simback")
+
+    def wait_attached(self, times: int = 1) -> None:
+        wait_until(lambda: self.log().count("attached to lead") >= times, 30, "back to attach")

@@ -14,38 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from bench.procs import Proc, free_port, wait_until
+from bench.procs import SIM_DRAFT, SIM_TARGET, SimBack, SimLead, wait_until
 
 REPEATS = 20
 TOKENS = 80
-SIM_TARGET = ["--call-s", "0.015", "--token-s", "0.0005"]  # ~65 tok/s alone
-SIM_DRAFT = ["--agree", "0.9", "--call-s", "0.0015"]  # 10x cheaper per call
-
-
-class SimLead(Proc):
-    def __init__(self, port: int | None = None, *extra: str) -> None:
-        self.port = port or free_port()
-        super().__init__(["-m", "bench.sim", "lead", "--port", str(self.port), *SIM_TARGET,
-                          *extra], None, "simlead")
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(self._up, 30, "simulated lead")
-
-    def _up(self) -> bool:
-        assert self.alive(), self.log()
-        try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-
-
-class SimBack(Proc):
-    def __init__(self, lead: SimLead, *extra: str) -> None:
-        super().__init__(["-m", "bench.sim", "back", "--lead", f"127.0.0.1:{lead.port}",
-                          *SIM_DRAFT, *extra], None, "simback")
-
-    def wait_attached(self, times: int = 1) -> None:
-        wait_until(lambda: self.log().count("attached to lead") >= times, 30, "back to attach")
 
 
 def stream(url: str, prompt: str, on_event=None) -> tuple[str, int, str | None]:  # type: ignore[no-untyped-def]
@@ -195,9 +167,9 @@ def test_back_sigterm_exits_0_and_reports(lead: SimLead) -> None:
 
 
 def test_back_with_wrong_key_stops_with_one_line_error() -> None:
-    lead = SimLead(None, "--api-key", "right")
+    lead = SimLead(None, *SIM_TARGET, "--api-key", "right")
     try:
-        back = SimBack(lead, "--api-key", "wrong")
+        back = SimBack(lead, *SIM_DRAFT, "--api-key", "wrong")
         assert back.p.wait(30) == 1
         assert "refused the API key" in back.log() and "Traceback" not in back.log()
         back.stop()

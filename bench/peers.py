@@ -1,0 +1,75 @@
+"""The classic method duo must beat: draft and target in turns (synchronous), and a
+direct measurement of what verifying a batch of b tokens costs on this placement."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench.runs import Result
+from lead.verify import verify
+from shared.model import Model, sync_cache
+from shared.protocol import SamplingParams
+
+GREEDY = SamplingParams()
+
+
+def sync_speculative(config: str, index: int, target: Model, draft: Model,
+                     prompt_ids: list[int], n: int, k: int) -> Result:
+    """Draft k tokens, verify them in one target batch, keep the agreeing prefix, repeat."""
+    for m in (target, draft):
+        m.truncate(0)
+    t0 = time.perf_counter()
+    for m in (target, draft):
+        sync_cache(m, prompt_ids[:-1])
+    out: list[int] = []
+    drafted = accepted = steps = 0
+    t_first = None
+    rng = np.random.default_rng(0)
+    while len(out) < n:
+        context_len = len(prompt_ids) + len(out)
+        last = (prompt_ids + out)[-1]
+        guesses = _draft_greedy(draft, last, k)
+        rows = target.evaluate([last, *guesses], len(guesses) + 1)
+        verdict = verify(guesses, rows, GREEDY, rng)
+        target.truncate(context_len + len(verdict.accepted))
+        out += verdict.emitted
+        # the draft never evaluated its last guess: bring it to all but the newest token
+        sync_cache(draft, (prompt_ids + out)[:-1])
+        drafted, accepted, steps = drafted + len(guesses), accepted + len(verdict.accepted), \
+            steps + 1
+        t_first = t_first or time.perf_counter()
+        if any(t in target.eos_token_ids for t in verdict.emitted):
+            break
+    t_end = time.perf_counter()
+    text = b"".join(target.token_bytes(t) for t in out[:n]).decode("utf-8", "replace")
+    return Result(config, index, min(len(out), n), t_end - (t_first or t_end),
+                  (t_first or t_end) - t0, drafted, accepted, steps, text)
+
+
+def _draft_greedy(draft: Model, last: int, k: int) -> list[int]:
+    guesses: list[int] = []
+    token = last
+    for _ in range(k):
+        token = int(np.argmax(draft.evaluate([token], 1)[-1]))
+        guesses.append(token)
+    return guesses
+
+
+def verify_costs(model: Model, prompt_ids: list[int], sizes: list[int],
+                 repeats: int = 3) -> dict[int, float]:
+    """Median seconds to evaluate b tokens (with logits for all b) after the prompt."""
+    sync_cache(model, prompt_ids)
+    base = len(model.cached)
+    filler = prompt_ids[-1:] * max(sizes)
+    costs: dict[int, float] = {}
+    for b in sizes:
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            model.evaluate(filler[:b], b)
+            times.append(time.perf_counter() - t0)
+            model.truncate(base)
+        costs[b] = float(np.median(times))
+    return costs

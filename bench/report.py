@@ -1,0 +1,90 @@
+"""Aggregate results per configuration; the analytic bound; Markdown, JSON and a PNG."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.runs import Result
+
+
+@dataclass
+class Summary:
+    config: str
+    tok_s: float
+    ttft_s: float
+    acceptance: float | None
+    tokens_per_step: float | None
+    differing: int | None
+    prompts: int
+
+
+def summarise(config: str, results: list[Result], reference: list[Result] | None) -> Summary:
+    tokens = sum(r.tokens - 1 for r in results)
+    seconds = sum(r.decode_s for r in results)
+    drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
+    steps = sum(r.steps for r in results)
+    differing = None
+    if reference is not None:
+        by_prompt = {r.prompt: r.text for r in reference}
+        differing = sum(1 for r in results if r.text != by_prompt.get(r.prompt, r.text))
+    return Summary(config, tokens / seconds if seconds else 0.0,
+                   sum(r.ttft_s for r in results) / max(len(results), 1),
+                   accepted / drafted if drafted else None,
+                   sum(r.tokens for r in results) / steps if steps else None,
+                   differing, len(results))
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens per verify step when each draft token is accepted with probability alpha."""
+    a = min(alpha, 0.999)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def bound(costs: dict[int, float], alpha: float) -> tuple[float, int]:
+    """Best speedup over plain decoding with free (async) drafts: max_k E(k) c(1)/c(k+1)."""
+    best = max(((expected_tokens(alpha, b - 1) * costs[1] / costs[b], b - 1)
+                for b in costs), default=(1.0, 0))
+    return max(best, (1.0, 0))
+
+
+def markdown(summaries: list[Summary], baseline: str) -> str:
+    base = next((s.tok_s for s in summaries if s.config == baseline), 0.0)
+    lines = ["| configuration | tok/s | vs lead alone | acceptance | tokens/step | TTFT s | "
+             "replies differing from lead alone |", "|---|---|---|---|---|---|---|"]
+    for s in summaries:
+        speed = f"{s.tok_s / base:.2f}x" if base else "-"
+        acc = f"{s.acceptance:.2f}" if s.acceptance is not None else "-"
+        tps = f"{s.tokens_per_step:.2f}" if s.tokens_per_step is not None else "-"
+        diff = f"{s.differing}/{s.prompts}" if s.differing is not None else "-"
+        lines.append(f"| {s.config} | {s.tok_s:.2f} | {speed} | {acc} | {tps} | "
+                     f"{s.ttft_s:.2f} | {diff} |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=1, default=lambda o: o.__dict__))
+
+
+def plot_sweep(path: Path, sweep: dict[str, float], lead_alone: float, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fixed = sorted((int(k), v) for k, v in sweep.items() if k.isdigit())
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot([k for k, _ in fixed], [v for _, v in fixed], "o-", label="duo, fixed draft length")
+    if "auto" in sweep:
+        ax.axhline(sweep["auto"], color="tab:green", ls="--", label="duo, cost-aware (auto)")
+    ax.axhline(lead_alone, color="tab:gray", ls=":", label="lead alone")
+    ax.set_xlabel("draft length k")
+    ax.set_ylabel("decode tokens / s")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

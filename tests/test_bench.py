@@ -1,0 +1,44 @@
+"""The benchmark's --quick mode runs end to end and writes its table, JSON and plot.
+
+It asserts on what was produced, never on speed (these machines are shared and noisy).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench.procs import ROOT
+
+pytestmark = pytest.mark.real
+
+CONFIGS = ["raw loop", "lead alone", "duo: lead + back (model)", "duo: lead + back (n-gram)",
+           "peer: prompt lookup (llama-cpp-python)", "peer: synchronous draft loop (k=3)"]
+
+
+def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    for name in CONFIGS:
+        assert f"| {name} |" in done.stdout, name
+    assert "analytic bound" in done.stdout
+    data = json.loads((tmp_path / "bench.json").read_text())
+    assert {s["config"] for s in data["summaries"]} == set(CONFIGS)
+    assert all(s["tok_s"] > 0 for s in data["summaries"])
+    assert set(data["sweep"]) == {"1", "4", "auto"}
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--sim", "--prompts", "2",
+                           "--tokens", "40", "--out", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "SIMULATION" in done.stdout and "of the bound" in done.stdout
+    data = json.loads((tmp_path / "sim.json").read_text())
+    assert data["bound"] >= 1.0 and data["speedup"] > 0
