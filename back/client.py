@@ -41,8 +41,9 @@ class LeadClient:
         return Info.model_validate(await self._get("/duo/info", {}))
 
     async def state(self, since: int, offset: int, wait: float | None = None,
-                    back_id: str = "") -> State:
-        params = {"since": since, "offset": offset, "back": back_id,
+                    back_id: str = "", quiet: str = "") -> State:
+        """Long-poll lead's state; `quiet` (a session id): wake only when drafts are wanted."""
+        params = {"since": since, "offset": offset, "back": back_id, "quiet": quiet,
                   "wait": self.poll_wait if wait is None else wait}
         return State.model_validate(await self._get("/duo/state", params))
 

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.cli import ApiKey
 
 
 class BackSettings(BaseSettings):
@@ -25,13 +27,9 @@ class BackSettings(BaseSettings):
     send_dists: bool = Field(True, description="post each draft token's sampling distribution "
                              "(exact rejection sampling at temperature > 0; off: lead "
                              "verifies by sample-and-compare)")
-    api_key: str | None = Field(None, description="lead's API key, if it requires one")
+    api_key: ApiKey = Field(None, description="lead's API key, if it requires one")
     poll_wait: float = Field(10.0, gt=0, le=30, description="long-poll wait, seconds")
     back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _empty_key_is_none(cls, v: object) -> object:
-        return None if v == "" else v

@@ -132,7 +132,9 @@ class Worker:
     async def follow(self) -> None:
         while not self._stop.is_set():
             offset = len(self.lead_tokens)
-            state = await self.client.state(self.state.version, offset, back_id=self.back_id)
+            s = self.state
+            quiet = s.session_id if s.session_id and not s.done and s.draft_len == 0 else ""
+            state = await self.client.state(s.version, offset, back_id=self.back_id, quiet=quiet)
             if state.version < self.state.version:
                 log.info("lead restarted; starting over")
                 await self.handshake()

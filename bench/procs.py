@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import socket
@@ -32,6 +33,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _die_with_parent() -> None:
+    """In the child: get SIGTERM when the process that started us dies, even by SIGKILL,
+    so an interrupted test or benchmark leaves no lead or back behind."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
                  log_name: str = "proc", cpus: str | None = None) -> None:
@@ -41,7 +49,7 @@ class Proc:
         pin = ["taskset", "-c", cpus] if cpus else []  # placement: emulate separate devices
         self.p = subprocess.Popen([*pin, sys.executable, *args], cwd=ROOT, stdout=self._log,
                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                  start_new_session=True)
+                                  start_new_session=True, preexec_fn=_die_with_parent)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")

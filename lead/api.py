@@ -26,7 +26,7 @@ class ChatMessage(BaseModel):
         return self.content or ""
 
 
-class _Common(BaseModel):
+class CommonRequest(BaseModel):
     # Unknown fields are ignored (OpenAI clients send many); known ones are strict.
     model_config = ConfigDict(extra="ignore")
     model: str | None = None
@@ -60,11 +60,11 @@ class _Common(BaseModel):
         return self.max_completion_tokens or self.max_tokens
 
 
-class ChatRequest(_Common):
+class ChatRequest(CommonRequest):
     messages: list[ChatMessage] = Field(min_length=1)
 
 
-class CompletionRequest(_Common):
+class CompletionRequest(CommonRequest):
     prompt: str
 
 

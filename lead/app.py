@@ -119,7 +119,7 @@ def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:
     return router
 
 
-def _gen_request(engine: Engine, settings: LeadSettings, body: api._Common,
+def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest,
                  prompt_ids: list[int]) -> GenRequest:
     n_ctx = engine.model.n_ctx
     if not prompt_ids:
@@ -133,7 +133,7 @@ def _gen_request(engine: Engine, settings: LeadSettings, body: api._Common,
     return GenRequest(prompt_ids, wanted or settings.max_tokens, body.sampling(0.0), body.stops())
 
 
-async def _serve(engine: Engine, settings: LeadSettings, body: api._Common,
+async def _serve(engine: Engine, settings: LeadSettings, body: api.CommonRequest,
                  prompt_ids: list[int], chat: bool) -> Response:
     gen = engine.generate(_gen_request(engine, settings, body, prompt_ids))
     try:

@@ -31,12 +31,14 @@ def back_router(engine: Engine, max_posts_per_s: float = 500.0,
                     offset: int = Query(0, ge=0, description="first token to return"),
                     wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S,
                                         description="seconds to wait for news"),
-                    back: str = Query("", max_length=64, description="the asking back's id")
+                    back: str = Query("", max_length=64, description="the asking back's id"),
+                    quiet: str = Query("", max_length=64, description="a session id: wake "
+                                       "only when it wants drafts, changes or ends")
                     ) -> State:
         if back:
             engine.backs.seen(back)
         if wait > 0 and engine.version <= since:
-            await engine.wait_state(since, min(wait, max_poll_s))
+            await engine.wait_state(since, min(wait, max_poll_s), quiet or None)
         return engine.state(offset, back)
 
     @router.post("/duo/draft")

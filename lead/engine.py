@@ -237,12 +237,23 @@ class Engine:
                      done=s.done, draft_len=0 if s.done else self.cost.choose(None),
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
-    async def wait_state(self, since: int, timeout: float) -> None:
-        """Long-poll: return as soon as the state's version passes `since`, or at timeout."""
+    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None
+                         ) -> None:
+        """Long-poll: return as soon as the state's version passes `since`, or at timeout.
+
+        A back that may not draft (draft length 0) passes its session as `quiet_session`:
+        it is then woken only when drafts are wanted or the session changes or ends, so
+        a back that cannot help costs lead no request per token."""
         async with self._changed:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.version > since),
-                                       timeout)
+                await asyncio.wait_for(self._changed.wait_for(
+                    lambda: self.version > since and self._news_for(quiet_session)), timeout)
+
+    def _news_for(self, quiet_session: str | None) -> bool:
+        s = self.session
+        if quiet_session is None or s is None or s.id != quiet_session or s.done:
+            return True
+        return self.cost.choose(None) > 0
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from pydantic import Field, field_validator
+from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from shared.cli import ApiKey
 
 
 class LeadSettings(BaseSettings):
@@ -23,7 +25,7 @@ class LeadSettings(BaseSettings):
                                   description="fixed draft length (default: cost-aware, measured)")
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
-    api_key: str | None = Field(None, description="require 'Authorization: Bearer KEY'")
+    api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
     rpc: str | None = Field(None, description="llama.cpp RPC servers host:port,host:port "
                             "to offload target layers to")
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
@@ -34,7 +36,3 @@ class LeadSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _empty_key_is_none(cls, v: object) -> object:
-        return None if v == "" else v

@@ -10,12 +10,15 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any, TypeVar, get_args, get_origin
+from typing import Annotated, Any, TypeVar, get_args, get_origin
 
-from pydantic import ValidationError
+from pydantic import BeforeValidator, ValidationError
 from pydantic_settings import BaseSettings
 
 S = TypeVar("S", bound=BaseSettings)
+
+# An API key setting: an empty value (e.g. `LEAD_API_KEY=` from compose) means none.
+ApiKey = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v)]
 
 
 def _flag_type(annotation: Any) -> Any:

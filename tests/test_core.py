@@ -88,6 +88,14 @@ def test_cost_model_learns_acceptance_and_probes_when_off() -> None:
     assert model.choose() == 1  # the probe
 
 
+def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
+    model = CostModel(max_draft=8, alpha=0.95)
+    assert model.choose() == 1  # only b=1 priced: try b=2 first, not b=9
+    model.record_step(1, 0.05)
+    model.record_step(2, 0.05)
+    assert model.choose() == 2
+
+
 def test_cost_model_fixed_and_available() -> None:
     assert CostModel(max_draft=8, fixed=3).choose() == 3
     assert CostModel(max_draft=8, fixed=3).choose(available=2) == 2

@@ -51,17 +51,23 @@ DRAFTS: dict[str, Callable[[list[int]], Dist]] = {
 }
 
 
+def draft_three(q_of: Callable[[list[int]], Dist], context: list[int],
+                rng: np.random.Generator) -> tuple[list[int], list[Dist]]:
+    """Sample 3 draft tokens from q, each given the context and the ones before it."""
+    draft: list[int] = []
+    dists: list[Dist] = []
+    for _ in range(3):
+        q = q_of(context + draft)
+        draft.append(sample(q, rng))
+        dists.append(q)
+    return draft, dists
+
+
 def speculative_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator,
                      verifier: Callable[..., Verdict] = verify) -> tuple[int, int]:
     out: list[int] = []
     while len(out) < 2:
-        draft, dists, ctx = [], [], list(out)
-        for _ in range(3):
-            q = q_of(ctx)
-            token = sample(q, rng)
-            draft.append(token)
-            dists.append(q)
-            ctx.append(token)
+        draft, dists = draft_three(q_of, out, rng)
         rows = np.stack([target_logits(out + draft[:i]) for i in range(4)])
         out += verifier(draft, rows, PARAMS, rng, dists).emitted
     return out[0], out[1]
@@ -120,13 +126,7 @@ def test_rejection_sampling_accepts_more_than_sample_and_compare() -> None:
     q_of = DRAFTS["close"]
     accepted = {"rejection": 0, "compare": 0}
     for _ in range(3000):
-        draft, dists, ctx = [], [], []
-        for _ in range(3):
-            q = q_of(ctx)
-            token = sample(q, rng)
-            draft.append(token)
-            dists.append(q)
-            ctx.append(token)
+        draft, dists = draft_three(q_of, [], rng)
         rows = np.stack([target_logits(draft[:i]) for i in range(4)])
         accepted["rejection"] += len(verify(draft, rows, PARAMS, rng, dists).accepted)
         accepted["compare"] += len(verify(draft, rows, PARAMS, rng, None).accepted)
