@@ -31,8 +31,8 @@ test-fast: install  ## no real models: unit, API, in-process and chat tests
 lint: install
 	$(VENV)/bin/ruff check .
 
-bench: models  ## lead alone vs a raw llama-cpp-python loop, as a ratio
-	$(PY) -m bench
+bench: models  ## every configuration side by side, bound, sweep (bench-results/)
+	$(PY) -m bench $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -251,8 +251,10 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
         print("\n| draft length | tok/s |\n|---|---|")
         for k_name, tps in data["sweep"].items():
             print(f"| {k_name} | {tps:.2f} |")
-        report.plot_sweep(out / "sweep.png", data["sweep"], lead_alone.tok_s,
-                          f"{a.target} + {a.draft}")
+        same_prompts = [r for r in reference if r.prompt < a.sweep_prompts]
+        base = report.summarise(base_name, same_prompts, None).tok_s  # same prompts as sweep
+        print(f"| lead alone, same prompts | {base:.2f} |")
+        report.plot_sweep(out / "sweep.png", data["sweep"], base, f"{a.target} + {a.draft}")
     report.write_json(out / ("sim.json" if a.sim else "bench.json"), {
         "args": vars(a), "summaries": summaries, "costs": data["costs"],
         "bound": best, "speedup": speedup, "sweep": data["sweep"], "gauges": data["gauges"],
