@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import signal
-import sys
 from types import FrameType
 
 import uvicorn
@@ -23,10 +22,6 @@ class _Server(uvicorn.Server):
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
           drain_s: float = 30.0) -> None:
     """Serve until a signal; in-flight requests get up to `drain_s` to finish."""
-    # When llama.cpp returns, the model thread needs the GIL back; if the event loop is
-    # busy with a back's request, CPython makes it wait up to the switch interval (5 ms
-    # by default), a delay on every token. Measured: a back cost lead ~10 ms per token.
-    sys.setswitchinterval(0.0002)
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                             timeout_graceful_shutdown=drain_s)
     _Server(config).run()
