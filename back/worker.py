@@ -169,14 +169,8 @@ class Worker:
             self.sessions_done.append(self.stats)
             self.stats = None
 
-    def _ahead(self) -> int:
-        """Draft tokens held beyond lead's tokens (0 if local disagrees with lead)."""
-        n = len(self.lead_tokens)
-        local = self.drafter.local
-        return len(local) - n if len(local) > n and local[:n] == self.lead_tokens else 0
-
-    def _ahead_limit(self) -> int:
-        return min(self.max_draft, max(2 * self.state.draft_len, 2))
+    def _ahead_limit(self, state: State) -> int:
+        return min(self.max_draft, max(2 * state.draft_len, 2))
 
     def _should_draft(self) -> bool:
         s = self.state
@@ -192,7 +186,7 @@ class Worker:
         """Catch up, draft, post what is new. False: nothing new, wait for lead's news."""
         n = len(self.lead_tokens)
         await self._on_model_thread(self._extend, list(self.lead_tokens), self.state)
-        draft = self.drafter.local[n: n + self._ahead_limit()]
+        draft = self.drafter.local[n: n + self._ahead_limit(self.state)]
         if not draft or self._already_posted(n, draft):
             return False
         positions = range(n, n + len(draft))
@@ -224,8 +218,10 @@ class Worker:
             self.stats.catch_up_s += time.perf_counter() - t0
         local = self.drafter.local
         self._dists = {p: d for p, d in self._dists.items() if p < len(local)}
+        # catch_up made local agree with lead_tokens, so what lies past them is our draft
+        room = self._ahead_limit(state) - (len(local) - len(lead_tokens))
         grown = 0
-        while grown < min(self.burst, self._ahead_limit() - self._ahead()):
+        while grown < min(self.burst, room):
             got = self.drafter.next_token(state.sampling, self._rng)
             if got is None:
                 break

@@ -58,11 +58,9 @@ class DraftBoard:
 
     max_backs: int = 16
     candidates: dict[str, Candidate] = field(default_factory=dict)
-    posted: int = 0
     stale: int = 0
 
     def post(self, tokens: Sequence[int], candidate: Candidate) -> bool:
-        self.posted += 1
         if not agrees(tokens, candidate):
             self.stale += 1
             return False

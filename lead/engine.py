@@ -158,7 +158,9 @@ class Engine:
         while session.finish_reason is None:
             # Serial on purpose: Python work overlapping a step would preempt llama.cpp's
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
-            result = await self._launch_step(session)
+            result = await self._on_model_thread(
+                self._step, len(session.tokens), session.tokens[-1], self._pick_draft(session),
+                session.params, session.rng)
             emitted = self._apply(session, result, req.max_tokens)
             await self._notify()
             for i, token in enumerate(emitted):
@@ -168,12 +170,6 @@ class Engine:
             if text.stopped:
                 session.finish_reason = "stop"
         yield Emission(text.finish(), 0, 0, session=session)
-
-    def _launch_step(self, session: Session) -> asyncio.Future[StepResult]:
-        loop = asyncio.get_running_loop()
-        return loop.run_in_executor(self._model_thread(), self._step, len(session.tokens),
-                                    session.tokens[-1], self._pick_draft(session),
-                                    session.params, session.rng)
 
     def _pick_draft(self, session: Session) -> Draft | None:
         """The best posted draft, cut to the length that pays and fits the context."""

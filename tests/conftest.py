@@ -60,9 +60,6 @@ class ScriptedModel(FakeModel):
         logits[token] = 10.0
         return logits
 
-    def text_ids(self, text: str) -> list[int]:
-        return self.tokenize(text)
-
 
 class LiveServer:
     """A real uvicorn server on a free loopback port, in a thread (for sockets and PTYs)."""
