@@ -24,7 +24,7 @@ def back_router(engine: Engine, max_posts_per_s: float = 500.0,
     async def info() -> Info:
         return Info(model=model.name, n_vocab=model.n_vocab, fingerprint=model.fingerprint(),
                     eos_token_ids=sorted(model.eos_token_ids), n_ctx=model.n_ctx,
-                    max_draft=engine.max_draft)
+                    max_draft=engine.max_draft, max_post=engine.max_post)
 
     @router.get("/duo/state")
     async def state(since: int = Query(-1, description="return once version > since"),
@@ -47,10 +47,10 @@ def back_router(engine: Engine, max_posts_per_s: float = 500.0,
         if not limiter.allow(client):
             raise HTTPException(429, f"more than {max_posts_per_s:g} draft posts per second "
                                      "from this client", headers={"Retry-After": "1"})
-        if len(post.token_ids) > engine.max_draft:
+        if len(post.token_ids) > engine.max_post:
             engine.metrics.drafts_invalid += 1
-            raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead verifies at "
-                                     f"most {engine.max_draft} (max_draft in /duo/info)")
+            raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead takes at "
+                                     f"most {engine.max_post} (max_post in /duo/info)")
         bad = _out_of_vocab(post, model.n_vocab)
         if bad is not None:
             engine.metrics.drafts_invalid += 1

@@ -20,13 +20,13 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from lead.cost import CostModel
+from lead.cost import CostModel, draft_outcome
 from lead.drafts import BackRegistry, Candidate, Draft, DraftBoard
 from lead.metrics import Metrics
 from lead.textstream import TextStream
 from lead.verify import Verdict, verify
 from shared.model import Model, sync_cache
-from shared.protocol import SamplingParams, State
+from shared.protocol import MAX_DRAFT_WIRE, SamplingParams, State
 from shared.sampling import Dist, make_rng
 
 log = logging.getLogger("lead")
@@ -64,6 +64,7 @@ class Session:
     finish_reason: str | None = None
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0  # verify steps that rejected a draft token
     steps: int = 0
     accepted_by_back: dict[str, int] = field(default_factory=dict)
     prompt_evaluated: int = 0
@@ -88,6 +89,7 @@ class Engine:
                  max_queue: int = 8, batch: int = 512) -> None:
         self.model = model
         self.max_draft, self.max_queue, self.batch = max_draft, max_queue, batch
+        self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
         self.cost = CostModel(max_draft=max_draft, fixed=draft_len)
         self.board = DraftBoard()
         self.backs = BackRegistry()
@@ -158,10 +160,13 @@ class Engine:
         while session.finish_reason is None:
             # Serial on purpose: Python work overlapping a step would preempt llama.cpp's
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
+            offered = self.board.best(session.tokens, self.max_draft)
             result = await self._on_model_thread(
-                self._step, len(session.tokens), session.tokens[-1], self._pick_draft(session),
-                session.params, session.rng)
+                self._step, len(session.tokens), session.tokens[-1],
+                self._to_verify(session, offered), session.params, session.rng)
             emitted = self._apply(session, result, req.max_tokens)
+            if offered is not None:  # verified or not, the offer shows how good drafts are
+                self.cost.record_outcome(*draft_outcome(offered.token_ids, emitted))
             await self._notify()
             for i, token in enumerate(emitted):
                 chunk = "" if token in self.model.eos_token_ids else \
@@ -171,10 +176,9 @@ class Engine:
                 session.finish_reason = "stop"
         yield Emission(text.finish(), 0, 0, session=session)
 
-    def _pick_draft(self, session: Session) -> Draft | None:
-        """The best posted draft, cut to the length that pays and fits the context."""
+    def _to_verify(self, session: Session, draft: Draft | None) -> Draft | None:
+        """The offered draft cut to the length that pays and fits the context."""
         room = self.model.n_ctx - len(session.tokens)  # KV room for draft tokens
-        draft = self.board.best(session.tokens, self.max_draft)
         if draft is None:
             return None
         usable = self.cost.choose(min(len(draft.token_ids), room))
@@ -187,8 +191,8 @@ class Engine:
         verdict = result.verdict
         drafted = result.batch - 1
         self.cost.record_step(result.batch, result.seconds)
-        self.cost.record_verify(drafted, len(verdict.accepted))
         session.drafted += drafted
+        session.rejections += int(len(verdict.accepted) < drafted)
         session.accepted += len(verdict.accepted)
         if drafted:
             by_back = session.accepted_by_back
@@ -230,7 +234,7 @@ class Engine:
         offset = min(max(offset, 0), len(s.tokens))
         return State(version=self.version, session_id=s.id, offset=offset,
                      token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
-                     done=s.done, draft_len=0 if s.done else self.cost.choose(None),
+                     done=s.done, draft_len=0 if s.done else self.cost.wanted(),
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
     async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None
@@ -249,7 +253,7 @@ class Engine:
         s = self.session
         if quiet_session is None or s is None or s.id != quiet_session or s.done:
             return True
-        return self.cost.choose(None) > 0
+        return self.cost.wanted() > 0
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:
@@ -265,8 +269,9 @@ class Engine:
         return useful
 
     def gauges(self) -> dict[str, float]:
-        return {"draft_len": self.cost.choose(None), "backs_active": self.backs.active(),
-                "queue_waiting": self._waiting, **self.cost.snapshot()}
+        return {"draft_len": self.cost.wanted(), "verify_len": self.cost.choose(),
+                "backs_active": self.backs.active(), "queue_waiting": self._waiting,
+                **self.cost.snapshot()}
 
     def shutdown(self) -> None:
         if self._executor is not None:

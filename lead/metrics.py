@@ -11,6 +11,7 @@ class _Session(Protocol):
     prompt_evaluated: int
     drafted: int
     accepted: int
+    rejections: int
     steps: int
     t_start: float
     t_decode: float
@@ -29,6 +30,7 @@ class Metrics:
     generated_tokens: int = 0
     drafted: int = 0
     accepted: int = 0
+    rejections: int = 0
     steps: int = 0
     decode_seconds: float = 0.0
     drafts_posted: int = 0
@@ -42,6 +44,7 @@ class Metrics:
         self.generated_tokens += s.n_generated
         self.drafted += s.drafted
         self.accepted += s.accepted
+        self.rejections += s.rejections
         self.steps += s.steps
         self.decode_seconds += max(now - s.t_decode, 0.0) if s.t_decode else 0.0
 
@@ -67,6 +70,7 @@ class Metrics:
             ("duo_drafted_tokens_total", "counter", self.drafted),
             ("duo_accepted_tokens_total", "counter", self.accepted),
             ("duo_verify_steps_total", "counter", self.steps),
+            ("duo_rejecting_steps_total", "counter", self.rejections),
             ("duo_draft_posts_total", "counter", self.drafts_posted),
             ("duo_draft_posts_stale_total", "counter", self.drafts_stale),
             ("duo_draft_posts_invalid_total", "counter", self.drafts_invalid),

@@ -31,7 +31,9 @@ class Info(BaseModel):
     fingerprint: str = Field(description="hash of the token table; equal => ids compatible")
     eos_token_ids: list[int]
     n_ctx: int
-    max_draft: int
+    max_draft: int = Field(description="most draft tokens lead verifies in one step")
+    max_post: int = Field(description="most tokens lead takes in one draft post: a back "
+                          "drafting further ahead than one step has a draft ready for the next")
 
 
 class State(BaseModel):

@@ -229,7 +229,7 @@ def test_draft_post_errors(client: TestClient) -> None:
     base = {"session_id": "x", "start": 0, "back_id": "b"}
     cases = [({**base, "token_ids": []}, "token_ids"),
              ({**base, "token_ids": [10**6]}, "vocabulary"),
-             ({**base, "token_ids": list(range(9))}, "at most"),
+             ({**base, "token_ids": list(range(17))}, "at most"),  # max_post = 2 x 8
              ({**base, "start": -1, "token_ids": [1]}, "start"),
              ({**base, "token_ids": [1], "dists": [{"token_ids": [1], "probs": [0.5]}]}, "sum"),
              ({**base, "token_ids": [1, 2], "dists": [{"token_ids": [1], "probs": [1.0]}]},

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from back.ngram import ngram_draft
-from lead.cost import CostModel
+from lead.cost import CostModel, draft_outcome
 from lead.drafts import BackRegistry, Candidate, DraftBoard
 from lead.settings import LeadSettings
 from lead.textstream import TextStream
@@ -61,35 +61,61 @@ def test_registry_counts_recent_backs() -> None:
 # --- cost model ---
 
 
+def believing(alpha: float, **kw: int) -> CostModel:
+    """A cost model whose prior acceptance is `alpha` (weight 100)."""
+    return CostModel(max_draft=kw.pop("max_draft", 8), prior=(100 * alpha, 100 * (1 - alpha)),
+                     **kw)
+
+
 def test_cost_model_switches_speculation_off_where_verify_is_expensive() -> None:
-    cpu = CostModel(max_draft=8, alpha=0.5)
+    cpu = believing(0.5)
     for b in range(1, 10):
         cpu.record_step(b, 0.05 * b)  # verify cost linear in b (compute-bound CPU)
     assert cpu.choose() == 0
 
 
 def test_cost_model_drafts_long_where_verify_is_flat() -> None:
-    gpu = CostModel(max_draft=8, alpha=0.9)
+    gpu = believing(0.9)
     for b in range(1, 10):
         gpu.record_step(b, 0.02)  # flat cost: memory-bound GPU
     assert gpu.choose() >= 6
 
 
-def test_cost_model_learns_acceptance_and_probes_when_off() -> None:
-    model = CostModel(max_draft=4, alpha=0.9, probe_every=4)
+def test_draft_outcome_counts_matches_until_the_first_miss() -> None:
+    assert draft_outcome([1, 2, 3], [1, 2, 9, 4]) == (2, True)
+    assert draft_outcome([1, 2], [1, 2, 3]) == (2, False)  # the draft ran out
+    assert draft_outcome([1, 2, 3], [1]) == (1, False)  # lead emitted one token
+    assert draft_outcome([5], [1]) == (0, True)
+
+
+def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
+    model = CostModel(max_draft=4, probe_every=8, probe_window=2)
+    for b in (1, 2, 3):
+        model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x
     for _ in range(30):
-        model.record_verify(drafted=4, accepted=0)
-    assert model.alpha < 0.05
-    for b in range(1, 6):
-        model.record_step(b, 0.05 * b)
-    model.steps_since_draft = 0
-    for _ in range(4):
+        model.record_outcome(0, True)  # drafts on offer were wrong at their first token
+    assert model.alpha < 0.2 and model.choose() == 0
+    asked = []
+    for _ in range(16):
         model.record_step(1, 0.05)
-    assert model.choose() == 1  # the probe
+        asked.append(model.wanted())
+    assert asked.count(1) == 4 and asked.count(0) == 12  # 2 probe steps in every 8
+    for _ in range(model.window):  # plain steps whose offered draft proved right: no verify
+        model.record_outcome(1, False)
+    assert model.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
+
+
+def test_cost_model_forgets_old_outcomes() -> None:
+    model = CostModel(max_draft=8, window=20)
+    for _ in range(50):
+        model.record_outcome(0, True)
+    for _ in range(10):
+        model.record_outcome(4, False)
+    assert model.alpha > 0.8  # the last 40 draft positions were all right
 
 
 def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
-    model = CostModel(max_draft=8, alpha=0.95)
+    model = believing(0.95)
     assert model.choose() == 1  # only b=1 priced: try b=2 first, not b=9
     model.record_step(1, 0.05)
     model.record_step(2, 0.05)
@@ -99,6 +125,7 @@ def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
 def test_cost_model_fixed_and_available() -> None:
     assert CostModel(max_draft=8, fixed=3).choose() == 3
     assert CostModel(max_draft=8, fixed=3).choose(available=2) == 2
+    assert CostModel(max_draft=8, fixed=3).wanted() == 3
 
 
 # --- text stream ---
