@@ -30,19 +30,26 @@ class Drafter(Protocol):
 
 
 class ModelDrafter:
+    """A draft model's guesses. A guess is handed out as soon as it is sampled and only
+    evaluated (to get the logits for the next one) on the next call: the first guess after
+    catching up is ready one draft step sooner, when lead most needs it, right after a
+    rejection."""
+
     def __init__(self, model: Model, batch: int = 512,
                  progress: Callable[[int, int], None] | None = None) -> None:
         self.model, self.batch, self.progress = model, batch, progress
-        self._logits: np.ndarray | None = None  # next-token logits after `local`
+        self._logits: np.ndarray | None = None  # next-token logits after model.cached
+        self._pending: list[int] = []  # a guess handed out, not yet evaluated
 
     @property
     def local(self) -> list[int]:
-        return self.model.cached
+        return self.model.cached + self._pending
 
     def catch_up(self, lead_tokens: Sequence[int]) -> int:
-        keep = common_prefix(self.model.cached, lead_tokens)
+        keep = common_prefix(self.local, lead_tokens)
         if keep == len(lead_tokens) and self._logits is not None and keep > 0:
             return 0  # lead is a prefix of our draft: nothing to redo
+        self._pending = []
         # Re-evaluate at least the last token, whose logits we need to draft on.
         head = list(lead_tokens[:-1])
         evaluated = sync_cache(self.model, head, self.batch, self.progress)
@@ -51,11 +58,14 @@ class ModelDrafter:
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator
                    ) -> tuple[int, Dist | None] | None:
-        if self._logits is None or len(self.model.cached) >= self.model.n_ctx:
+        if self._logits is None or len(self.local) >= self.model.n_ctx:
             return None
+        if self._pending:
+            self._logits = self.model.evaluate(self._pending, 1)[-1]
+            self._pending = []
         dist = distribution(self._logits, params, MAX_SUPPORT)
         token = sample(dist, rng)
-        self._logits = self.model.evaluate([token], 1)[-1]
+        self._pending = [token]
         return token, None if params.temperature <= 0 else dist
 
 

@@ -140,9 +140,7 @@ class Worker:
                 await self.handshake()
                 continue
             self._absorb(state, offset)
-            while self._should_draft() and not self._stop.is_set():
-                if not await self._draft_and_post():
-                    break
+            await self._draft_ahead()
 
     def _absorb(self, state: State, offset: int) -> None:
         """Take lead's state (tokens from `offset`) into lead_tokens."""
@@ -180,32 +178,78 @@ class Worker:
         skip = start - last_start
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
 
-    async def _draft_and_post(self) -> bool:
-        """Catch up, draft, post what is new. False: nothing new, wait for lead's news."""
+    async def _draft_ahead(self) -> None:
+        """Draft token by token and post as we go.
+
+        Two things keep the draft fresh: a post's reply is not awaited before drafting
+        on (a round trip, ~2.4 ms on one host, is as long as a small draft's token: waiting
+        made the back half as fast), and a long-poll stays open beside the drafting, so
+        lead's news (a rejection) arrives within a millisecond instead of with the next
+        post's reply; after a rejection lead's next step comes right away, and every
+        token of draft ready by then counts. One post at a time is in flight, so posts
+        arrive in order; each carries the whole draft."""
+        watch = asyncio.create_task(self._watch())
+        in_flight: asyncio.Task[tuple[int, State | None]] | None = None
+        try:
+            while self._should_draft() and not self._stop.is_set():
+                grown = await self._on_model_thread(self._extend, list(self.lead_tokens),
+                                                    self.state)
+                if in_flight is not None and (grown == 0 or in_flight.done()):
+                    self._settle(*await in_flight)
+                    in_flight = None
+                if in_flight is None:
+                    in_flight = self._launch_post()
+                    if in_flight is None and grown == 0:
+                        return  # nothing new to draft or post: wait for lead's news
+            if in_flight is not None:
+                self._settle(*await in_flight)
+                in_flight = None
+        finally:
+            for task in (watch, in_flight):
+                if task is not None:
+                    task.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
+
+    async def _watch(self) -> None:
+        """While drafting: take lead's news as soon as it comes (errors: the loop's posts
+        will meet them too)."""
+        with contextlib.suppress(httpx.TransportError, LeadError):
+            while True:
+                s = self.state
+                state = await self.client.state(s.version, len(self.lead_tokens),
+                                                back_id=self.back_id)
+                self._settle(state.offset, state)
+
+    def _launch_post(self) -> asyncio.Task[tuple[int, State | None]] | None:
         n = len(self.lead_tokens)
-        await self._on_model_thread(self._extend, list(self.lead_tokens), self.state)
         draft = self.drafter.local[n: n + self.max_post]
         if not draft or self._already_posted(n, draft):
-            return False
+            return None
         positions = range(n, n + len(draft))
         dists = [self._dists[p] for p in positions] if self.send_dists and \
             all(p in self._dists for p in positions) else None
         post = DraftPost(session_id=self.state.session_id or "", start=n, token_ids=draft,
                          back_id=self.back_id, dists=dists)
-        try:
-            reply = await self.client.post_draft(post)
-        except LeadError as exc:
-            if exc.status != 429:
-                raise
-            await self._sleep(exc.retry_after)  # lead asked this back to post less often
-            return False
         if self.stats:
             last_start, last = self._last_post
             self.stats.drafted += n + len(draft) - max(last_start + len(last), n)
             self.stats.posts += 1
         self._last_post = (n, tuple(draft))
-        self._absorb(reply, n)
-        return True
+        return asyncio.create_task(self._post(post))
+
+    async def _post(self, post: DraftPost) -> tuple[int, State | None]:
+        try:
+            return post.start, await self.client.post_draft(post)
+        except LeadError as exc:
+            if exc.status != 429:
+                raise
+            await self._sleep(exc.retry_after)  # lead asked this back to post less often
+            return post.start, None
+
+    def _settle(self, start: int, reply: State | None) -> None:
+        """Take a state that came while drafting, unless a newer one came first."""
+        if reply is not None and reply.version >= self.state.version:
+            self._absorb(reply, start)
 
     def _extend(self, lead_tokens: list[int], state: State) -> int:
         """Model thread: catch up with lead, then draft up to `burst` more tokens."""
@@ -214,13 +258,13 @@ class Worker:
         if self.stats and evaluated:
             self.stats.caught_up += evaluated
             self.stats.catch_up_s += time.perf_counter() - t0
-        local = self.drafter.local
-        self._dists = {p: d for p, d in self._dists.items() if p < len(local)}
-        # catch_up made local agree with lead_tokens, so what lies past them is our draft
+        n_local = len(self.drafter.local)
+        self._dists = {p: d for p, d in self._dists.items() if p < n_local}
+        # catch_up made local agree with lead_tokens, so what lies past them is our draft.
         # Draft as far ahead as lead takes, so that a step accepting a whole draft finds
         # the next one ready (a first version drafted 2 x draft_len ahead: at k = 1, lead
         # found a draft on only 30 % of its steps).
-        room = self.max_post - (len(local) - len(lead_tokens))
+        room = self.max_post - (n_local - len(lead_tokens))
         grown = 0
         while grown < min(self.burst, room):
             got = self.drafter.next_token(state.sampling, self._rng)
@@ -228,8 +272,9 @@ class Worker:
                 break
             token, dist = got
             if dist is not None:
-                self._dists[len(local) - 1] = DraftDist(token_ids=dist.token_ids.tolist(),
-                                                         probs=dist.probs.tolist())
+                position = len(self.drafter.local) - 1
+                self._dists[position] = DraftDist(token_ids=dist.token_ids.tolist(),
+                                                  probs=dist.probs.tolist())
             grown += 1
             if token in self.eos_token_ids:
                 break

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 
-from bench import report
-from bench.procs import Back, Lead, metric
-from bench.runs import Result, via_lead
+from bench import configs, report
+from bench.procs import metric
+from bench.runs import Result
 
 PROMPTS = json.loads((Path(__file__).parent / "prompts.json").read_text())
 
@@ -60,92 +58,39 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-@contextmanager
-def pinned(cpus: str | None) -> Iterator[None]:
-    """Run the in-process loops on the lead's CPUs, as lead itself runs."""
-    if not cpus:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {int(c) for part in cpus.split(",") for c in _cpu_range(part)})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
-def _cpu_range(part: str) -> range:
-    lo, _, hi = part.partition("-")
-    return range(int(lo), int(hi or lo) + 1)
-
-
-def lead_args(a: argparse.Namespace, *extra: str) -> list[str]:
-    return ["--threads", str(a.lead_threads), "--n-gpu-layers", str(a.lead_ngl), *extra]
-
-
-def back_args(a: argparse.Namespace, *extra: str) -> list[str]:
-    return ["--threads", str(a.back_threads), "--n-gpu-layers", str(a.back_ngl), *extra]
-
-
-def with_lead(a: argparse.Namespace, prompts: list[dict], config: str,
-              lead_extra: list[str], back_model: str | None, back_extra: list[str]
-              ) -> tuple[list[Result], dict[str, float]]:
-    lead = Lead(a.target, *lead_args(a, *lead_extra), cpus=a.lead_cpus)
-    back = None
-    try:
-        if back_model is not None:
-            back = Back(lead, back_model, *back_args(a, *back_extra), cpus=a.back_cpus)
-            back.wait_attached(300)
-        results = []
-        for i, prompt in enumerate(prompts):
-            results.append(via_lead(config, lead, i, prompt["text"], a.tokens))
-            progress(f"  {config} [{i + 1}/{len(prompts)}] {results[-1].tok_s:.1f} tok/s")
-        gauges = {name: metric(lead, f"duo_{name}") for name in ("draft_len", "alpha")}
-        return results, gauges
-    finally:
-        if back:
-            back.stop()
-        lead.stop()
-
-
 def run_models(a: argparse.Namespace) -> dict:
-    from bench.peers import sync_speculative, verify_costs
-    from bench.raw import prompt_lookup
-    from shared.llm import LlamaModel
     from shared.presets import resolve_model
 
     prompts = PROMPTS[: a.prompts]
     target_path = resolve_model(a.target)
     ids = [_chat_ids(target_path, p["text"]) for p in prompts]
-    results: dict[str, list[Result]] = {}
-    progress("raw loop and lead alone, interleaved raw/lead/lead/raw per prompt")
-    results["raw loop"], results["lead alone"] = _raw_and_lead(a, prompts, ids, target_path)
-    progress("lead + back (draft model, cost-aware draft length)")
-    results["duo: lead + back (model)"], gauges = with_lead(
-        a, prompts, "duo model", [], a.draft, [])
-    progress("lead + back (n-gram)")
-    results["duo: lead + back (n-gram)"], _ = with_lead(
-        a, prompts, "duo ngram", [], "unused", ["--drafter", "ngram"])
-    with pinned(a.lead_cpus):
-        if not a.no_peers:
-            progress("peer: llama-cpp-python LlamaPromptLookupDecoding")
-            results["peer: prompt lookup (llama-cpp-python)"] = [
-                Result("pld", i, *prompt_lookup(target_path, a.lead_threads, ids[i], a.tokens))
-                for i in range(len(prompts))]
-            progress(f"peer: synchronous draft model, k={a.sync_k}")
-            target = LlamaModel(target_path, a.lead_threads, a.lead_ngl, 2048)
-            draft = LlamaModel(resolve_model(a.draft), a.lead_threads, a.back_ngl, 2048)
-            results[f"peer: synchronous draft loop (k={a.sync_k})"] = [
-                sync_speculative("sync", i, target, draft, ids[i], a.tokens, a.sync_k)
-                for i in range(len(prompts))]
-            draft.close()
-        else:
-            target = LlamaModel(target_path, a.lead_threads, a.lead_ngl, 2048)
-        progress("verify cost per batch size")
-        costs = verify_costs(target, ids[0], list(range(1, 18)))
+    with ExitStack() as stack:
+        progress("starting every configuration: lead processes, backs, in-process loops")
+        runners, duo = configs.start_all(a, stack, prompts, ids, target_path)
+        progress(f"{len(runners)} configurations x {len(prompts)} prompts, interleaved")
+        results = configs.interleaved(runners, len(prompts), progress)
+        gauges = {name: metric(duo, f"duo_{name}") for name in ("draft_len", "alpha")}
+        sweep = run_sweep(a, prompts[: a.sweep_prompts], runners[configs.LEAD_ALONE])
+    progress("verify cost per batch size (lead's placement), draft cost (back's)")
+    costs, draft_s = measure_costs(a, ids[0], target_path, resolve_model(a.draft))
+    return {"results": results, "costs": costs, "draft_s": draft_s, "gauges": gauges,
+            "sweep": sweep}
+
+
+def measure_costs(a: argparse.Namespace, prompt_ids: list[int], target_path: Path,
+                  draft_path: Path) -> tuple[dict[int, float], float]:
+    from bench.peers import verify_costs
+    from shared.llm import LlamaModel
+
+    with configs.pinned(a.lead_cpus):
+        target = LlamaModel(target_path, a.lead_threads, a.lead_ngl, 2048)
+        costs = verify_costs(target, prompt_ids, list(range(1, 18)))
         target.close()
-    sweep = run_sweep(a, prompts[: a.sweep_prompts])
-    return {"results": results, "costs": costs, "gauges": gauges, "sweep": sweep}
+    with configs.pinned(a.back_cpus):
+        draft = LlamaModel(draft_path, a.back_threads, a.back_ngl, 2048)
+        draft_s = verify_costs(draft, prompt_ids, [1], repeats=9)[1]
+        draft.close()
+    return costs, draft_s
 
 
 def _chat_ids(path: Path, text: str) -> list[int]:
@@ -159,38 +104,21 @@ def _chat_ids(path: Path, text: str) -> list[int]:
         m.close()
 
 
-def _raw_and_lead(a: argparse.Namespace, prompts: list[dict], ids: list[list[int]],
-                  path: Path) -> tuple[list[Result], list[Result]]:
-    from bench.raw import RawLoop
-
-    lead = Lead(a.target, *lead_args(a, "--max-draft", "0"), cpus=a.lead_cpus)
-    with pinned(a.lead_cpus):
-        raw = RawLoop(path, a.lead_threads)
-    raws, leads = [], []
-    try:
-        for i, prompt in enumerate(prompts):
-            for who in ("raw", "lead", "lead", "raw"):  # ABBA: cancels drift over time
-                if who == "lead":
-                    leads.append(via_lead("lead", lead, i, prompt["text"], a.tokens))
-                    continue
-                with pinned(a.lead_cpus):
-                    raws.append(raw.measure(i, ids[i], a.tokens))
-            progress(f"  [{i + 1}/{len(prompts)}] raw {raws[-1].tok_s:.1f} tok/s, "
-                     f"lead {leads[-1].tok_s:.1f} tok/s")
-    finally:
-        lead.stop()
-        raw.close()
-    return raws, leads
-
-
-def run_sweep(a: argparse.Namespace, prompts: list[dict]) -> dict[str, float]:
+def run_sweep(a: argparse.Namespace, prompts: list[dict], alone: configs.Runner
+              ) -> dict[str, tuple[float, float]]:
+    """k -> (duo tok/s, lead alone tok/s), each prompt run alone and with k side by side."""
     lengths = [k for k in a.sweep.split(",") if k.strip()] + ["auto"]
-    sweep: dict[str, float] = {}
+    sweep: dict[str, tuple[float, float]] = {}
     for k in lengths:
         extra = [] if k == "auto" else ["--draft-len", k, "--max-draft", str(max(8, int(k)))]
         progress(f"sweep: draft length {k}")
-        results, _ = with_lead(a, prompts, f"k={k}", extra, a.draft, [])
-        sweep[k] = report.summarise(k, results, None).tok_s
+        with ExitStack() as stack:
+            lead = configs.start_lead(a, stack, extra, a.draft)
+            pairs = [(configs.via(f"k={k}", lead, prompts, a.tokens)(i), alone(i))
+                     for i in range(len(prompts))]
+        sweep[k] = (report.summarise(k, [d for d, _ in pairs], None).tok_s,
+                    report.summarise("alone", [b for _, b in pairs], None).tok_s)
+        progress(f"  k={k}: {sweep[k][0]:.2f} tok/s, lead alone {sweep[k][1]:.2f}")
     return sweep
 
 
@@ -201,21 +129,20 @@ def run_sim(a: argparse.Namespace) -> dict:
     target = ["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"]
     draft = ["--call-s", a.sim_draft, "--agree", str(a.sim_agree)]
     prompts = PROMPTS[: a.prompts]
-    results: dict[str, list[Result]] = {}
-    for config, with_back in (("SIM lead alone", False), ("SIM duo: lead + back", True)):
-        lead = SimLead(None, *target)
-        back = SimBack(lead, *draft) if with_back else None
-        try:
-            if back:
-                back.wait_attached()
-            results[config] = [via_lead(config, lead, i, p["text"], a.tokens)  # type: ignore[arg-type]
-                               for i, p in enumerate(prompts)]
-        finally:
-            if back:
-                back.stop()
-            lead.stop()
+    with ExitStack() as stack:
+        leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
+            None, *target)}
+        for lead in leads.values():
+            stack.callback(lead.stop)
+        back = SimBack(leads["SIM duo: lead + back"], *draft)
+        stack.callback(back.stop)
+        back.wait_attached()
+        runners = {name: configs.via(name, lead, prompts, a.tokens)  # type: ignore[arg-type]
+                   for name, lead in leads.items()}
+        results = configs.interleaved(runners, len(prompts), progress)
     costs = {b: call + per_token * b for b in range(1, 18)}
-    return {"results": results, "costs": costs, "gauges": {}, "sweep": {}}
+    return {"results": results, "costs": costs, "draft_s": float(a.sim_draft), "gauges": {},
+            "sweep": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,39 +154,59 @@ def main(argv: list[str] | None = None) -> None:
 
 def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     results: dict[str, list[Result]] = data["results"]
-    base_name = "SIM lead alone" if a.sim else "lead alone"
+    base_name = "SIM lead alone" if a.sim else configs.LEAD_ALONE
+    duo_name = "SIM duo: lead + back" if a.sim else configs.DUO_MODEL
     reference = results[base_name]
     summaries = [report.summarise(name, rs, reference) for name, rs in results.items()]
     where = "SIMULATION (fake models, chosen costs)" if a.sim else \
         f"target {a.target}, draft {a.draft}"
-    print(f"\n{where}; {a.tokens} tokens x {len(reference) // (1 if a.sim else 2)} prompts; "
-          f"lead threads {a.lead_threads} cpus {a.lead_cpus or 'any'}, back threads "
-          f"{a.back_threads} cpus {a.back_cpus or 'any'}\n")
+    print(f"\n{where}; {a.tokens} tokens x {len(reference)} prompts, configurations "
+          f"interleaved per prompt; lead threads {a.lead_threads} cpus {a.lead_cpus or 'any'}, "
+          f"back threads {a.back_threads} cpus {a.back_cpus or 'any'}\n")
     print(report.markdown(summaries, base_name))
-    duo = next(s for s in summaries if s.config.startswith(("duo: lead + back (model)",
-                                                             "SIM duo")))
-    lead_alone = next(s for s in summaries if s.config == base_name)
-    alpha = duo.acceptance or 0.0
-    best, k = report.bound(data["costs"], alpha)
-    speedup = duo.tok_s / lead_alone.tok_s if lead_alone.tok_s else 0.0
-    print("\nverify cost / single token: " + ", ".join(
-        f"b={b} {c / data['costs'][1]:.2f}x" for b, c in sorted(data["costs"].items())
-        if b in (2, 3, 4, 5, 8, 16, 17)))
-    print(f"analytic bound at acceptance {alpha:.2f}: {best:.2f}x (k={k}); duo measured "
-          f"{speedup:.2f}x = {speedup / best:.2f} of the bound")
-    if data["sweep"]:
-        print("\n| draft length | tok/s |\n|---|---|")
-        for k_name, tps in data["sweep"].items():
-            print(f"| {k_name} | {tps:.2f} |")
-        same_prompts = [r for r in reference if r.prompt < a.sweep_prompts]
-        base = report.summarise(base_name, same_prompts, None).tok_s  # same prompts as sweep
-        print(f"| lead alone, same prompts | {base:.2f} |")
-        report.plot_sweep(out / "sweep.png", data["sweep"], base, f"{a.target} + {a.draft}")
+    print("\nPer prompt, against lead alone run next to it:\n")
+    print(report.per_prompt(results, base_name, [n for n in results if n != base_name]))
+    bounds = show_bounds(a, data, results, summaries, base_name, duo_name)
+    sweep = data["sweep"]
+    if sweep:
+        print("\n| draft length | tok/s | lead alone, same prompts, side by side | ratio |\n"
+              "|---|---|---|---|")
+        for k_name, (tps, alone) in sweep.items():
+            print(f"| {k_name} | {tps:.2f} | {alone:.2f} | {tps / alone:.2f}x |")
+        report.plot_sweep(out / "sweep.png", sweep, f"{a.target} + {a.draft}")
     report.write_json(out / ("sim.json" if a.sim else "bench.json"), {
         "args": vars(a), "summaries": summaries, "costs": data["costs"],
-        "bound": best, "speedup": speedup, "sweep": data["sweep"], "gauges": data["gauges"],
+        "draft_s": data["draft_s"], **bounds, "sweep": sweep, "gauges": data["gauges"],
         "results": {n: [r.row() for r in rs] for n, rs in results.items()}})
     print(f"\nwrote {out}/{'sim.json' if a.sim else 'bench.json, sweep.png'}")
+
+
+def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],
+                summaries: list[report.Summary], base_name: str, duo_name: str) -> dict:
+    """Print the free-draft bound and the async ideal for this placement against duo."""
+    from bench.ideal import async_ideal, free_draft_bound
+    from lead.settings import LeadSettings
+
+    costs: dict[int, float] = data["costs"]
+    drafting = [n for n in results if n == duo_name or n.startswith("peer: synchronous")]
+    alpha = report.alpha([r for n in drafting for r in results[n]]) or 0.0
+    tok_s = {s.config: s.tok_s for s in summaries}
+    speedup = tok_s[duo_name] / tok_s[base_name] if tok_s[base_name] else 0.0
+    cost = costs.__getitem__
+    max_draft = LeadSettings().max_draft  # what lead verifies at most per step
+    free, free_k = free_draft_bound(cost, alpha, max_draft)
+    ideal, ideal_k = async_ideal(cost, alpha, data["draft_s"], max_draft)
+    print("\nverify cost / single token: " + ", ".join(
+        f"b={b} {c / costs[1]:.2f}x" for b, c in sorted(costs.items())
+        if b in (2, 3, 4, 5, 8, 16, 17)) + f"; draft {data['draft_s'] * 1e3:.1f} ms/token, "
+        f"target {costs[1] * 1e3:.1f} ms/token")
+    print(f"acceptance per draft token (accepted / (accepted + rejections), {', '.join(drafting)}"
+          f"): {alpha:.2f}")
+    print(f"analytic bound with free drafts: {free:.2f}x (k={free_k}); ideal async back at "
+          f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
+    print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
+          f"{speedup / free:.2f} of the free-draft bound")
+    return {"alpha": alpha, "free_bound": free, "bound": ideal, "speedup": speedup}
 
 
 if __name__ == "__main__":

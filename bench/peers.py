@@ -24,7 +24,7 @@ def sync_speculative(config: str, index: int, target: Model, draft: Model,
     for m in (target, draft):
         sync_cache(m, prompt_ids[:-1])
     out: list[int] = []
-    drafted = accepted = steps = 0
+    drafted = accepted = steps = rejections = 0
     t_first = None
     rng = np.random.default_rng(0)
     while len(out) < n:
@@ -39,13 +39,14 @@ def sync_speculative(config: str, index: int, target: Model, draft: Model,
         sync_cache(draft, (prompt_ids + out)[:-1])
         drafted, accepted, steps = drafted + len(guesses), accepted + len(verdict.accepted), \
             steps + 1
+        rejections += int(len(verdict.accepted) < len(guesses))
         t_first = t_first or time.perf_counter()
         if any(t in target.eos_token_ids for t in verdict.emitted):
             break
     t_end = time.perf_counter()
     text = b"".join(target.token_bytes(t) for t in out[:n]).decode("utf-8", "replace")
     return Result(config, index, min(len(out), n), t_end - (t_first or t_end),
-                  (t_first or t_end) - t0, drafted, accepted, steps, text)
+                  (t_first or t_end) - t0, drafted, accepted, steps, text, rejections)
 
 
 def _draft_greedy(draft: Model, last: int, k: int) -> list[int]:

@@ -36,17 +36,25 @@ def summarise(config: str, results: list[Result], reference: list[Result] | None
                    differing, len(results))
 
 
-def expected_tokens(alpha: float, k: int) -> float:
-    """Tokens per verify step when each draft token is accepted with probability alpha."""
-    a = min(alpha, 0.999)
-    return (1 - a ** (k + 1)) / (1 - a)
+def alpha(results: list[Result]) -> float | None:
+    """Per-token acceptance (censored geometric MLE): accepted / (accepted + rejections)."""
+    accepted = sum(r.accepted for r in results)
+    observed = accepted + sum(r.rejections for r in results)
+    return accepted / observed if observed else None
 
 
-def bound(costs: dict[int, float], alpha: float) -> tuple[float, int]:
-    """Best speedup over plain decoding with free (async) drafts: max_k E(k) c(1)/c(k+1)."""
-    best = max(((expected_tokens(alpha, b - 1) * costs[1] / costs[b], b - 1)
-                for b in costs), default=(1.0, 0))
-    return max(best, (1.0, 0))
+def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[str]) -> str:
+    """Each configuration against lead alone, prompt by prompt (measured side by side)."""
+    base = {r.prompt: r.tok_s for r in results[baseline]}
+    lines = ["| prompt | lead alone tok/s | " + " | ".join(configs) + " |",
+             "|---|---|" + "---|" * len(configs)]
+    for prompt, tps in sorted(base.items()):
+        cells = [f"{by[prompt] / tps:.2f}x" if tps else "-" for by in
+                 ({r.prompt: r.tok_s for r in results[c]} for c in configs)]
+        lines.append(f"| {prompt} | {tps:.2f} | " + " | ".join(cells) + " |")
+    worst = [min(r.tok_s / base[r.prompt] for r in results[c] if base[r.prompt]) for c in configs]
+    lines.append("| **worst** | | " + " | ".join(f"**{w:.2f}x**" for w in worst) + " |")
+    return "\n".join(lines)
 
 
 def markdown(summaries: list[Summary], baseline: str) -> str:
@@ -68,20 +76,22 @@ def write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=1, default=lambda o: o.__dict__))
 
 
-def plot_sweep(path: Path, sweep: dict[str, float], lead_alone: float, title: str) -> None:
+def plot_sweep(path: Path, sweep: dict[str, tuple[float, float]], title: str) -> None:
+    """Speed against lead alone (measured side by side) for each draft length."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fixed = sorted((int(k), v) for k, v in sweep.items() if k.isdigit())
+    fixed = sorted((int(k), tps / alone) for k, (tps, alone) in sweep.items() if k.isdigit())
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot([k for k, _ in fixed], [v for _, v in fixed], "o-", label="duo, fixed draft length")
     if "auto" in sweep:
-        ax.axhline(sweep["auto"], color="tab:green", ls="--", label="duo, cost-aware (auto)")
-    ax.axhline(lead_alone, color="tab:gray", ls=":", label="lead alone")
+        ax.axhline(sweep["auto"][0] / sweep["auto"][1], color="tab:green", ls="--",
+                   label="duo, cost-aware (auto)")
+    ax.axhline(1.0, color="tab:gray", ls=":", label="lead alone")
     ax.set_xlabel("draft length k")
-    ax.set_ylabel("decode tokens / s")
+    ax.set_ylabel("decode speed / lead alone (side by side)")
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()

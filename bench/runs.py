@@ -1,7 +1,8 @@
 """One measurement per (configuration, prompt), the same way for every configuration.
 
 A Result holds what the report needs: tokens, decode seconds (first token to last),
-time to first token, drafted / accepted tokens, verify steps, and the text.
+time to first token, drafted / accepted tokens, verify steps (and those that rejected
+a draft token: acceptance per token is accepted / (accepted + rejections)), the text.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ class Result:
     accepted: int = 0
     steps: int = 0
     text: str = ""
+    rejections: int = 0  # verify steps that rejected a draft token
 
     @property
     def tok_s(self) -> float:
@@ -38,6 +40,7 @@ class Result:
 def via_lead(config: str, lead: Lead, index: int, text: str, n: int) -> Result:
     """Stream one chat reply from a lead process; decode time excludes the prompt."""
     steps_before = metric(lead, "duo_verify_steps_total")
+    rejections_before = metric(lead, "duo_rejecting_steps_total")
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": n, "stream": True}
     t0 = time.perf_counter()
     t_first = t_last = None
@@ -56,4 +59,5 @@ def via_lead(config: str, lead: Lead, index: int, text: str, n: int) -> Result:
     first = t_first or time.perf_counter()
     return Result(config, index, usage.get("completion_tokens", 0), (t_last or first) - first,
                   first - t0, usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0),
-                  int(metric(lead, "duo_verify_steps_total") - steps_before), "".join(pieces))
+                  int(metric(lead, "duo_verify_steps_total") - steps_before), "".join(pieces),
+                  int(metric(lead, "duo_rejecting_steps_total") - rejections_before))

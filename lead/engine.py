@@ -97,7 +97,9 @@ class Engine:
         self.session: Session | None = None
         self.version = 0
         self._lock = asyncio.Lock()  # FIFO: one generation at a time
-        self._changed = asyncio.Condition()
+        # Replaced on every change. (An asyncio.Condition was used first: a long-poll
+        # cancelled while waiting on it could leave its lock held, and lead froze.)
+        self._news = asyncio.Event()
         self._executor: ThreadPoolExecutor | None = None
         self._waiting = 0
         self._ids = itertools.count(1)
@@ -224,8 +226,8 @@ class Engine:
     # --- back protocol ---
     async def _notify(self) -> None:
         self.version += 1
-        async with self._changed:
-            self._changed.notify_all()
+        news, self._news = self._news, asyncio.Event()
+        news.set()
 
     def state(self, offset: int = 0, back_id: str = "") -> State:
         s = self.session
@@ -244,10 +246,13 @@ class Engine:
         A back that may not draft (draft length 0) passes its session as `quiet_session`:
         it is then woken only when drafts are wanted or the session changes or ends, so
         a back that cannot help costs lead no request per token."""
-        async with self._changed:
+        deadline = time.monotonic() + timeout
+        while not (self.version > since and self._news_for(quiet_session)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait_for(
-                    lambda: self.version > since and self._news_for(quiet_session)), timeout)
+                await asyncio.wait_for(self._news.wait(), remaining)
 
     def _news_for(self, quiet_session: str | None) -> bool:
         s = self.session

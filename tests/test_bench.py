@@ -26,7 +26,7 @@ def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     for name in CONFIGS:
         assert f"| {name} |" in done.stdout, name
-    assert "analytic bound" in done.stdout
+    assert "analytic bound" in done.stdout and "Per prompt" in done.stdout
     data = json.loads((tmp_path / "bench.json").read_text())
     assert {s["config"] for s in data["summaries"]} == set(CONFIGS)
     assert all(s["tok_s"] > 0 for s in data["summaries"])
@@ -39,6 +39,7 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
                            "--tokens", "40", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert "SIMULATION" in done.stdout and "of the bound" in done.stdout
+    assert "SIMULATION" in done.stdout and "of the async ideal" in done.stdout
     data = json.loads((tmp_path / "sim.json").read_text())
-    assert data["bound"] >= 1.0 and data["speedup"] > 0
+    assert data["free_bound"] >= data["bound"] >= 1.0 and data["speedup"] > 0
+    assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time

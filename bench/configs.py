@@ -1,0 +1,140 @@
+"""The configurations the benchmark compares, each a runner: prompt index -> Result.
+
+Every process and model stays up for the whole run, so that the configurations can be
+interleaved prompt by prompt: this machine drifts by ~10 % over minutes, and running
+one configuration after another made differences of that size unreadable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+
+from bench.procs import Back, Lead
+from bench.runs import Result, via_lead
+
+Runner = Callable[[int], Result]
+LEAD_ALONE = "lead alone"
+DUO_MODEL = "duo: lead + back (model)"
+DUO_NGRAM = "duo: lead + back (n-gram)"
+RAW = "raw loop"
+PLD = "peer: prompt lookup (llama-cpp-python)"
+
+
+def sync_name(k: int) -> str:
+    return f"peer: synchronous draft loop (k={k})"
+
+
+@contextmanager
+def pinned(cpus: str | None) -> Iterator[None]:
+    """Run the in-process loops on the lead's CPUs, as lead itself runs."""
+    if not cpus:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {c for part in cpus.split(",") for c in _cpu_range(part)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def _cpu_range(part: str) -> range:
+    lo, _, hi = part.partition("-")
+    return range(int(lo), int(hi or lo) + 1)
+
+
+def start_lead(a: argparse.Namespace, stack: ExitStack, lead_extra: list[str],
+               back_model: str | None = None, back_extra: list[str] | None = None) -> Lead:
+    """A lead process (and its back, if any), stopped when `stack` closes."""
+    lead = Lead(a.target, "--threads", str(a.lead_threads), "--n-gpu-layers", str(a.lead_ngl),
+                *lead_extra, cpus=a.lead_cpus)
+    stack.callback(lead.stop)
+    if back_model is not None:
+        back = Back(lead, back_model, "--threads", str(a.back_threads), "--n-gpu-layers",
+                    str(a.back_ngl), *(back_extra or []), cpus=a.back_cpus)
+        stack.callback(back.stop)
+        back.wait_attached(300)
+    return lead
+
+
+def via(config: str, lead: Lead, prompts: list[dict], tokens: int) -> Runner:
+    return lambda i: via_lead(config, lead, i, prompts[i]["text"], tokens)
+
+
+def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
+              ids: list[list[int]], target_path: Path) -> tuple[dict[str, Runner], Lead]:
+    """Every configuration, ready to run any prompt; also the lead of the model back."""
+    alone = start_lead(a, stack, [])  # no back attached: lead decodes alone
+    duo = start_lead(a, stack, [], a.draft)
+    ngram = start_lead(a, stack, [], "unused", ["--drafter", "ngram"])
+    runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
+               DUO_MODEL: via("duo model", duo, prompts, a.tokens),
+               DUO_NGRAM: via("duo ngram", ngram, prompts, a.tokens),
+               RAW: _raw_runner(a, stack, ids, target_path)}
+    if not a.no_peers:
+        runners[sync_name(a.sync_k)] = _sync_runner(a, stack, ids, target_path)
+        runners[PLD] = _pld_runner(a, ids, target_path)
+    return runners, duo
+
+
+def _raw_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
+                path: Path) -> Runner:
+    from bench.raw import RawLoop
+
+    with pinned(a.lead_cpus):
+        raw = RawLoop(path, a.lead_threads)
+    stack.callback(raw.close)
+
+    def run(i: int) -> Result:
+        with pinned(a.lead_cpus):
+            return raw.measure(i, ids[i], a.tokens)
+    return run
+
+
+def _sync_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
+                 path: Path) -> Runner:
+    from bench.peers import sync_speculative
+    from shared.llm import LlamaModel
+    from shared.presets import resolve_model
+
+    target = LlamaModel(path, a.lead_threads, a.lead_ngl, 2048)
+    draft = LlamaModel(resolve_model(a.draft), a.lead_threads, a.back_ngl, 2048)
+    stack.callback(target.close)
+    stack.callback(draft.close)
+
+    def run(i: int) -> Result:
+        with pinned(a.lead_cpus):
+            return sync_speculative("sync", i, target, draft, ids[i], a.tokens, a.sync_k)
+    return run
+
+
+def _pld_runner(a: argparse.Namespace, ids: list[list[int]], path: Path) -> Runner:
+    from bench.raw import prompt_lookup
+
+    def run(i: int) -> Result:
+        with pinned(a.lead_cpus):
+            return Result("pld", i, *prompt_lookup(path, a.lead_threads, ids[i], a.tokens))
+    return run
+
+
+def interleaved(runners: dict[str, Runner], n_prompts: int,
+                progress: Callable[[str], None]) -> dict[str, list[Result]]:
+    """Every configuration on every prompt; the order flips each prompt (A B C, C B A),
+    so drift over time cancels, and lead alone always runs next to duo with the model."""
+    results: dict[str, list[Result]] = {name: [] for name in runners}
+    for i in range(n_prompts):
+        order = list(runners) if i % 2 == 0 else list(reversed(runners))
+        for name in order:
+            results[name].append(runners[name](i))
+        progress(f"  prompt {i + 1}/{n_prompts}: " + ", ".join(
+            f"{short(name)} {results[name][-1].tok_s:.1f}"
+            for name in runners) + " tok/s")
+    return results
+
+
+def short(name: str) -> str:
+    return name.replace("duo: lead + back ", "duo ").replace("peer: ", "")

@@ -1,0 +1,83 @@
+"""What speculation could reach, from measured costs and acceptance.
+
+`free_draft_bound`: drafts of any length are ready at every step, for free. The
+classic analytic bound, max_k E(k) c(1) / c(k+1); no real draft reaches it.
+
+`async_ideal`: the same target and acceptance, with a draft that costs `draft_s` per
+token and runs beside the target, as duo's back does, but with everything else ideal:
+lead and back hear of each other at once, and lead verifies min(K, drafted) tokens at
+every step for the best fixed K. A draft token is right with probability alpha given
+its predecessors were (tokens are i.i.d. in that sense: a geometric model). After a
+rejection the draft must start over from lead's correction, so the next step finds
+little or nothing to verify: this is the price of not waiting for drafts, and what
+separates this ideal from the free-draft bound. Measured / async ideal is then the
+efficiency of duo's protocol itself (HTTP, polling, the cost model's choices).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+Cost = Callable[[int], float]  # seconds to verify a batch of b tokens
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Tokens per verify step when each draft token is accepted with probability alpha."""
+    a = min(alpha, 0.999)
+    return (1 - a ** (k + 1)) / (1 - a)
+
+
+def free_draft_bound(cost: Cost, alpha: float, max_draft: int) -> tuple[float, int]:
+    """(speedup over plain decoding, best k) with free, always-ready drafts."""
+    return max((expected_tokens(alpha, k) * cost(1) / cost(k + 1), k)
+               for k in range(max_draft + 1))
+
+
+@dataclass
+class _Draft:
+    """The back's current path: it starts at lead position `start`, its token i is ready
+    at time t0 + (i + 1) * draft_s, and token `wrong` is its first wrong one."""
+
+    start: int
+    t0: float
+    wrong: int
+
+    def ready(self, now: float, draft_s: float, limit: int) -> int:
+        made = int((now - self.t0) / draft_s) if draft_s > 0 else limit
+        return max(0, min(made, limit))
+
+
+def simulate(cost: Cost, alpha: float, draft_s: float, k_max: int, n_tokens: int,
+             rng: np.random.Generator, max_ahead: int = 16) -> float:
+    """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step."""
+    def restart(at: int, now: float) -> _Draft:
+        return _Draft(at, now, int(rng.geometric(1 - alpha)) - 1 if alpha < 1 else 1 << 30)
+
+    now, n = 0.0, 0
+    path = restart(0, 0.0)
+    while n < n_tokens:
+        # The path's tokens before n are all lead's (else it would have restarted).
+        ready = path.ready(now, draft_s, n - path.start + max_ahead) - (n - path.start)
+        k = min(k_max, max(ready, 0))
+        accepted = min(k, path.wrong - (n - path.start))
+        now += cost(k + 1)
+        n += accepted + 1
+        if path.wrong < n - path.start:  # lead emitted a token the path got wrong
+            path = restart(n, now)
+    return now
+
+
+def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
+                n_tokens: int = 2000, runs: int = 5, seed: int = 0) -> tuple[float, int]:
+    """(speedup over plain decoding, best fixed K) for an ideal asynchronous back."""
+    rng = np.random.default_rng(seed)
+    plain = cost(1) * n_tokens
+    best = (1.0, 0)
+    for k_max in range(1, max_draft + 1):
+        seconds = np.mean([simulate(cost, alpha, draft_s, k_max, n_tokens, rng)
+                           for _ in range(runs)])
+        best = max(best, (plain / float(seconds), k_max))
+    return best
