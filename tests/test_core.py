@@ -1,16 +1,18 @@
-"""Pure pieces: draft board, cost model, text stream, n-gram drafter, sampling, CLI."""
+"""Pure pieces: draft board, cost model, text stream, drafters, sampling, CLI."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from back.drafter import ModelDrafter
 from back.ngram import ngram_draft
 from lead.cost import CostModel, draft_outcome
 from lead.drafts import BackRegistry, Candidate, DraftBoard
 from lead.settings import LeadSettings
 from lead.textstream import TextStream
 from shared.cli import parse_settings
+from shared.fake import FakeModel
 from shared.protocol import SamplingParams
 from shared.sampling import distribution, sample
 
@@ -165,6 +167,27 @@ def test_ngram_prefers_longer_match_and_handles_no_match() -> None:
 
 
 # --- sampling ---
+
+
+def test_model_drafter_hands_out_a_guess_before_evaluating_it() -> None:
+    model = FakeModel()
+    drafter = ModelDrafter(model)
+    context = model.tokenize("hello there")
+    drafter.catch_up(context)
+    evaluated = model.evaluated
+    guess, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert guess == model.greedy_continuation(context, 1)[0]
+    assert model.evaluated == evaluated  # ready without a draft step: lead sees it sooner
+    assert drafter.local == [*context, guess]
+    second, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert model.evaluated == evaluated + 1  # the first guess is evaluated now
+    assert [guess, second] == model.greedy_continuation(context, 2)
+    assert drafter.catch_up([*context, guess]) == 0  # lead took the guess: nothing to redo
+    other = (guess % 10) + 1
+    drafter.catch_up([*context, other])  # lead emitted something else: start over from it
+    assert drafter.local == [*context, other]
+    third, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert third == model.greedy_continuation([*context, other], 1)[0]
 
 
 def test_distribution_truncates_exactly() -> None:
