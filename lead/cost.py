@@ -5,10 +5,16 @@ alpha:   probability that a draft token is right given its predecessors were. Ev
          step compares the draft on offer with the tokens lead then emitted, whether
          lead verified it or not: a plain step still shows whether the draft's first
          token was right ("shadow" outcomes, free for lead). The estimate is the
-         censored geometric MLE, matches / (matches + misses), over a window of recent
-         outcomes plus a weak prior. (Estimating it from verified steps alone, as a
-         first version did, starved it: once speculation was off, only sparse k=1
-         probes fed it, and it read 0.61 where teacher-forced acceptance was 0.85-0.92.)
+         censored geometric MLE, matches / (matches + misses), with both counts decayed
+         per step, plus a weak prior; lead uses the lower of that and the same estimate
+         over the last 3 steps alone, so that it follows a drop within a step or two
+         (a code step brings 8 matches, a prose step 1 match and 1 miss: decayed counts
+         alone took 10 prose steps to fall from 0.96 to 0.7).
+         (Estimating it from verified steps alone, as a first version did, starved it:
+         once speculation was off, only sparse k=1 probes fed it, and it read 0.61 where
+         teacher-forced acceptance was 0.85-0.92. A window of the last 64 draft positions
+         came next: a code reply's long runs of matches outweighed the misses of the
+         explanation that followed for most of its 64 tokens, and duo fell to 0.78x.)
 A step verifying k draft tokens yields on average (1 - alpha^(k+1)) / (1 - alpha)
 tokens and costs cost(k+1); lead verifies the k that maximises tokens per second
 (0: plain decode).
@@ -19,9 +25,11 @@ unmeasured size is assumed to cost what the largest measured one does, which is
 optimistic and so keeps exploring). A first version explored k = 8 at once: that
 cost ~6x a token on a CPU, and a few such misses slowed lead by 10 %.
 
-While no draft length pays, lead asks backs for drafts only `probe_window` steps in
-every `probe_every` (a back is otherwise not woken per token); those drafts are
-only compared, not verified, so a probe costs lead nothing but the requests.
+While no draft length pays, lead asks backs for drafts only in a probe every
+`probe_every` steps (a back is otherwise not woken per token), until `probe_outcomes`
+drafts have been compared with what lead emitted: they are compared, not verified,
+so a probe costs lead nothing but the requests. (A probe of a fixed 4 steps was too
+short: a back woken from quiet must first catch up, and the estimate never recovered.)
 """
 
 from __future__ import annotations
@@ -46,31 +54,45 @@ def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int
 class CostModel:
     max_draft: int
     fixed: int | None = None  # a user-forced draft length bypasses the model
-    prior: tuple[float, float] = (4.0, 1.0)  # pseudo (matches, misses): alpha 0.8, weight 5
-    window: int = 64  # draft positions the acceptance estimate remembers
+    prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
+    decay: float = 0.8  # per observed step: the last ~5 steps carry most of the weight
     probe_every: int = 32
-    probe_window: int = 4
+    probe_outcomes: int = 4
     cost_s: dict[int, float] = field(default_factory=dict)
-    outcomes: deque[tuple[int, bool]] = field(default_factory=deque)
+    matches: float = 0.0
+    misses: float = 0.0
+    recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=3))
     steps: int = 0
+    probing: int = 0  # outcomes the current probe still wants
+    since_probe: int = 0  # steps since the last probe ended
 
     @property
     def alpha(self) -> float:
-        matches = self.prior[0] + sum(m for m, _ in self.outcomes)
-        misses = self.prior[1] + sum(1 for _, missed in self.outcomes if missed)
+        recent_matches = sum(m for m, _ in self.recent)
+        recent_misses = sum(int(missed) for _, missed in self.recent)
+        return min(self._mle(self.matches, self.misses), self._mle(recent_matches, recent_misses))
+
+    def _mle(self, matches: float, misses: float) -> float:
+        matches, misses = self.prior[0] + matches, self.prior[1] + misses
         return matches / (matches + misses)
 
     def record_step(self, batch_size: int, seconds: float) -> None:
         old = self.cost_s.get(batch_size)
         self.cost_s[batch_size] = seconds if old is None else old + EWMA * (seconds - old)
         self.steps += 1
+        self.since_probe += 0 if self.probing else 1
+        if not self.probing and self.since_probe >= self.probe_every and self.choose() == 0:
+            self.probing = self.probe_outcomes
 
     def record_outcome(self, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:
             return  # nothing observed
-        self.outcomes.append((matches, missed))
-        while sum(m + r for m, r in self.outcomes) > self.window:
-            self.outcomes.popleft()
+        self.matches = self.matches * self.decay + matches
+        self.misses = self.misses * self.decay + int(missed)
+        self.recent.append((matches, missed))
+        if self.probing:
+            self.probing -= 1
+            self.since_probe = 0
 
     def cost(self, batch_size: int) -> float:
         if batch_size in self.cost_s:
@@ -98,7 +120,7 @@ class CostModel:
         best = self.choose()
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
-        return 1 if self.steps % self.probe_every < self.probe_window else 0
+        return 1 if self.probing else 0
 
     def snapshot(self) -> dict[str, float]:
         out = {f"cost_b{b}": s for b, s in sorted(self.cost_s.items())}
