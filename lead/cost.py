@@ -17,7 +17,9 @@ alpha:   probability that a draft token is right given its predecessors were. Ev
          explanation that followed for most of its 64 tokens, and duo fell to 0.78x.)
 A step verifying k draft tokens yields on average (1 - alpha^(k+1)) / (1 - alpha)
 tokens and costs cost(k+1); lead verifies the k that maximises tokens per second
-(0: plain decode).
+(0: plain decode), and only if it beats plain decoding by `margin`: where the gain
+would be marginal (prose on a CPU, alpha ~0.6, b=2 costing 1.8x), the estimates'
+noise made lead switch speculation on and off and lose up to 10 %.
 
 Batch sizes are explored one at a time: k never exceeds the largest batch size
 measured so far, so a step is at most one size past what has been priced (an
@@ -58,6 +60,7 @@ class CostModel:
     decay: float = 0.8  # per observed step: the last ~5 steps carry most of the weight
     probe_every: int = 32
     probe_outcomes: int = 4
+    margin: float = 1.1  # speculate only for an expected gain of 10 % or more
     cost_s: dict[int, float] = field(default_factory=dict)
     matches: float = 0.0
     misses: float = 0.0
@@ -113,7 +116,8 @@ class CostModel:
         if self.fixed is not None:
             return min(self.fixed, upper)
         upper = min(upper, max(self.cost_s, default=1))  # at most one size past the priced
-        return max(range(upper + 1), key=self.rate)
+        best = max(range(upper + 1), key=self.rate)
+        return best if self.rate(best) >= self.margin * self.rate(0) else 0
 
     def wanted(self) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe, else 0 (quiet)."""
