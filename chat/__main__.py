@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from chat.client import ChatClient
@@ -32,6 +33,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
     interactive_mode = sys.stdin.isatty()
+    if interactive_mode:
+        # Ctrl-C stops a reply. A process started in the background by a script inherits
+        # SIGINT ignored, and Python then installs no handler: take it back explicitly.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     colour = (not args.no_color and not os.environ.get("NO_COLOR") and interactive_mode
               and sys.stdout.isatty())
     client = ChatClient(args.lead, args.api_key)
