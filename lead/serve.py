@@ -22,6 +22,9 @@ class _Server(uvicorn.Server):
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
           drain_s: float = 30.0) -> None:
     """Serve until a signal; in-flight requests get up to `drain_s` to finish."""
+    # One line per HTTP request would flood the console: a back polls and posts several
+    # times per token. Lead logs one line per generation; --log-level debug shows all.
     config = uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                            access_log=log_level.lower() == "debug",
                             timeout_graceful_shutdown=drain_s)
     _Server(config).run()
