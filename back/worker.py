@@ -167,7 +167,6 @@ class Worker:
             self.sessions_done.append(self.stats)
             self.stats = None
 
-
     def _should_draft(self) -> bool:
         s = self.state
         return (s.session_id is not None and not s.done and s.draft_len > 0

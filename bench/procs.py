@@ -100,12 +100,16 @@ class Back(Proc):
         assert self.alive(), self.log()[-2000:]
 
 
-def metric(lead: Lead | Proc, name: str) -> float:
+def metrics(lead: Lead | Proc) -> dict[str, float]:
+    """Every sample of lead's /metrics, by name."""
     url = lead.url  # type: ignore[union-attr]
-    for line in httpx.get(f"{url}/metrics", timeout=5).text.splitlines():
-        if line.startswith(name + " "):
-            return float(line.split()[1])
-    raise KeyError(name)
+    lines = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
+    return {name: float(value) for name, value in
+            (line.split() for line in lines if line and not line.startswith("#"))}
+
+
+def metric(lead: Lead | Proc, name: str) -> float:
+    return metrics(lead)[name]
 
 
 # Simulated models (python -m bench.sim): exact greedy output, chosen costs.

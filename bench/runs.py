@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import httpx
 
-from bench.procs import Lead, metric
+from bench.procs import Lead, metrics
 
 
 @dataclass
@@ -39,8 +39,7 @@ class Result:
 
 def via_lead(config: str, lead: Lead, index: int, text: str, n: int) -> Result:
     """Stream one chat reply from a lead process; decode time excludes the prompt."""
-    steps_before = metric(lead, "duo_verify_steps_total")
-    rejections_before = metric(lead, "duo_rejecting_steps_total")
+    before = metrics(lead)
     body = {"messages": [{"role": "user", "content": text}], "max_tokens": n, "stream": True}
     t0 = time.perf_counter()
     t_first = t_last = None
@@ -57,7 +56,10 @@ def via_lead(config: str, lead: Lead, index: int, text: str, n: int) -> Result:
             pieces.append(event["choices"][0]["delta"].get("content", ""))
             usage = event.get("usage") or usage
     first = t_first or time.perf_counter()
+    after = metrics(lead)
+    counted = {name: int(after[name] - before[name])
+               for name in ("duo_verify_steps_total", "duo_rejecting_steps_total")}
     return Result(config, index, usage.get("completion_tokens", 0), (t_last or first) - first,
                   first - t0, usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0),
-                  int(metric(lead, "duo_verify_steps_total") - steps_before), "".join(pieces),
-                  int(metric(lead, "duo_rejecting_steps_total") - rejections_before))
+                  counted["duo_verify_steps_total"], "".join(pieces),
+                  counted["duo_rejecting_steps_total"])

@@ -65,7 +65,6 @@ class CostModel:
     matches: float = 0.0
     misses: float = 0.0
     recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=3))
-    steps: int = 0
     probing: int = 0  # outcomes the current probe still wants
     since_probe: int = 0  # steps since the last probe ended
 
@@ -82,7 +81,6 @@ class CostModel:
     def record_step(self, batch_size: int, seconds: float) -> None:
         old = self.cost_s.get(batch_size)
         self.cost_s[batch_size] = seconds if old is None else old + EWMA * (seconds - old)
-        self.steps += 1
         self.since_probe += 0 if self.probing else 1
         if not self.probing and self.since_probe >= self.probe_every and self.choose() == 0:
             self.probing = self.probe_outcomes
