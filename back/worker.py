@@ -75,10 +75,12 @@ class Worker:
         self._last_post: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft")
         self._stop = asyncio.Event()
+        self._news = asyncio.Event()  # set when a state was taken, or the watch ended
         self._rng = np.random.default_rng()
 
     def stop(self) -> None:
         self._stop.set()
+        self._news.set()
 
     async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
@@ -130,20 +132,40 @@ class Worker:
 
     # --- inner loop: one lead ---
     async def follow(self) -> None:
-        while not self._stop.is_set():
-            offset = len(self.lead_tokens)
-            s = self.state
-            quiet = s.session_id if s.session_id and not s.done and s.draft_len == 0 else ""
-            state = await self.client.state(s.version, offset, back_id=self.back_id, quiet=quiet)
-            if state.version < self.state.version:
-                log.info("lead restarted; starting over")
-                await self.handshake()
-                continue
-            self._absorb(state, offset)
-            await self._draft_ahead()
+        """Follow one lead: one long-poll stays open throughout (`_watch`) and takes lead's
+        news as it comes; drafting runs whenever lead wants drafts. (A first version
+        opened a second long-poll for each burst of drafting and dropped it after; lead
+        held each dropped poll until its next step: an extra request per token.)"""
+        watch = asyncio.create_task(self._watch())
+        try:
+            while not self._stop.is_set() and not watch.done():
+                self._news.clear()
+                await self._draft_ahead()
+                await self._news.wait()
+            if watch.done():
+                watch.result()  # its error ends this lead: run() backs off and retries
+        finally:
+            watch.cancel()
+            await asyncio.gather(watch, return_exceptions=True)
 
-    def _absorb(self, state: State, offset: int) -> None:
-        """Take lead's state (tokens from `offset`) into lead_tokens."""
+    async def _watch(self) -> None:
+        try:
+            while not self._stop.is_set():
+                s = self.state
+                quiet = s.session_id if s.session_id and not s.done and s.draft_len == 0 \
+                    else ""
+                state = await self.client.state(s.version, len(self.lead_tokens),
+                                                back_id=self.back_id, quiet=quiet)
+                if state.version < self.state.version:
+                    log.info("lead restarted; starting over")
+                    await self.handshake()
+                    continue
+                self._settle(state)
+        finally:
+            self._news.set()  # wake follow(): it reads how the watch ended
+
+    def _absorb(self, state: State) -> None:
+        """Take lead's state (its tokens from `state.offset` on) into lead_tokens."""
         if state.session_id != self.state.session_id:
             self._end_session()
             self.lead_tokens = []
@@ -178,48 +200,46 @@ class Worker:
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
 
     async def _draft_ahead(self) -> None:
-        """Draft token by token and post as we go.
+        """Draft token by token and post as we go, until nothing is left to draft or post.
 
-        Two things keep the draft fresh: a post's reply is not awaited before drafting
-        on (a round trip, ~2.4 ms on one host, is as long as a small draft's token: waiting
-        made the back half as fast), and a long-poll stays open beside the drafting, so
-        lead's news (a rejection) arrives within a millisecond instead of with the next
-        post's reply; after a rejection lead's next step comes right away, and every
-        token of draft ready by then counts. One post at a time is in flight, so posts
-        arrive in order; each carries the whole draft."""
-        watch = asyncio.create_task(self._watch())
-        in_flight: asyncio.Task[tuple[int, State | None]] | None = None
+        A post's reply is not awaited before drafting on: a round trip (~2.4 ms on one
+        host) is as long as a small draft's token, and waiting made the back half as fast.
+        One post at a time is in flight, so posts arrive in order; each carries the whole
+        draft. Lead's news meanwhile arrives through the watch, within a millisecond:
+        after a rejection lead's next step comes right away, and every token of draft
+        ready by then counts."""
+        in_flight: asyncio.Task[State | None] | None = None
         try:
             while self._should_draft() and not self._stop.is_set():
                 grown = await self._on_model_thread(self._extend, list(self.lead_tokens),
                                                     self.state)
                 if in_flight is not None and (grown == 0 or in_flight.done()):
-                    self._settle(*await in_flight)
+                    self._settle(await in_flight)
                     in_flight = None
-                if in_flight is None:
+                if in_flight is None and (grown == 0 or self._lead_short()):
                     in_flight = self._launch_post()
                     if in_flight is None and grown == 0:
                         return  # nothing new to draft or post: wait for lead's news
             if in_flight is not None:
-                self._settle(*await in_flight)
+                self._settle(await in_flight)
                 in_flight = None
         finally:
-            for task in (watch, in_flight):
-                if task is not None:
-                    task.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+            if in_flight is not None:
+                in_flight.cancel()
 
-    async def _watch(self) -> None:
-        """While drafting: take lead's news as soon as it comes (errors: the loop's posts
-        will meet them too)."""
-        with contextlib.suppress(httpx.TransportError, LeadError):
-            while True:
-                s = self.state
-                state = await self.client.state(s.version, len(self.lead_tokens),
-                                                back_id=self.back_id)
-                self._settle(state.offset, state)
+    def _lead_short(self) -> bool:
+        """Whether lead holds fewer of our draft tokens than its next step verifies. Past
+        that, each post would cost lead a request for tokens it cannot use yet: a draft
+        10x faster than the target posted ~7 times per step; it now posts when the draft
+        runs short, stalls or fills up."""
+        n = len(self.lead_tokens)
+        start, last = self._last_post
+        posted, local = last[max(n - start, 0):] if n >= start else (), self.drafter.local[n:]
+        held = next((i for i, (a, b) in enumerate(zip(posted, local, strict=False)) if a != b),
+                    min(len(posted), len(local)))
+        return held <= self.state.draft_len  # one more lets lead price a longer draft
 
-    def _launch_post(self) -> asyncio.Task[tuple[int, State | None]] | None:
+    def _launch_post(self) -> asyncio.Task[State | None] | None:
         n = len(self.lead_tokens)
         draft = self.drafter.local[n: n + self.max_post]
         if not draft or self._already_posted(n, draft):
@@ -236,19 +256,20 @@ class Worker:
         self._last_post = (n, tuple(draft))
         return asyncio.create_task(self._post(post))
 
-    async def _post(self, post: DraftPost) -> tuple[int, State | None]:
+    async def _post(self, post: DraftPost) -> State | None:
         try:
-            return post.start, await self.client.post_draft(post)
+            return await self.client.post_draft(post)
         except LeadError as exc:
             if exc.status != 429:
                 raise
             await self._sleep(exc.retry_after)  # lead asked this back to post less often
-            return post.start, None
+            return None
 
-    def _settle(self, start: int, reply: State | None) -> None:
-        """Take a state that came while drafting, unless a newer one came first."""
+    def _settle(self, reply: State | None) -> None:
+        """Take a state from the watch or a post's reply, unless a newer one came first."""
         if reply is not None and reply.version >= self.state.version:
-            self._absorb(reply, start)
+            self._absorb(reply)
+            self._news.set()
 
     def _extend(self, lead_tokens: list[int], state: State) -> int:
         """Model thread: catch up with lead, then draft up to `burst` more tokens."""

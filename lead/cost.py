@@ -29,8 +29,10 @@ cost ~6x a token on a CPU, and a few such misses slowed lead by 10 %.
 
 While no draft length pays, lead asks backs for drafts only in a probe every
 `probe_every` steps (a back is otherwise not woken per token), until `probe_outcomes`
-drafts have been compared with what lead emitted: they are compared, not verified,
-so a probe costs lead nothing but the requests. (A probe of a fixed 4 steps was too
+drafts have been compared with what lead emitted, or for at most `probe_steps` steps
+(a back with nothing to offer, an n-gram drafter on prose, would otherwise keep it
+open and be woken per token). Probe drafts are compared, not verified, so a probe
+costs lead nothing but the requests. (A probe of a fixed 4 steps was too
 short: a back woken from quiet must first catch up, and the estimate never recovered.)
 """
 
@@ -60,12 +62,14 @@ class CostModel:
     decay: float = 0.8  # per observed step: the last ~5 steps carry most of the weight
     probe_every: int = 32
     probe_outcomes: int = 4
+    probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
     cost_s: dict[int, float] = field(default_factory=dict)
     matches: float = 0.0
     misses: float = 0.0
     recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=3))
     probing: int = 0  # outcomes the current probe still wants
+    probe_age: int = 0  # steps the current probe has been open
     since_probe: int = 0  # steps since the last probe ended
 
     @property
@@ -81,9 +85,14 @@ class CostModel:
     def record_step(self, batch_size: int, seconds: float) -> None:
         old = self.cost_s.get(batch_size)
         self.cost_s[batch_size] = seconds if old is None else old + EWMA * (seconds - old)
-        self.since_probe += 0 if self.probing else 1
-        if not self.probing and self.since_probe >= self.probe_every and self.choose() == 0:
-            self.probing = self.probe_outcomes
+        if self.probing:
+            self.probe_age += 1
+            if self.probe_age >= self.probe_steps:
+                self._end_probe()  # no back offered a draft: it has nothing to say
+        else:
+            self.since_probe += 1
+            if self.since_probe >= self.probe_every and self.choose() == 0:
+                self.probing, self.probe_age = self.probe_outcomes, 0
 
     def record_outcome(self, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:
@@ -93,7 +102,11 @@ class CostModel:
         self.recent.append((matches, missed))
         if self.probing:
             self.probing -= 1
-            self.since_probe = 0
+            if not self.probing:
+                self._end_probe()
+
+    def _end_probe(self) -> None:
+        self.probing, self.since_probe = 0, 0
 
     def cost(self, batch_size: int) -> float:
         if batch_size in self.cost_s:

@@ -36,6 +36,7 @@ class Metrics:
     drafts_posted: int = 0
     drafts_stale: int = 0
     drafts_invalid: int = 0
+    state_polls: int = 0  # /duo/state answers: with the posts, a back's load on lead
 
     def record_session(self, s: _Session, now: float) -> None:
         self.requests += 1
@@ -74,6 +75,7 @@ class Metrics:
             ("duo_draft_posts_total", "counter", self.drafts_posted),
             ("duo_draft_posts_stale_total", "counter", self.drafts_stale),
             ("duo_draft_posts_invalid_total", "counter", self.drafts_invalid),
+            ("duo_state_polls_total", "counter", self.state_polls),
             ("duo_acceptance_rate", "gauge", acceptance),
             ("duo_decode_tokens_per_second", "gauge", tps),
         ]

@@ -112,6 +112,22 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
     assert model.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
 
 
+def test_a_probe_no_back_answers_ends_after_probe_steps() -> None:
+    model = CostModel(max_draft=4, probe_every=8, probe_outcomes=2, probe_steps=5)
+    model.record_step(1, 0.05)
+    model.record_step(2, 0.1)  # b=2 costs 2x: nothing pays without evidence of acceptance
+    for _ in range(20):
+        model.record_outcome(0, True)
+    asked = []
+    for _ in range(30):
+        model.record_step(1, 0.05)
+        asked.append(model.wanted())  # no draft is ever offered: no outcome
+    # a probe opens 8 steps after the start (2 of them pricing batches), asks for 5
+    # steps, then lead is quiet for 8 steps, and so on
+    assert asked[:5] == [0] * 5 and asked[5:10] == [1] * 5
+    assert asked[10:18] == [0] * 8 and asked[18:23] == [1] * 5
+
+
 def test_cost_model_follows_a_change_of_prompt_within_a_few_steps() -> None:
     model = CostModel(max_draft=8)
     for _ in range(50):
