@@ -228,16 +228,20 @@ class Worker:
                 in_flight.cancel()
 
     def _lead_short(self) -> bool:
-        """Whether lead holds fewer of our draft tokens than its next step verifies. Past
-        that, each post would cost lead a request for tokens it cannot use yet: a draft
-        10x faster than the target posted ~7 times per step; it now posts when the draft
-        runs short, stalls or fills up."""
+        """Whether lead may lack draft tokens for its next two steps: this one may take
+        `draft_len` tokens and a bonus token, and the one right after it needs as many
+        again. Past that, a post would cost lead a request for tokens it cannot use yet
+        (a draft 10x faster than the target posted ~7 times per step); the back then
+        posts only when its draft stalls or fills up. (Holding back past one step's
+        worth left lead's step after a fully accepted one without a draft.)"""
         n = len(self.lead_tokens)
         start, last = self._last_post
-        posted, local = last[max(n - start, 0):] if n >= start else (), self.drafter.local[n:]
+        if n < start:
+            return True
+        posted, local = last[n - start:], self.drafter.local[n:]
         held = next((i for i, (a, b) in enumerate(zip(posted, local, strict=False)) if a != b),
-                    min(len(posted), len(local)))
-        return held <= self.state.draft_len  # one more lets lead price a longer draft
+                    min(len(posted), len(local)))  # posted tokens we still stand by
+        return held <= 2 * self.state.draft_len + 1
 
     def _launch_post(self) -> asyncio.Task[State | None] | None:
         n = len(self.lead_tokens)
@@ -254,6 +258,7 @@ class Worker:
             self.stats.drafted += n + len(draft) - max(last_start + len(last), n)
             self.stats.posts += 1
         self._last_post = (n, tuple(draft))
+        log.debug("post %d tokens at %d", len(draft), n)
         return asyncio.create_task(self._post(post))
 
     async def _post(self, post: DraftPost) -> State | None:
@@ -268,6 +273,8 @@ class Worker:
     def _settle(self, reply: State | None) -> None:
         """Take a state from the watch or a post's reply, unless a newer one came first."""
         if reply is not None and reply.version >= self.state.version:
+            log.debug("state v%d: %d tokens, draft_len %d", reply.version, reply.n_tokens,
+                      reply.draft_len)
             self._absorb(reply)
             self._news.set()
 

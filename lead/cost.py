@@ -27,13 +27,17 @@ unmeasured size is assumed to cost what the largest measured one does, which is
 optimistic and so keeps exploring). A first version explored k = 8 at once: that
 cost ~6x a token on a CPU, and a few such misses slowed lead by 10 %.
 
-While no draft length pays, lead asks backs for drafts only in a probe every
-`probe_every` steps (a back is otherwise not woken per token), until `probe_outcomes`
-drafts have been compared with what lead emitted, or for at most `probe_steps` steps
-(a back with nothing to offer, an n-gram drafter on prose, would otherwise keep it
-open and be woken per token). Probe drafts are compared, not verified, so a probe
-costs lead nothing but the requests. (A probe of a fixed 4 steps was too
-short: a back woken from quiet must first catch up, and the estimate never recovered.)
+While no draft length pays, lead asks backs for drafts only in probes (a back is
+otherwise not woken per token). A probe lasts until `probe_outcomes` drafts have been
+compared with what lead emitted, or for at most `probe_steps` steps (a back with
+nothing to offer, an n-gram drafter on prose, would otherwise keep it open and be
+woken per token). Probe drafts are compared, not verified, so a probe costs lead
+nothing but the requests. The first probe comes `probe_first` steps after speculation
+stops, and the gap doubles up to `probe_every` while probes find nothing that pays: a
+chat reply's first token often differs from the draft's, and that one miss, followed
+by a fixed 32 quiet steps, left half of a 64-token code reply undrafted. (A probe of
+a fixed 4 steps was too short: a back woken from quiet must first catch up, and the
+estimate never recovered.)
 """
 
 from __future__ import annotations
@@ -60,7 +64,8 @@ class CostModel:
     fixed: int | None = None  # a user-forced draft length bypasses the model
     prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
     decay: float = 0.8  # per observed step: the last ~5 steps carry most of the weight
-    probe_every: int = 32
+    probe_first: int = 4
+    probe_every: int = 32  # the longest gap between probes
     probe_outcomes: int = 4
     probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
@@ -70,7 +75,11 @@ class CostModel:
     recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=3))
     probing: int = 0  # outcomes the current probe still wants
     probe_age: int = 0  # steps the current probe has been open
-    since_probe: int = 0  # steps since the last probe ended
+    since_probe: int = 0  # steps since the last probe ended, or speculation stopped
+    probe_gap: int = 0  # quiet steps before the next probe
+
+    def __post_init__(self) -> None:
+        self.probe_gap = self.probe_first
 
     @property
     def alpha(self) -> float:
@@ -85,13 +94,18 @@ class CostModel:
     def record_step(self, batch_size: int, seconds: float) -> None:
         old = self.cost_s.get(batch_size)
         self.cost_s[batch_size] = seconds if old is None else old + EWMA * (seconds - old)
+        self._schedule_probe()
+
+    def _schedule_probe(self) -> None:
         if self.probing:
             self.probe_age += 1
             if self.probe_age >= self.probe_steps:
                 self._end_probe()  # no back offered a draft: it has nothing to say
+        elif self.choose() > 0:
+            self.since_probe, self.probe_gap = 0, self.probe_first  # speculating
         else:
             self.since_probe += 1
-            if self.since_probe >= self.probe_every and self.choose() == 0:
+            if self.since_probe >= self.probe_gap:
                 self.probing, self.probe_age = self.probe_outcomes, 0
 
     def record_outcome(self, matches: int, missed: bool) -> None:
@@ -107,6 +121,8 @@ class CostModel:
 
     def _end_probe(self) -> None:
         self.probing, self.since_probe = 0, 0
+        if self.choose() == 0:  # nothing pays yet: wait longer before the next probe
+            self.probe_gap = min(2 * self.probe_gap, self.probe_every)
 
     def cost(self, batch_size: int) -> float:
         if batch_size in self.cost_s:

@@ -91,41 +91,63 @@ def test_draft_outcome_counts_matches_until_the_first_miss() -> None:
 
 
 def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
-    model = CostModel(max_draft=4, probe_every=8, probe_outcomes=2)
+    model = CostModel(max_draft=4, probe_first=8, probe_every=8, probe_outcomes=2)
     for b in (1, 2, 3):
         model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x
     for _ in range(30):
         model.record_outcome(0, True)  # drafts on offer were wrong at their first token
     assert model.alpha < 0.25 and model.choose() == 0
     asked = []
-    for step in range(20):
+    for step in range(21):
         model.record_step(1, 0.05)
         asked.append(model.wanted())
         if asked[-1] and step % 3 == 0:  # a draft on offer at every third probe step
             model.record_outcome(0, True)
-    # 8 steps after the start (3 of them pricing batches) a probe asks until 2 drafts
-    # were compared (at loop steps 6 and 9), then lead is quiet for 8 steps.
-    assert asked[:4] == [0] * 4 and asked[4:10] == [1] * 6
-    assert asked[10:17] == [0] * 7 and asked[17] == 1
+    # 8 quiet steps after speculation stopped, a probe asks until 2 drafts were compared
+    # (at loop steps 9 and 12), then lead is quiet for 8 steps again.
+    assert asked[:7] == [0] * 7 and asked[7:13] == [1] * 6
+    assert asked[13:20] == [0] * 7 and asked[20] == 1
     for _ in range(30):  # plain steps whose offered draft proved right: no verify paid
         model.record_outcome(1, False)
     assert model.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
 
 
-def test_a_probe_no_back_answers_ends_after_probe_steps() -> None:
-    model = CostModel(max_draft=4, probe_every=8, probe_outcomes=2, probe_steps=5)
+def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None) -> str:
+    """wanted() after each plain step, as a string; `outcome` is recorded whenever a
+    draft is wanted (None: no back ever offers one)."""
+    asked = ""
+    for _ in range(steps):
+        model.record_step(1, 0.05)
+        asked += str(model.wanted())
+        if outcome is not None and asked[-1] != "0":
+            model.record_outcome(*outcome)
+    return asked
+
+
+def test_probes_back_off_while_nothing_pays_and_end_without_outcomes() -> None:
+    model = CostModel(max_draft=4, probe_first=2, probe_every=8, probe_steps=3)
     model.record_step(1, 0.05)
     model.record_step(2, 0.1)  # b=2 costs 2x: nothing pays without evidence of acceptance
     for _ in range(20):
         model.record_outcome(0, True)
-    asked = []
-    for _ in range(30):
-        model.record_step(1, 0.05)
-        asked.append(model.wanted())  # no draft is ever offered: no outcome
-    # a probe opens 8 steps after the start (2 of them pricing batches), asks for 5
-    # steps, then lead is quiet for 8 steps, and so on
-    assert asked[:5] == [0] * 5 and asked[5:10] == [1] * 5
-    assert asked[10:18] == [0] * 8 and asked[18:23] == [1] * 5
+    # No back ever offers a draft: each probe ends after 3 steps, and the quiet gap
+    # doubles from 2 steps (one of them the b=2 step) to at most 8.
+    assert _probe_pattern(model, 40, None) == \
+        "0" + "111" + "0" * 4 + "111" + "0" * 8 + "111" + "0" * 8 + "111" + "0" * 7
+
+
+def test_the_first_probe_comes_early_again_after_speculation_ran() -> None:
+    model = CostModel(max_draft=4, probe_first=2, probe_every=8, probe_outcomes=2)
+    model.record_step(1, 0.05)
+    model.record_step(2, 0.075)  # b=2 costs 1.5x
+    # drafts miss: probes of 2 outcomes, gaps growing to 8 steps (7 after the probe's)
+    assert "11" + "0" * 7 + "11" in _probe_pattern(model, 60, (0, True))
+    for _ in range(10):
+        model.record_outcome(3, False)  # then drafts are right: lead speculates
+    assert _probe_pattern(model, 3, None) == "222"  # k = 2 pays
+    for _ in range(3):
+        model.record_outcome(0, True)  # and wrong again: speculation stops
+    assert _probe_pattern(model, 4, None)[:2] == "01"  # a probe on the second quiet step
 
 
 def test_cost_model_follows_a_change_of_prompt_within_a_few_steps() -> None:
