@@ -189,10 +189,13 @@ class Worker:
             self.sessions_done.append(self.stats)
             self.stats = None
 
-    def _should_draft(self) -> bool:
+    def _following(self) -> bool:
         s = self.state
-        return (s.session_id is not None and not s.done and s.draft_len > 0
+        return (s.session_id is not None and not s.done
                 and len(self.lead_tokens) == s.n_tokens > 0)
+
+    def _should_draft(self) -> bool:
+        return self._following() and self.state.draft_len > 0
 
     def _already_posted(self, start: int, draft: list[int]) -> bool:
         last_start, last = self._last_post
@@ -208,6 +211,12 @@ class Worker:
         draft. Lead's news meanwhile arrives through the watch, within a millisecond:
         after a rejection lead's next step comes right away, and every token of draft
         ready by then counts."""
+        if self._following() and not self._should_draft():
+            # Lead wants no drafts now, but take in its tokens all the same: a probe then
+            # finds this back ready. (Catching up on a 200-token prompt only when a probe
+            # came took longer than the probe: lead never saw a draft on code edits.)
+            await self._on_model_thread(self._catch_up, list(self.lead_tokens))
+            return
         in_flight: asyncio.Task[State | None] | None = None
         try:
             while self._should_draft() and not self._stop.is_set():
@@ -278,13 +287,18 @@ class Worker:
             self._absorb(reply)
             self._news.set()
 
-    def _extend(self, lead_tokens: list[int], state: State) -> int:
-        """Model thread: catch up with lead, then draft up to `burst` more tokens."""
+    def _catch_up(self, lead_tokens: list[int]) -> None:
+        """Model thread: make the draft model hold lead's tokens (its own draft past them
+        stays where it agrees)."""
         t0 = time.perf_counter()
         evaluated = self.drafter.catch_up(lead_tokens)
         if self.stats and evaluated:
             self.stats.caught_up += evaluated
             self.stats.catch_up_s += time.perf_counter() - t0
+
+    def _extend(self, lead_tokens: list[int], state: State) -> int:
+        """Model thread: catch up with lead, then draft up to `burst` more tokens."""
+        self._catch_up(lead_tokens)
         n_local = len(self.drafter.local)
         self._dists = {p: d for p, d in self._dists.items() if p < n_local}
         # catch_up made local agree with lead_tokens, so what lies past them is our draft.

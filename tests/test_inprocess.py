@@ -129,6 +129,27 @@ def test_back_joining_mid_generation_helps_that_reply() -> None:
     run(body())
 
 
+def test_a_back_lead_wants_no_drafts_from_still_takes_in_the_prompt() -> None:
+    async def body() -> None:
+        app, _ = new_lead(draft_len=0)  # lead never asks for drafts
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        worker = model_worker(transport)
+
+        async def reply_and_check() -> None:
+            reply_task = asyncio.create_task(ask(transport, "a long prompt " * 8))
+            await async_wait_until(lambda: engine.session is not None, what="a session")
+            prompt = engine.session.tokens[: engine.session.n_prompt]
+            await async_wait_until(lambda: worker.drafter.local[: len(prompt)] == prompt,
+                                   what="the back to take in the prompt")
+            reply = await reply_task
+            assert reply["usage"]["drafted_tokens"] == 0
+            assert engine.metrics.drafts_posted == 0  # it took the tokens in, drafted none
+
+        await with_workers([worker], reply_and_check)
+    run(body())
+
+
 def test_back_dropping_mid_generation_lead_finishes_alone() -> None:
     async def body() -> None:
         alone = await reference(max_tokens=200)
