@@ -32,7 +32,8 @@ otherwise not woken per token). A probe lasts until `probe_outcomes` drafts have
 compared with what lead emitted, or for at most `probe_steps` steps (a back with
 nothing to offer, an n-gram drafter on prose, would otherwise keep it open and be
 woken per token). Probe drafts are compared, not verified, so a probe costs lead
-nothing but the requests. The first probe comes `probe_first` steps after speculation
+nothing but the requests (and the back's work: a draft model busy on the other core
+slowed lead by 8 % here). The first probe comes `probe_first` steps after speculation
 stops, and the gap doubles up to `probe_every` while probes find nothing that pays: a
 chat reply's first token often differs from the draft's, and that one miss, followed
 by a fixed 32 quiet steps, left half of a 64-token code reply undrafted. (A probe of
@@ -64,7 +65,7 @@ class CostModel:
     fixed: int | None = None  # a user-forced draft length bypasses the model
     prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
     decay: float = 0.8  # per observed step: the last ~5 steps carry most of the weight
-    probe_first: int = 4
+    probe_first: int = 8
     probe_every: int = 32  # the longest gap between probes
     probe_outcomes: int = 4
     probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
