@@ -38,6 +38,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
     p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
     p.add_argument("--prompts", type=int, default=len(PROMPTS))
+    p.add_argument("--repeat", type=int, default=1,
+                   help="rounds over the prompts; per-prompt figures pool the rounds")
     p.add_argument("--sync-k", type=int, default=3, help="draft length of the synchronous loop")
     p.add_argument("--sweep", default="1,2,3,4,6,8,12,16",
                    help="fixed draft lengths to sweep ('' for none); auto is always added")
@@ -52,6 +54,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-draft", default="0.003", help="simulated draft: seconds per call")
     p.add_argument("--sim-agree", type=float, default=0.8, help="simulated draft agreement")
     a = p.parse_args(argv)
+    if a.repeat < 1 or a.prompts < 1 or a.tokens < 2:
+        p.error("--repeat and --prompts must be at least 1, --tokens at least 2")
     if a.quick:
         a.target = a.draft = "smollm2-135m"
         a.prompts, a.tokens, a.sweep, a.sweep_prompts = 2, 24, "1,4", 1
@@ -67,8 +71,9 @@ def run_models(a: argparse.Namespace) -> dict:
     with ExitStack() as stack:
         progress("starting every configuration: lead processes, backs, in-process loops")
         runners, duo = configs.start_all(a, stack, prompts, ids, target_path)
-        progress(f"{len(runners)} configurations x {len(prompts)} prompts, interleaved")
-        results = configs.interleaved(runners, len(prompts), progress)
+        progress(f"{len(runners)} configurations x {len(prompts)} prompts x {a.repeat} "
+                 "rounds, interleaved")
+        results = configs.interleaved(runners, len(prompts), progress, a.repeat)
         gauges = {name: metric(duo, f"duo_{name}") for name in ("draft_len", "alpha")}
         sweep = run_sweep(a, prompts[: a.sweep_prompts], runners[configs.LEAD_ALONE])
     progress("verify cost per batch size (lead's placement), draft cost (back's)")
@@ -139,7 +144,7 @@ def run_sim(a: argparse.Namespace) -> dict:
         back.wait_attached()
         runners = {name: configs.via(name, lead, prompts, a.tokens)  # type: ignore[arg-type]
                    for name, lead in leads.items()}
-        results = configs.interleaved(runners, len(prompts), progress)
+        results = configs.interleaved(runners, len(prompts), progress, a.repeat)
     costs = {b: call + per_token * b for b in range(1, 18)}
     return {"results": results, "costs": costs, "draft_s": float(a.sim_draft), "gauges": {},
             "sweep": {}}
@@ -160,7 +165,8 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     summaries = [report.summarise(name, rs, reference) for name, rs in results.items()]
     where = "SIMULATION (fake models, chosen costs)" if a.sim else \
         f"target {a.target}, draft {a.draft}"
-    print(f"\n{where}; {a.tokens} tokens x {len(reference)} prompts, configurations "
+    print(f"\n{where}; {a.tokens} tokens x {len(reference) // a.repeat} prompts x {a.repeat} "
+          f"rounds, configurations "
           f"interleaved per prompt; lead threads {a.lead_threads} cpus {a.lead_cpus or 'any'}, "
           f"back threads {a.back_threads} cpus {a.back_cpus or 'any'}\n")
     print(report.markdown(summaries, base_name))

@@ -26,14 +26,25 @@ def summarise(config: str, results: list[Result], reference: list[Result] | None
     drafted, accepted = sum(r.drafted for r in results), sum(r.accepted for r in results)
     steps = sum(r.steps for r in results)
     differing = None
-    if reference is not None:
-        by_prompt = {r.prompt: r.text for r in reference}
-        differing = sum(1 for r in results if r.text != by_prompt.get(r.prompt, r.text))
+    if reference is not None:  # prompts where a reply differs from lead alone's, same round
+        texts = {(r.prompt, r.round): r.text for r in reference}
+        differing = len({r.prompt for r in results
+                         if r.text != texts.get((r.prompt, r.round), r.text)})
     return Summary(config, tokens / seconds if seconds else 0.0,
                    sum(r.ttft_s for r in results) / max(len(results), 1),
                    accepted / drafted if drafted else None,
                    sum(r.tokens for r in results) / steps if steps else None,
-                   differing, len(results))
+                   differing, len({r.prompt for r in results}))
+
+
+def speed_by_prompt(results: list[Result]) -> dict[int, float]:
+    """Decode tok/s per prompt over all its repetitions (total tokens / total seconds)."""
+    tokens: dict[int, int] = {}
+    seconds: dict[int, float] = {}
+    for r in results:
+        tokens[r.prompt] = tokens.get(r.prompt, 0) + r.tokens - 1
+        seconds[r.prompt] = seconds.get(r.prompt, 0.0) + r.decode_s
+    return {p: tokens[p] / seconds[p] if seconds[p] else 0.0 for p in tokens}
 
 
 def alpha(results: list[Result]) -> float | None:
@@ -45,14 +56,14 @@ def alpha(results: list[Result]) -> float | None:
 
 def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[str]) -> str:
     """Each configuration against lead alone, prompt by prompt (measured side by side)."""
-    base = {r.prompt: r.tok_s for r in results[baseline]}
+    base = speed_by_prompt(results[baseline])
+    speeds = [speed_by_prompt(results[c]) for c in configs]
     lines = ["| prompt | lead alone tok/s | " + " | ".join(configs) + " |",
              "|---|---|" + "---|" * len(configs)]
     for prompt, tps in sorted(base.items()):
-        cells = [f"{by[prompt] / tps:.2f}x" if tps else "-" for by in
-                 ({r.prompt: r.tok_s for r in results[c]} for c in configs)]
+        cells = [f"{by[prompt] / tps:.2f}x" if tps and prompt in by else "-" for by in speeds]
         lines.append(f"| {prompt} | {tps:.2f} | " + " | ".join(cells) + " |")
-    worst = [min(r.tok_s / base[r.prompt] for r in results[c] if base[r.prompt]) for c in configs]
+    worst = [min((by[p] / base[p] for p in by if base.get(p)), default=0.0) for by in speeds]
     lines.append("| **worst** | | " + " | ".join(f"**{w:.2f}x**" for w in worst) + " |")
     return "\n".join(lines)
 

@@ -28,6 +28,7 @@ class Result:
     steps: int = 0
     text: str = ""
     rejections: int = 0  # verify steps that rejected a draft token
+    round: int = 0  # which repetition (--repeat) this reply came from
 
     @property
     def tok_s(self) -> float:

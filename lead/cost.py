@@ -78,6 +78,9 @@ class CostModel:
     probe_age: int = 0  # steps the current probe has been open
     since_probe: int = 0  # steps since the last probe ended, or speculation stopped
     probe_gap: int = 0  # quiet steps before the next probe
+    first_prior: tuple[float, float] = (1.0, 1.0)
+    first_matches: float = 0.0  # decayed, per reply: was the draft's first token right
+    first_misses: float = 0.0
 
     def __post_init__(self) -> None:
         self.probe_gap = self.probe_first
@@ -87,6 +90,12 @@ class CostModel:
         recent_matches = sum(m for m, _ in self.recent)
         recent_misses = sum(int(missed) for _, missed in self.recent)
         return min(self._mle(self.matches, self.misses), self._mle(recent_matches, recent_misses))
+
+    @property
+    def alpha_first(self) -> float:
+        """Probability that a draft's guess of a reply's first token is right."""
+        matches = self.first_prior[0] + self.first_matches
+        return matches / (matches + self.first_prior[1] + self.first_misses)
 
     def _mle(self, matches: float, misses: float) -> float:
         matches, misses = self.prior[0] + matches, self.prior[1] + misses
@@ -109,9 +118,19 @@ class CostModel:
             if self.since_probe >= self.probe_gap:
                 self.probing, self.probe_age = self.probe_outcomes, 0
 
-    def record_outcome(self, matches: int, missed: bool) -> None:
+    def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
+        """A draft compared with what lead emitted; `first`: at a reply's first step."""
         if matches == 0 and not missed:
             return  # nothing observed
+        if first:
+            hit = matches > 0
+            self.first_matches = self.first_matches * self.decay + hit
+            self.first_misses = self.first_misses * self.decay + (not hit)
+            if not hit:
+                return
+            matches -= 1  # past its first token, a draft is like any other
+            if matches == 0 and not missed:
+                return
         self.matches = self.matches * self.decay + matches
         self.misses = self.misses * self.decay + int(missed)
         self.recent.append((matches, missed))
@@ -131,30 +150,35 @@ class CostModel:
         known = [b for b in self.cost_s if b < batch_size]
         return self.cost_s[max(known)] if known else 1.0
 
-    def expected_tokens(self, k: int) -> float:
+    def expected_tokens(self, k: int, first: bool = False) -> float:
+        """Tokens a step verifying k draft tokens emits: 1 + a1 (1 + a + ... + a^(k-1))."""
         a = min(self.alpha, 0.999)
-        return (1.0 - a ** (k + 1)) / (1.0 - a)
+        a1 = self.alpha_first if first else a
+        return 1.0 + a1 * (1.0 - a ** k) / (1.0 - a)
 
-    def rate(self, k: int) -> float:
-        return self.expected_tokens(k) / max(self.cost(k + 1), 1e-9)
+    def rate(self, k: int, first: bool = False) -> float:
+        return self.expected_tokens(k, first) / max(self.cost(k + 1), 1e-9)
 
-    def choose(self, available: int | None = None) -> int:
-        """The draft length to verify, at most `available` (None: no limit but max_draft)."""
+    def choose(self, available: int | None = None, first: bool = False) -> int:
+        """The draft length to verify, at most `available` (None: no limit but max_draft);
+        `first`: for a reply's first step."""
         upper = self.max_draft if available is None else min(available, self.max_draft)
         if self.fixed is not None:
             return min(self.fixed, upper)
         upper = min(upper, max(self.cost_s, default=1))  # at most one size past the priced
-        best = max(range(upper + 1), key=self.rate)
-        return best if self.rate(best) >= self.margin * self.rate(0) else 0
+        best = max(range(upper + 1), key=lambda k: self.rate(k, first))
+        return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
 
-    def wanted(self) -> int:
-        """Draft length to ask backs for: what pays, else 1 during a probe, else 0 (quiet)."""
-        best = self.choose()
+    def wanted(self, first: bool = False) -> int:
+        """Draft length to ask backs for: what pays, else 1 during a probe or before a
+        reply's first step (to keep learning alpha_first), else 0 (quiet)."""
+        best = self.choose(first=first)
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
-        return 1 if self.probing else 0
+        return 1 if self.probing or first else 0
 
     def snapshot(self) -> dict[str, float]:
         out = {f"cost_b{b}": s for b, s in sorted(self.cost_s.items())}
         out["alpha"] = self.alpha
+        out["alpha_first"] = self.alpha_first
         return out

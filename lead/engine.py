@@ -163,12 +163,15 @@ class Engine:
             # Serial on purpose: Python work overlapping a step would preempt llama.cpp's
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
             offered = self.board.best(session.tokens, self.max_draft)
+            first = session.n_generated == 0
             result = await self._on_model_thread(
                 self._step, len(session.tokens), session.tokens[-1],
                 self._to_verify(session, offered), session.params, session.rng)
             emitted = self._apply(session, result, req.max_tokens)
             if offered is not None:  # verified or not, the offer shows how good drafts are
-                self.cost.record_outcome(*draft_outcome(offered.token_ids, emitted))
+                self.cost.record_outcome(*draft_outcome(offered.token_ids, emitted), first)
+            if log.isEnabledFor(logging.DEBUG):
+                self._trace(session, offered, result)
             await self._notify()
             for i, token in enumerate(emitted):
                 chunk = "" if token in self.model.eos_token_ids else \
@@ -183,11 +186,17 @@ class Engine:
         room = self.model.n_ctx - len(session.tokens)  # KV room for draft tokens
         if draft is None:
             return None
-        usable = self.cost.choose(min(len(draft.token_ids), room))
+        usable = self.cost.choose(min(len(draft.token_ids), room), session.n_generated == 0)
         if usable == 0:
             return None
         dists = draft.dists[:usable] if draft.dists else None
         return Draft(draft.back_id, draft.token_ids[:usable], dists)
+
+    def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
+        log.debug("step %d: offered %d, verified %d, accepted %d; alpha %.2f, wanted %d%s",
+                  session.steps, len(offered.token_ids) if offered else 0, result.batch - 1,
+                  len(result.verdict.accepted), self.cost.alpha, self.cost.wanted(),
+                  " (probe)" if self.cost.probing else "")
 
     def _apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
         verdict = result.verdict
@@ -236,7 +245,7 @@ class Engine:
         offset = min(max(offset, 0), len(s.tokens))
         return State(version=self.version, session_id=s.id, offset=offset,
                      token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
-                     done=s.done, draft_len=0 if s.done else self.cost.wanted(),
+                     done=s.done, draft_len=0 if s.done else self._wanted(s),
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
     async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None
@@ -258,7 +267,10 @@ class Engine:
         s = self.session
         if quiet_session is None or s is None or s.id != quiet_session or s.done:
             return True
-        return self.cost.wanted() > 0
+        return self._wanted(s) > 0
+
+    def _wanted(self, s: Session) -> int:
+        return self.cost.wanted(first=s.n_generated == 0)
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:

@@ -69,7 +69,7 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
 def setup_logging(level: str) -> None:
     logging.basicConfig(
         level=level.upper(), stream=sys.stderr,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
+        format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
     )
     if level.upper() != "DEBUG":  # one line per HTTP request is noise at info level
         logging.getLogger("httpx").setLevel(logging.WARNING)

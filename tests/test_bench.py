@@ -36,10 +36,12 @@ def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
 
 def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "--sim", "--prompts", "2",
-                           "--tokens", "40", "--out", str(tmp_path)], cwd=ROOT,
+                           "--tokens", "40", "--repeat", "2", "--out", str(tmp_path)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SIMULATION" in done.stdout and "of the async ideal" in done.stdout
     data = json.loads((tmp_path / "sim.json").read_text())
     assert data["free_bound"] >= data["bound"] >= 1.0 and data["speedup"] > 0
     assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time
+    rows = data["results"]["SIM duo: lead + back"]
+    assert sorted((r["prompt"], r["round"]) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -166,6 +166,23 @@ def test_cost_model_follows_a_change_of_prompt_within_a_few_steps() -> None:
     assert model.alpha > 0.8
 
 
+def test_a_replys_first_token_is_estimated_apart() -> None:
+    model = believing(0.97)
+    for b in range(1, 10):
+        model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x, ...
+    assert model.choose() >= 2  # mid-reply, drafts pay
+    # a reply's first token: no evidence yet, so nothing is verified, but a draft is
+    # still asked for, so that lead learns how often it is right
+    assert model.choose(first=True) == 0 and model.wanted(first=True) == 1
+    for _ in range(5):
+        model.record_outcome(0, True, first=True)  # chat replies: the first guess misses
+    assert model.alpha_first < 0.2 and model.alpha > 0.95  # mid-reply estimate untouched
+    assert model.choose(first=True) == 0 and model.choose() >= 2
+    for _ in range(10):
+        model.record_outcome(4, False, first=True)  # completions: first guesses right
+    assert model.alpha_first > 0.8 and model.choose(first=True) >= 2
+
+
 def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
     model = believing(0.95)
     assert model.choose() == 1  # only b=1 priced: try b=2 first, not b=9

@@ -1,10 +1,12 @@
-"""The benchmark's bounds: pure functions of costs and acceptance, checked at their limits."""
+"""The benchmark's bounds and figures: pure functions of costs, acceptance and replies."""
 
 from __future__ import annotations
 
 import pytest
 
 from bench.ideal import async_ideal, expected_tokens, free_draft_bound
+from bench.report import per_prompt, summarise
+from bench.runs import Result
 
 
 def flat(b: int) -> float:
@@ -44,3 +46,21 @@ def test_async_ideal_never_below_plain_decoding() -> None:
     assert async_ideal(flat, 0.0, draft_s=0.003, max_draft=8) == (1.0, 0)
     assert async_ideal(linear, 0.9, draft_s=0.003, max_draft=8) == (1.0, 0)
     assert async_ideal(flat, 0.9, draft_s=10.0, max_draft=8)[0] == pytest.approx(1.0, abs=0.02)
+
+
+def _reply(config: str, prompt: int, round_: int, seconds: float, text: str = "same") -> Result:
+    return Result(config, prompt, tokens=11, decode_s=seconds, ttft_s=0.1, text=text,
+                  round=round_)
+
+
+def test_per_prompt_figures_pool_the_rounds_and_count_differing_prompts() -> None:
+    alone = [_reply("alone", p, r, 1.0) for r in range(2) for p in range(2)]
+    # prompt 0: 2x then 1x faster (pooled: 20 tokens in 1.5 s); prompt 1 differs once
+    duo = [_reply("duo", 0, 0, 0.5), _reply("duo", 1, 0, 1.0),
+           _reply("duo", 0, 1, 1.0), _reply("duo", 1, 1, 2.0, text="other")]
+    table = per_prompt({"alone": alone, "duo": duo}, "alone", ["duo"])
+    assert "| 0 | 10.00 | 1.33x |" in table and "| 1 | 10.00 | 0.67x |" in table
+    assert "**0.67x**" in table
+    summary = summarise("duo", duo, alone)
+    assert summary.prompts == 2 and summary.differing == 1
+    assert summary.tok_s == pytest.approx(40 / 4.5)
