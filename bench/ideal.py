@@ -81,3 +81,10 @@ def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
                            for _ in range(runs)])
         best = max(best, (plain / float(seconds), k_max))
     return best
+
+
+def pooled_speedup(seconds: dict[int, float], speedup: dict[int, float]) -> float:
+    """Speedup over several prompts, each with its own: total plain time over total
+    sped-up time (prompts where plain decoding took longer weigh more)."""
+    sped_up = sum(t / speedup[p] for p, t in seconds.items())
+    return sum(seconds.values()) / sped_up if sped_up else 1.0

@@ -54,6 +54,17 @@ def alpha(results: list[Result]) -> float | None:
     return accepted / observed if observed else None
 
 
+def alpha_by_prompt(results: list[Result]) -> dict[int, float | None]:
+    return {p: alpha([r for r in results if r.prompt == p]) for p in {r.prompt for r in results}}
+
+
+def seconds_by_prompt(results: list[Result]) -> dict[int, float]:
+    seconds: dict[int, float] = {}
+    for r in results:
+        seconds[r.prompt] = seconds.get(r.prompt, 0.0) + r.decode_s
+    return seconds
+
+
 def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[str]) -> str:
     """Each configuration against lead alone, prompt by prompt (measured side by side)."""
     base = speed_by_prompt(results[baseline])

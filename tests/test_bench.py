@@ -42,6 +42,7 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
     assert "SIMULATION" in done.stdout and "of the async ideal" in done.stdout
     data = json.loads((tmp_path / "sim.json").read_text())
     assert data["free_bound"] >= data["bound"] >= 1.0 and data["speedup"] > 0
+    assert data["bound_per_prompt"] >= 1.0 and "each prompt's own acceptance" in done.stdout
     assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time
     rows = data["results"]["SIM duo: lead + back"]
     assert sorted((r["prompt"], r["round"]) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]

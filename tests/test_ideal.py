@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ideal import async_ideal, expected_tokens, free_draft_bound
+from bench.ideal import async_ideal, expected_tokens, free_draft_bound, pooled_speedup
 from bench.report import per_prompt, summarise
 from bench.runs import Result
 
@@ -64,3 +64,9 @@ def test_per_prompt_figures_pool_the_rounds_and_count_differing_prompts() -> Non
     summary = summarise("duo", duo, alone)
     assert summary.prompts == 2 and summary.differing == 1
     assert summary.tok_s == pytest.approx(40 / 4.5)
+
+
+def test_pooled_speedup_weighs_prompts_by_their_plain_time() -> None:
+    # 1 s at 2x and 1 s at 1x: 2 s plain, 1.5 s sped up (not the mean of 2 and 1)
+    assert pooled_speedup({0: 1.0, 1: 1.0}, {0: 2.0, 1: 1.0}) == pytest.approx(2 / 1.5)
+    assert pooled_speedup({0: 3.0, 1: 1.0}, {0: 1.0, 1: 2.0}) == pytest.approx(4 / 3.5)
