@@ -15,7 +15,7 @@ import numpy as np
 from back.ngram import ngram_draft
 from shared.model import Model, common_prefix, sync_cache
 from shared.protocol import SamplingParams
-from shared.sampling import Dist, distribution, sample
+from shared.sampling import Dist, distribution, is_greedy, sample
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
 
@@ -24,6 +24,10 @@ class Drafter(Protocol):
     local: list[int]
 
     def catch_up(self, lead_tokens: Sequence[int]) -> int: ...
+
+    def fits(self, n_tokens: int) -> bool:
+        """Whether it can hold this many of lead's tokens and draft past them."""
+        ...
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator
                    ) -> tuple[int, Dist | None] | None: ...
@@ -44,6 +48,9 @@ class ModelDrafter:
     @property
     def local(self) -> list[int]:
         return self.model.cached + self._pending
+
+    def fits(self, n_tokens: int) -> bool:
+        return n_tokens < self.model.n_ctx
 
     def catch_up(self, lead_tokens: Sequence[int]) -> int:
         keep = common_prefix(self.local, lead_tokens)
@@ -66,13 +73,16 @@ class ModelDrafter:
         dist = distribution(self._logits, params, MAX_SUPPORT)
         token = sample(dist, rng)
         self._pending = [token]
-        return token, None if params.temperature <= 0 else dist
+        return token, None if is_greedy(params) else dist
 
 
 class NgramDrafter:
     def __init__(self, n_max: int = 4) -> None:
         self.n_max = n_max
         self.local: list[int] = []
+
+    def fits(self, n_tokens: int) -> bool:
+        return True
 
     def catch_up(self, lead_tokens: Sequence[int]) -> int:
         keep = common_prefix(self.local, lead_tokens)

@@ -24,7 +24,7 @@ import numpy as np
 from back.client import LeadClient, LeadError
 from back.drafter import Drafter
 from shared.protocol import DraftDist, DraftPost, Info, State
-from shared.sampling import make_rng
+from shared.sampling import make_draft_rng
 
 log = logging.getLogger("back")
 T = TypeVar("T")
@@ -64,6 +64,7 @@ class Worker:
         self.back_id = back_id or f"{socket.gethostname()}-{os.getpid()}"
         self.lead_tokens: list[int] = []
         self.state = State()
+        self.lead_id = ""
         self.stats: SessionStats | None = None
         self.sessions_done: list[SessionStats] = []
         self.outages = 0
@@ -77,6 +78,7 @@ class Worker:
         self._stop = asyncio.Event()
         self._news = asyncio.Event()  # set when a state was taken, or the watch ended
         self._rng = np.random.default_rng()
+        self._too_long: str | None = None  # a session longer than the draft model's context
 
     def stop(self) -> None:
         self._stop.set()
@@ -125,6 +127,7 @@ class Worker:
         self.max_post = max(1, min(self.max_ahead, info.max_post))
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.state = State(version=-1)  # lead may have restarted: versions start over
+        self.lead_id = info.lead_id
         self.lead_tokens = []
         log.info("attached to lead: model %s, context %d, max draft %d", info.model, info.n_ctx,
                  info.max_draft)
@@ -156,7 +159,7 @@ class Worker:
                     else ""
                 state = await self.client.state(s.version, len(self.lead_tokens),
                                                 back_id=self.back_id, quiet=quiet)
-                if state.version < self.state.version:
+                if state.lead_id != self.lead_id:  # (a lower version may just be stale)
                     log.info("lead restarted; starting over")
                     await self.handshake()
                     continue
@@ -172,16 +175,28 @@ class Worker:
             self._last_post = (0, ())
             if state.session_id is not None and not state.done:
                 self.stats = SessionStats(state.session_id)
-                self._rng = make_rng(state.sampling.seed)
-            if state.offset != 0:  # we asked from our offset for the old session: refetch
-                self.state = state.model_copy(update={"version": -1})
-                return
+                self._rng = make_draft_rng(state.sampling.seed)
+        if state.offset > len(self.lead_tokens):
+            # Its tokens start past ours (we asked from our offset for an old session, or a
+            # reconnect reset ours): splicing would garble them, so fetch them whole.
+            self.state = state.model_copy(update={"version": -1})
+            return
         self.lead_tokens = self.lead_tokens[:state.offset] + state.token_ids
         self.state = state
+        self._check_room()
         if self.stats:
             self.stats.accepted = max(self.stats.accepted, state.your_accepted)
         if state.done:
             self._end_session()
+
+    def _check_room(self) -> None:
+        """Sit out a session the draft model cannot hold (lead's context may be larger)."""
+        sid = self.state.session_id
+        if sid and sid != self._too_long and not self.drafter.fits(len(self.lead_tokens)):
+            self._too_long = sid
+            log.warning("session %s: lead holds %d tokens, more than this draft model's "
+                        "context; not drafting for it (raise --ctx-size)", sid,
+                        len(self.lead_tokens))
 
     def _end_session(self) -> None:
         if self.stats is not None:
@@ -191,7 +206,7 @@ class Worker:
 
     def _following(self) -> bool:
         s = self.state
-        return (s.session_id is not None and not s.done
+        return (s.session_id is not None and not s.done and s.session_id != self._too_long
                 and len(self.lead_tokens) == s.n_tokens > 0)
 
     def _should_draft(self) -> bool:
@@ -248,7 +263,7 @@ class Worker:
                          back_id=self.back_id, dists=dists)
         if self.stats:
             last_start, last = self._last_post
-            self.stats.drafted += n + len(draft) - max(last_start + len(last), n)
+            self.stats.drafted += max(0, n + len(draft) - max(last_start + len(last), n))
             self.stats.posts += 1
         self._last_post = (n, tuple(draft))
         log.debug("post %d tokens at %d", len(draft), n)

@@ -4,21 +4,34 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
 from shared.protocol import SamplingParams
 
 
+def _encodable(text: str) -> str:
+    # JSON admits a lone surrogate ("\ud800"); no tokenizer takes one.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"text is not valid Unicode: {exc.reason} at index {exc.start}") \
+            from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_encodable)]
+
+
 class ContentPart(BaseModel):
     type: str
-    text: str = ""
+    text: Text = ""
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart] | None = ""
+    content: Text | list[ContentPart] | None = ""
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -37,7 +50,7 @@ class CommonRequest(BaseModel):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     seed: int | None = None
-    stop: str | list[str] | None = None
+    stop: Text | list[Text] | None = None
     stream: bool = False
     n: int = Field(1, ge=1, le=1, description="only n=1 is served")
 
@@ -65,7 +78,7 @@ class ChatRequest(CommonRequest):
 
 
 class CompletionRequest(CommonRequest):
-    prompt: str
+    prompt: Text
 
 
 def new_id(prefix: str) -> str:

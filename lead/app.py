@@ -16,7 +16,7 @@ from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import api
 from lead.backroutes import back_router
@@ -90,11 +90,25 @@ class _Gate:
         if refusal is not None:
             await refusal(scope, receive, send)
             return
+        if scope["type"] == "http" and not _header(scope, b"content-length"):
+            receive = self._counted(receive)  # a chunked body: no length to check up front
         await self.app(scope, receive, send)
+
+    def _counted(self, receive: Receive) -> Receive:
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self.limit:  # FastAPI lets an HTTPException from its body read through
+                raise StarletteHTTPException(413, f"request body over {self.limit} bytes")
+            return message
+        return counted
 
     def _refusal(self, scope: Scope) -> JSONResponse | None:
         headers = dict(scope["headers"])
-        length = headers.get(b"content-length", b"0")
+        length = headers.get(b"content-length", b"0")  # chunked bodies are counted as read
         if not length.isdigit() or int(length) > self.limit:
             return JSONResponse(api.error_body(f"request body over {self.limit} bytes"),
                                 status_code=413)
@@ -103,6 +117,10 @@ class _Gate:
             return None
         return JSONResponse(api.error_body("missing or wrong API key (Authorization: Bearer "
                                            "KEY)", "authentication_error"), status_code=401)
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    return next((v for k, v in scope["headers"] if k == name), None)
 
 
 def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:

@@ -22,8 +22,9 @@ def back_router(engine: Engine, max_posts_per_s: float = 500.0,
 
     @router.get("/duo/info")
     async def info() -> Info:
-        return Info(model=model.name, n_vocab=model.n_vocab, fingerprint=model.fingerprint(),
-                    eos_token_ids=sorted(model.eos_token_ids), n_ctx=model.n_ctx,
+        return Info(model=model.name, lead_id=engine.lead_id, n_vocab=model.n_vocab,
+                    fingerprint=model.fingerprint(), eos_token_ids=sorted(model.eos_token_ids),
+                    n_ctx=model.n_ctx,
                     max_draft=engine.max_draft, max_post=engine.max_post)
 
     @router.get("/duo/state", response_model=State)

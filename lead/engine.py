@@ -96,6 +96,7 @@ class Engine:
         self.metrics = Metrics()
         self.session: Session | None = None
         self.version = 0
+        self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._lock = asyncio.Lock()  # FIFO: one generation at a time
         # Replaced on every change. (An asyncio.Condition was used first: a long-poll
         # cancelled while waiting on it could leave its lock held, and lead froze.)
@@ -166,7 +167,7 @@ class Engine:
             first = session.n_generated == 0
             result = await self._on_model_thread(
                 self._step, len(session.tokens), session.tokens[-1],
-                self._to_verify(session, offered), session.params, session.rng)
+                self._to_verify(session, offered, req.max_tokens), session.params, session.rng)
             emitted = self._apply(session, result, req.max_tokens)
             if offered is not None:  # verified or not, the offer shows how good drafts are
                 self.cost.record_outcome(*draft_outcome(offered.token_ids, emitted), first)
@@ -181,9 +182,12 @@ class Engine:
                 session.finish_reason = "stop"
         yield Emission(text.finish(), 0, 0, session=session)
 
-    def _to_verify(self, session: Session, draft: Draft | None) -> Draft | None:
-        """The offered draft cut to the length that pays and fits the context."""
-        room = self.model.n_ctx - len(session.tokens)  # KV room for draft tokens
+    def _to_verify(self, session: Session, draft: Draft | None, max_tokens: int
+                   ) -> Draft | None:
+        """The offered draft cut to the length that pays and fits the context and the
+        reply (a step emits its accepted tokens and one more)."""
+        room = min(self.model.n_ctx - len(session.tokens),  # KV room for draft tokens
+                   max_tokens - session.n_generated - 1)
         if draft is None:
             return None
         usable = self.cost.choose(min(len(draft.token_ids), room), session.n_generated == 0)
@@ -202,18 +206,19 @@ class Engine:
         verdict = result.verdict
         drafted = result.batch - 1
         self.cost.record_step(result.batch, result.seconds)
-        session.drafted += drafted
-        session.rejections += int(len(verdict.accepted) < drafted)
-        session.accepted += len(verdict.accepted)
-        if drafted:
-            by_back = session.accepted_by_back
-            by_back[result.back_id] = by_back.get(result.back_id, 0) + len(verdict.accepted)
-        session.steps += 1
         emitted = verdict.emitted[: max_tokens - session.n_generated]
         eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
         if eos is not None:
             emitted = emitted[: eos + 1]
             session.finish_reason = "stop"
+        accepted = min(len(verdict.accepted), len(emitted))  # none counted past an EOS
+        session.drafted += drafted
+        session.rejections += int(len(verdict.accepted) < drafted)
+        session.accepted += accepted
+        if drafted:
+            by_back = session.accepted_by_back
+            by_back[result.back_id] = by_back.get(result.back_id, 0) + accepted
+        session.steps += 1
         session.tokens.extend(emitted)
         if session.finish_reason is None and (session.n_generated >= max_tokens
                                               or len(session.tokens) >= self.model.n_ctx):
@@ -241,9 +246,9 @@ class Engine:
     def state(self, offset: int = 0, back_id: str = "") -> State:
         s = self.session
         if s is None:
-            return State(version=self.version)
+            return State(version=self.version, lead_id=self.lead_id)
         offset = min(max(offset, 0), len(s.tokens))
-        return State(version=self.version, session_id=s.id, offset=offset,
+        return State(version=self.version, lead_id=self.lead_id, session_id=s.id, offset=offset,
                      token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
                      done=s.done, draft_len=0 if s.done else self._wanted(s),
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))

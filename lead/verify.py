@@ -76,7 +76,7 @@ def residual(p: Dist, q: Dist) -> Dist:
     """norm(max(0, p - q)) on p's support; p itself when p <= q everywhere (p == q)."""
     excess = np.maximum(p.probs - _lookup(q, p.token_ids), 0.0)
     total = excess.sum()
-    if total <= 1e-12:
+    if not total > 1e-12:  # also NaN: never an empty or undefined distribution
         return p
     keep = excess > 0
     return Dist(p.token_ids[keep], excess[keep] / total)

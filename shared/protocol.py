@@ -25,8 +25,12 @@ class SamplingParams(BaseModel):
     seed: int | None = None
 
 
+LEAD_ID = Field("", description="this lead process's id: a new one means lead restarted")
+
+
 class Info(BaseModel):
     model: str
+    lead_id: str = LEAD_ID
     n_vocab: int
     fingerprint: str = Field(description="hash of the token table; equal => ids compatible")
     eos_token_ids: list[int]
@@ -38,6 +42,7 @@ class Info(BaseModel):
 
 class State(BaseModel):
     version: int = Field(0, description="bumped on every change; long-poll with since=version")
+    lead_id: str = LEAD_ID
     session_id: str | None = None
     offset: int = 0
     token_ids: list[int] = Field(default_factory=list, description="tokens from offset on")
@@ -60,8 +65,8 @@ class DraftDist(BaseModel):
     def _same_length(self) -> DraftDist:
         if len(self.token_ids) != len(self.probs) or not self.token_ids:
             raise ValueError("token_ids and probs must be non-empty and of equal length")
-        if any(p < 0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-3:
-            raise ValueError("probs must be non-negative and sum to 1")
+        if not all(0.0 <= p <= 1.0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-3:
+            raise ValueError("probs must be finite, in [0, 1] and sum to 1")
         return self
 
 

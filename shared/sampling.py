@@ -16,6 +16,8 @@ from shared.protocol import SamplingParams
 # Candidates examined before falling back to a full sort for top-p: argpartition
 # on 150k logits is ~10x cheaper than argsort, and exact whenever these hold the mass.
 _TOP_P_WINDOW = 1024
+MIN_TEMPERATURE = 1e-4  # lower temperatures are greedy
+_DRAFT_STREAM = 0xB4C  # a second key beside the seed: the back's own stream
 
 
 @dataclass(frozen=True)
@@ -38,8 +40,17 @@ def make_rng(seed: int | None) -> np.random.Generator:
     return np.random.default_rng(None if seed is None else seed % 2**64)
 
 
+def make_draft_rng(seed: int | None) -> np.random.Generator:
+    """The back's generator for a request's seed: a stream apart from lead's. Drawn from
+    lead's own stream, a draft token and the uniform that accepts it would be the same
+    number, and rejection sampling would stop being exact."""
+    return np.random.default_rng(None if seed is None else [seed % 2**64, _DRAFT_STREAM])
+
+
 def is_greedy(params: SamplingParams) -> bool:
-    return params.temperature <= 0.0
+    # Below this, sampling is argmax in all but name, and logits / T would overflow
+    # (a subnormal temperature turned them into inf and the probabilities into NaN).
+    return params.temperature < MIN_TEMPERATURE
 
 
 def greedy(logits: np.ndarray) -> int:

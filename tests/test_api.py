@@ -145,6 +145,12 @@ BAD_BODIES = [
     ("negative top_k", chat_body(top_k=-3)),
     ("n > 1", chat_body(n=2)),
     ("stop wrong type", chat_body(stop=5)),
+    # valid JSON (a "\ud800" escape: a lone surrogate) that no text encoding admits
+    ("lone surrogate", r'{"messages": [{"role": "user", "content": "caf\ud800"}]}'),
+    ("lone surrogate in a part",
+     r'{"messages": [{"role": "user", "content": [{"type": "text", "text": "\udfff"}]}]}'),
+    ("lone surrogate in stop",
+     r'{"messages": [{"role": "user", "content": "x"}], "stop": ["\ud800"]}'),
 ]
 
 
@@ -167,6 +173,22 @@ def test_any_integer_seed_is_accepted(client: TestClient) -> None:
         assert r.status_code == 200, r.text
 
 
+def test_completion_prompt_with_a_lone_surrogate_is_400(client: TestClient) -> None:
+    r = client.post("/v1/completions", content=r'{"prompt": "x\ud83d", "max_tokens": 2}',
+                    headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "Unicode" in r.json()["error"]["message"], r.text
+
+
+def test_a_vanishing_temperature_samples_greedily(client: TestClient) -> None:
+    # 1e-310 is subnormal: logits / T overflowed to inf and the probabilities to NaN
+    def reply(**extra: object) -> str:
+        r = client.post("/v1/chat/completions", json=chat_body(max_tokens=8, **extra))
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["message"]["content"]
+
+    assert reply(temperature=1e-310, seed=1) == reply(temperature=1e-12) == reply()
+
+
 def test_prompt_longer_than_context_is_400() -> None:
     client = TestClient(create_app(make_settings(), FakeModel(n_ctx=64)))
     r = client.post("/v1/completions", json={"prompt": "y" * 200})
@@ -177,6 +199,13 @@ def test_oversized_body_is_413(client: TestClient) -> None:
     small = TestClient(create_app(make_settings(max_body_kb=1), FakeModel()))
     r = small.post("/v1/completions", json={"prompt": "z" * 5000})
     assert r.status_code == 413 and "body" in r.json()["error"]["message"]
+    # a chunked upload has no content-length to check: it is counted as it arrives
+    chunked = small.post("/v1/completions", content=iter([b'{"prompt": "', b"z" * 5000, b'"}']),
+                         headers={"content-type": "application/json"})
+    assert chunked.status_code == 413 and "body" in chunked.json()["error"]["message"]
+    fits = small.post("/v1/completions", content=iter([b'{"prompt": "z", ', b'"max_tokens": 2}']),
+                      headers={"content-type": "application/json"})
+    assert fits.status_code == 200, fits.text
 
 
 def test_api_key_required_everywhere_but_health() -> None:
@@ -237,6 +266,11 @@ def test_draft_post_errors(client: TestClient) -> None:
     for body, fragment in cases:
         r = client.post("/duo/draft", json=body)
         assert r.status_code == 400 and fragment in r.json()["error"]["message"], (body, r.text)
+    # Python's JSON parser, and so lead's, takes NaN; its sum passed the check once
+    nan = client.post("/duo/draft", headers={"content-type": "application/json"}, content=(
+        '{"session_id": "x", "start": 0, "token_ids": [1], "dists": '
+        '[{"token_ids": [1, 2], "probs": [1.0, NaN]}]}'))
+    assert nan.status_code == 400 and "finite" in nan.json()["error"]["message"], nan.text
     stale = client.post("/duo/draft", json={**base, "token_ids": [1]})
     assert stale.status_code == 200 and stale.json()["session_id"] is None
     assert "duo_draft_posts_invalid_total 2" in client.get("/metrics").text

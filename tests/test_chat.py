@@ -62,8 +62,9 @@ class Terminal:
             if ready:
                 try:
                     self.raw += os.read(self.fd, 65536).decode(errors="replace")
-                except OSError:  # the child closed the terminal
-                    time.sleep(0)
+                except OSError:  # the child closed the terminal: nothing more will come
+                    raise AssertionError(f"terminal closed before {pattern!r}; screen:\n"
+                                         f"{ANSI.sub('', self.raw)[-1500:]}") from None
 
     def prompt(self, timeout: float = 15.0) -> None:
         """Wait until the input prompt is live (raw mode on), then forget what was shown.

@@ -123,10 +123,17 @@ def test_lead_restart_back_reconnects_and_helps(capsys: pytest.CaptureFixture[st
     assert outages_logged == 1  # one outage, logged once however many retries
 
 
-def test_client_disconnect_frees_lead_within_a_second(lead: SimLead,
-                                                      capsys: pytest.CaptureFixture[str]) -> None:
+def generated_total(url: str) -> int:
+    line = next(ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
+                if ln.startswith("duo_generated_tokens_total "))
+    return int(float(line.split()[1]))
+
+
+def test_client_disconnect_cancels_its_generation(lead: SimLead,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
     import time
 
+    before = generated_total(lead.url)
     body = {"messages": [{"role": "user", "content": "long"}], "max_tokens": 2000,
             "stream": True}
     with httpx.stream("POST", f"{lead.url}/v1/chat/completions", json=body, timeout=30) as r:
@@ -136,7 +143,10 @@ def test_client_disconnect_frees_lead_within_a_second(lead: SimLead,
         t0 = time.monotonic()
     wait_until(lambda: not httpx.get(f"{lead.url}/health").json()["busy"], 5, "lead free")
     freed = time.monotonic() - t0
-    report(capsys, f"client disconnected mid-stream: lead free after {freed:.2f} s")
+    generated = generated_total(lead.url) - before
+    report(capsys, f"client disconnected mid-stream: lead free after {freed:.2f} s, "
+                   f"{generated} of 2000 tokens generated")
+    assert generated < 2000  # it stopped early, not at max_tokens
     assert stream(lead.url, "next")[2] == "length"
 
 

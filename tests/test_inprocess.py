@@ -13,6 +13,7 @@ from back.drafter import ModelDrafter, NgramDrafter
 from back.worker import IncompatibleModel, Worker
 from lead.app import create_app
 from shared.fake import FakeModel
+from shared.protocol import State
 from tests.conftest import async_wait_until, make_settings
 
 TARGET_COST = (0.003, 0.0005)  # seconds per call, per token: slow enough to overlap with backs
@@ -226,6 +227,92 @@ def test_incompatible_draft_model_is_refused() -> None:
             await worker.run()
     run(body())
 
+
+def test_a_session_longer_than_the_draft_context_is_sat_out_not_fatal(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        long_text = "a long prompt " * 8
+        alone = await reference(long_text, 40)
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        draft = FakeModel(salt="draft", agree=0.9, cost_s=(0.0005, 0.0), n_ctx=80)
+        worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
+                        ModelDrafter(draft), draft.fingerprint(), draft.n_vocab, back_id="small")
+        task = asyncio.create_task(worker.run())
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            assert text_of(await ask(transport, long_text, 40)) == alone
+            assert not task.done()  # the back lives on, and helps a reply that fits
+            short = await ask(transport, "hi", 30)
+            assert short["usage"]["accepted_tokens"] > 0, short["usage"]
+        try:
+            await check()
+        finally:
+            worker.stop()
+            await asyncio.gather(task, return_exceptions=True)
+        assert "more than this draft model's context" in caplog.text
+    run(body())
+
+
+def test_lead_verifies_no_draft_past_max_tokens() -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        worker = model_worker(transport, agree=1.0)  # every draft right: long ones pay
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            await ask(transport, "warm up the cost model", 60)
+            usages = [(await ask(transport, f"short {i}", 6))["usage"] for i in range(4)]
+            for u in usages:  # a step emits its accepted tokens and one of its own
+                assert u["completion_tokens"] == 6, u
+                assert u["accepted_tokens"] <= u["drafted_tokens"] <= 5, u
+            assert sum(u["accepted_tokens"] for u in usages) > 0, usages
+
+        await with_workers([worker], check)
+    run(body())
+
+
+def test_a_stale_state_from_the_same_lead_is_not_taken_for_a_restart() -> None:
+    # A watch reply can be older than a post's reply taken meanwhile: its version is lower.
+    class Client:
+        infos = 0
+
+        def __init__(self) -> None:
+            self.replies = [State(version=2, lead_id="L"), State(version=4, lead_id="L")]
+
+        async def info(self) -> None:
+            Client.infos += 1
+            raise AssertionError("handshake: taken for a restart")
+
+        async def state(self, since: int, offset: int, **_: object) -> State:
+            if len(self.replies) == 1:
+                worker.stop()
+            return self.replies.pop(0)
+
+    worker = model_worker(SwitchableTransport(None))
+    worker.client = Client()  # type: ignore[assignment]
+    worker.lead_id, worker.state = "L", State(version=3, lead_id="L")
+    asyncio.run(asyncio.wait_for(worker._watch(), 5))
+    assert Client.infos == 0 and worker.state.version == 4
+
+
+def test_a_state_starting_past_the_backs_tokens_is_refetched_not_spliced() -> None:
+    # e.g. a post's reply that lands after a reconnect reset the back's copy of lead's tokens
+    worker = model_worker(SwitchableTransport(None))
+
+    def live(version: int, offset: int, token_ids: list[int]) -> State:
+        return State(version=version, session_id="s", offset=offset, token_ids=token_ids,
+                     n_tokens=6 if version > 1 else 3, done=False, draft_len=2)
+
+    worker._absorb(live(1, 0, [1, 2, 3]))
+    worker._absorb(live(2, 5, [9]))
+    assert worker.lead_tokens == [1, 2, 3]
+    assert not worker._should_draft()  # nothing drafted on a garbled copy
+    assert worker.state.version == -1  # so the watch asks again, from offset 3
+    worker._absorb(live(2, 3, [4, 5, 6]))
+    assert worker.lead_tokens == [1, 2, 3, 4, 5, 6] and worker._should_draft()
 
 
 def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:

@@ -20,7 +20,7 @@ import pytest
 
 from lead.verify import Verdict, verify
 from shared.protocol import SamplingParams
-from shared.sampling import Dist, distribution, sample
+from shared.sampling import Dist, distribution, make_draft_rng, make_rng, sample
 
 V = 6  # tokens 0-3 can be emitted by the target; 4-5 only by the disjoint draft
 PARAMS = SamplingParams(temperature=1.0)
@@ -108,6 +108,29 @@ def test_the_check_catches_a_biased_verifier() -> None:
                      for _ in range(TRIALS))
     ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
     assert not ok, f"a wrong verifier passed: chi2 {stat:.1f} <= {critical:.1f}"
+
+
+def seeded_pair(q_of: Callable[[list[int]], Dist], seed: int,
+                back_rng: Callable[[int], np.random.Generator]) -> tuple[int, int]:
+    """One seeded request as lead and back run it: each side makes its generator from
+    the request's seed (lead with make_rng, the back with `back_rng`)."""
+    lead_rng, draft_rng = make_rng(seed), back_rng(seed)
+    out: list[int] = []
+    while len(out) < 2:
+        draft, dists = draft_three(q_of, out, draft_rng)
+        rows = np.stack([target_logits(out + draft[:i]) for i in range(4)])
+        out += verify(draft, rows, PARAMS, lead_rng, dists).emitted
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize(("back_rng", "exact"), [(make_draft_rng, True), (make_rng, False)])
+def test_seeded_requests_stay_exact_only_with_the_backs_own_stream(
+        back_rng: Callable[[int], np.random.Generator], exact: bool) -> None:
+    # Drafting from lead's own stream reuses each acceptance uniform as the draw that
+    # chose the token: the check must catch that, and pass the back's real generator.
+    counts = Counter(seeded_pair(DRAFTS["far"], seed, back_rng) for seed in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    assert ok == exact, f"{back_rng.__name__}: chi2 {stat:.1f} vs critical {critical:.1f}"
 
 
 def test_sample_and_compare_without_probabilities_is_exact_too() -> None:
