@@ -79,6 +79,7 @@ class Worker:
         self._news = asyncio.Event()  # set when a state was taken, or the watch ended
         self._rng = np.random.default_rng()
         self._too_long: str | None = None  # a session longer than the draft model's context
+        self._floor = -1  # no state older than this is taken, even while refetching
 
     def stop(self) -> None:
         self._stop.set()
@@ -114,8 +115,9 @@ class Worker:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+        with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see Engine.wait_state)
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     async def handshake(self) -> Info:
         info = await self.client.info()
@@ -127,6 +129,7 @@ class Worker:
         self.max_post = max(1, min(self.max_ahead, info.max_post))
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.state = State(version=-1)  # lead may have restarted: versions start over
+        self._floor = -1
         self.lead_id = info.lead_id
         self.lead_tokens = []
         log.info("attached to lead: model %s, context %d, max draft %d", info.model, info.n_ctx,
@@ -155,8 +158,8 @@ class Worker:
         try:
             while not self._stop.is_set():
                 s = self.state
-                quiet = s.session_id if s.session_id and not s.done and s.draft_len == 0 \
-                    else ""
+                quiet = s.session_id if s.session_id and not s.done and (
+                    s.draft_len == 0 or s.session_id == self._too_long) else ""
                 state = await self.client.state(s.version, len(self.lead_tokens),
                                                 back_id=self.back_id, quiet=quiet)
                 if state.lead_id != self.lead_id:  # (a lower version may just be stale)
@@ -179,6 +182,7 @@ class Worker:
         if state.offset > len(self.lead_tokens):
             # Its tokens start past ours (we asked from our offset for an old session, or a
             # reconnect reset ours): splicing would garble them, so fetch them whole.
+            self._floor = state.version
             self.state = state.model_copy(update={"version": -1})
             return
         self.lead_tokens = self.lead_tokens[:state.offset] + state.token_ids
@@ -192,7 +196,8 @@ class Worker:
     def _check_room(self) -> None:
         """Sit out a session the draft model cannot hold (lead's context may be larger)."""
         sid = self.state.session_id
-        if sid and sid != self._too_long and not self.drafter.fits(len(self.lead_tokens)):
+        if sid and not self.state.done and sid != self._too_long \
+                and not self.drafter.fits(len(self.lead_tokens)):
             self._too_long = sid
             log.warning("session %s: lead holds %d tokens, more than this draft model's "
                         "context; not drafting for it (raise --ctx-size)", sid,
@@ -280,7 +285,7 @@ class Worker:
 
     def _settle(self, reply: State | None) -> None:
         """Take a state from the watch or a post's reply, unless a newer one came first."""
-        if reply is not None and reply.version >= self.state.version:
+        if reply is not None and reply.version >= max(self.state.version, self._floor):
             log.debug("state v%d: %d tokens, draft_len %d", reply.version, reply.n_tokens,
                       reply.draft_len)
             self._absorb(reply)

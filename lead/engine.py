@@ -265,8 +265,11 @@ class Engine:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that lands as its event is set, and the poll lived on.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._news.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await self._news.wait()
 
     def _news_for(self, quiet_session: str | None) -> bool:
         s = self.session

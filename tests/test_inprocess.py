@@ -311,7 +311,9 @@ def test_a_state_starting_past_the_backs_tokens_is_refetched_not_spliced() -> No
     assert worker.lead_tokens == [1, 2, 3]
     assert not worker._should_draft()  # nothing drafted on a garbled copy
     assert worker.state.version == -1  # so the watch asks again, from offset 3
-    worker._absorb(live(2, 3, [4, 5, 6]))
+    worker._settle(State(version=1, session_id="older", done=False))  # a late reply meanwhile
+    assert worker.state.session_id == "s" and worker.lead_tokens == [1, 2, 3]
+    worker._settle(live(2, 3, [4, 5, 6]))
     assert worker.lead_tokens == [1, 2, 3, 4, 5, 6] and worker._should_draft()
 
 
