@@ -27,36 +27,70 @@ def progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _draft_lengths(text: str) -> str:
+    """--sweep: comma-separated draft lengths 1..64 (lead's limit), or '' for none."""
+    try:
+        lengths = [int(k) for k in text.split(",") if k.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if any(not 1 <= k <= 64 for k in lengths):
+        raise argparse.ArgumentTypeError(f"draft lengths must be 1..64: {text!r}")
+    return ",".join(map(str, lengths))
+
+
+def _seconds(text: str) -> list[float]:
+    """--sim-target/--sim-draft: non-negative seconds, comma-separated."""
+    try:
+        values = [float(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not seconds: {text!r}") from None
+    if any(not 0 <= v < 10 for v in values):
+        raise argparse.ArgumentTypeError(f"seconds must be in [0, 10): {text!r}")
+    return values
+
+
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    p.add_argument("--lead-threads", type=int, default=2)
-    p.add_argument("--back-threads", type=int, default=1)
+    d = " (default: %(default)s)"
+    p.add_argument("--target", default="qwen2.5-coder-1.5b",
+                   help="target model: preset name or GGUF path" + d)
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b",
+                   help="draft model of the back and the synchronous loop" + d)
+    p.add_argument("--lead-threads", type=int, default=2, help="threads for the target" + d)
+    p.add_argument("--back-threads", type=int, default=1, help="threads for the draft" + d)
     p.add_argument("--lead-cpus", help="CPU list for lead and the in-process loops (taskset)")
     p.add_argument("--back-cpus", help="CPU list for back (taskset)")
-    p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
-    p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
-    p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS))
+    p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers" + d)
+    p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers" + d)
+    p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt" + d)
+    p.add_argument("--prompts", type=int, default=len(PROMPTS),
+                   help="use the first N prompts of bench/prompts.json" + d)
     p.add_argument("--repeat", type=int, default=1,
-                   help="rounds over the prompts; per-prompt figures pool the rounds")
-    p.add_argument("--sync-k", type=int, default=3, help="draft length of the synchronous loop")
-    p.add_argument("--sweep", default="1,2,3,4,6,8,12,16",
-                   help="fixed draft lengths to sweep ('' for none); auto is always added")
-    p.add_argument("--sweep-prompts", type=int, default=3)
+                   help="rounds over the prompts; per-prompt figures pool the rounds" + d)
+    p.add_argument("--sync-k", type=int, default=3,
+                   help="draft length of the synchronous loop" + d)
+    p.add_argument("--sweep", default="1,2,3,4,6,8,12,16", type=_draft_lengths,
+                   help="fixed draft lengths to sweep ('' for none); auto is always added" + d)
+    p.add_argument("--sweep-prompts", type=int, default=3,
+                   help="the sweep uses the first N prompts" + d)
     p.add_argument("--no-peers", action="store_true", help="skip the llama-cpp-python peers")
-    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG" + d)
     p.add_argument("--quick", action="store_true",
                    help="SmolLM2 as target and draft, 2 prompts, 24 tokens, a short sweep")
     p.add_argument("--sim", action="store_true", help="SIMULATION: fake models of chosen cost")
-    p.add_argument("--sim-target", default="0.03,0.0005",
-                   help="simulated target: seconds per call, per token (GPU-like: flat)")
-    p.add_argument("--sim-draft", default="0.003", help="simulated draft: seconds per call")
-    p.add_argument("--sim-agree", type=float, default=0.8, help="simulated draft agreement")
+    p.add_argument("--sim-target", default="0.03,0.0005", type=_seconds,
+                   help="simulated target: seconds per call, per token (GPU-like: flat)" + d)
+    p.add_argument("--sim-draft", default="0.003", type=_seconds,
+                   help="simulated draft: seconds per call" + d)
+    p.add_argument("--sim-agree", type=float, default=0.8,
+                   help="simulated draft agreement" + d)
     a = p.parse_args(argv)
-    if a.repeat < 1 or a.prompts < 1 or a.tokens < 2:
-        p.error("--repeat and --prompts must be at least 1, --tokens at least 2")
+    if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
+        p.error("--repeat, --prompts and --sweep-prompts must be at least 1, --tokens at "
+                "least 2")
+    if len(a.sim_target) != 2 or len(a.sim_draft) != 1 or not 0 <= a.sim_agree <= 1:
+        p.error("--sim-target takes CALL,TOKEN seconds, --sim-draft one figure, "
+                "--sim-agree a share in [0, 1]")
     if a.quick:
         a.target = a.draft = "smollm2-135m"
         a.prompts, a.tokens, a.sweep, a.sweep_prompts = 2, 24, "1,4", 1
@@ -131,9 +165,9 @@ def run_sweep(a: argparse.Namespace, prompts: list[dict], alone: configs.Runner
 def run_sim(a: argparse.Namespace) -> dict:
     from bench.procs import SimBack, SimLead
 
-    call, per_token = (float(x) for x in a.sim_target.split(","))
+    call, per_token = a.sim_target
     target = ["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"]
-    draft = ["--call-s", a.sim_draft, "--agree", str(a.sim_agree)]
+    draft = ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree)]
     prompts = PROMPTS[: a.prompts]
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
@@ -147,13 +181,18 @@ def run_sim(a: argparse.Namespace) -> dict:
                    for name, lead in leads.items()}
         results = configs.interleaved(runners, len(prompts), progress, a.repeat)
     costs = {b: call + per_token * b for b in range(1, 18)}
-    return {"results": results, "costs": costs, "draft_s": float(a.sim_draft), "gauges": {},
+    return {"results": results, "costs": costs, "draft_s": a.sim_draft[0], "gauges": {},
             "sweep": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
+    from shared.presets import ModelError
+
     a = parse(argv)
-    data = run_sim(a) if a.sim else run_models(a)
+    try:
+        data = run_sim(a) if a.sim else run_models(a)
+    except ModelError as exc:
+        sys.exit(f"python -m bench: error: {exc}")
     out = Path(a.out)
     show(a, data, out)
 

@@ -45,13 +45,19 @@ def run_mode(lead: Lead, draft: str, send_dists: bool, prompts: list[dict], toke
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.acceptance",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--target", default="qwen2.5-coder-1.5b")
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b")
-    p.add_argument("--temperature", type=float, default=0.7)
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--prompts", type=int, default=4)
-    p.add_argument("--draft-len", type=int, default=4)
+    d = " (default: %(default)s)"
+    p.add_argument("--target", default="qwen2.5-coder-1.5b",
+                   help="target model: preset name or GGUF path" + d)
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model of the back" + d)
+    p.add_argument("--temperature", type=float, default=0.7,
+                   help="sampling temperature, above 0" + d)
+    p.add_argument("--tokens", type=int, default=64, help="tokens per reply" + d)
+    p.add_argument("--prompts", type=int, default=4,
+                   help="use the first N prompts of bench/prompts.json" + d)
+    p.add_argument("--draft-len", type=int, default=4, help="lead's fixed draft length" + d)
     a = p.parse_args(argv)
+    if a.temperature <= 0 or min(a.tokens, a.prompts, a.draft_len) < 1:
+        p.error("--temperature must be above 0; --tokens, --prompts, --draft-len at least 1")
     prompts = PROMPTS[: a.prompts]
     lead = Lead(a.target, "--draft-len", str(a.draft_len))
     try:
