@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 EWMA = 0.2
 
@@ -57,6 +57,39 @@ def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int
         if guess != token:
             return i, True
     return min(len(draft_ids), len(emitted)), False
+
+
+@dataclass(frozen=True)
+class OfferWatch:
+    """A draft on offer at position `start`, compared with lead's tokens as they come, over
+    as many steps as that takes. (Compared with one step's emission alone, a plain step
+    shows at most one token of a draft: probes could not lift alpha past ~0.92, so after
+    a prose reply the code replies that followed went undrafted.)"""
+
+    start: int
+    token_ids: tuple[int, ...]
+    first: bool  # offered at a reply's first step
+    limit: int = 8  # the most draft tokens one outcome covers
+
+    def extended(self, tokens: Sequence[int], draft_ids: Sequence[int]) -> OfferWatch:
+        """This watch, or, if a later offer continues its draft, that draft reaching
+        further. (A back woken for a probe posts its draft a token at a time: watching
+        the first post alone saw one token of it.)"""
+        seen = tuple(tokens[self.start:])  # lead's tokens since, all agreeing
+        rest = tuple(self.token_ids[len(seen):])
+        if len(seen) <= len(self.token_ids) and len(draft_ids) > len(rest) \
+                and tuple(draft_ids[:len(rest)]) == rest:
+            return replace(self, token_ids=(seen + tuple(draft_ids))[:self.limit])
+        return self
+
+    def used_up(self, tokens: Sequence[int]) -> bool:
+        return len(tokens) - self.start >= len(self.token_ids)
+
+    def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
+        """(matches, missed) once `tokens` settle the draft: a miss, `limit` matches, or
+        `final` (the reply ended, or a new draft replaces this used-up one); else None."""
+        matches, missed = draft_outcome(self.token_ids, tokens[self.start:])
+        return (matches, missed) if final or missed or matches >= self.limit else None
 
 
 @dataclass

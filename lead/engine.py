@@ -13,14 +13,14 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
 
-from lead.cost import CostModel, draft_outcome
+from lead.cost import CostModel, OfferWatch
 from lead.drafts import BackRegistry, Candidate, Draft, DraftBoard
 from lead.metrics import Metrics
 from lead.textstream import TextStream
@@ -160,6 +160,7 @@ class Engine:
         session.prompt_evaluated = await self._on_model_thread(self._prefill, req.prompt_ids)
         session.t_decode = time.perf_counter()
         text = TextStream(req.stop)
+        watch: OfferWatch | None = None
         while session.finish_reason is None:
             # Serial on purpose: Python work overlapping a step would preempt llama.cpp's
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
@@ -168,9 +169,10 @@ class Engine:
             result = await self._on_model_thread(
                 self._step, len(session.tokens), session.tokens[-1],
                 self._to_verify(session, offered, req.max_tokens), session.params, session.rng)
+            if offered is not None:  # verified or not, an offer shows what drafts are worth
+                watch = self._watch(watch, session, offered.token_ids, first)
             emitted = self._apply(session, result, req.max_tokens)
-            if offered is not None:  # verified or not, the offer shows how good drafts are
-                self.cost.record_outcome(*draft_outcome(offered.token_ids, emitted), first)
+            watch = self._settle(watch, session)
             if log.isEnabledFor(logging.DEBUG):
                 self._trace(session, offered, result)
             await self._notify()
@@ -181,6 +183,28 @@ class Engine:
             if text.stopped:
                 session.finish_reason = "stop"
         yield Emission(text.finish(), 0, 0, session=session)
+
+    def _watch(self, watch: OfferWatch | None, session: Session, draft_ids: Sequence[int],
+               first: bool) -> OfferWatch:
+        """The offer to watch: the watched one, extended if this offer continues it; or
+        this one, after recording a used-up watch that it does not continue."""
+        if watch is not None:
+            longer = watch.extended(session.tokens, draft_ids)
+            if longer is not watch or not watch.used_up(session.tokens):
+                return longer
+            self.cost.record_outcome(*watch.outcome(session.tokens, final=True) or (0, False),
+                                     watch.first)
+        return OfferWatch(len(session.tokens), tuple(draft_ids), first, max(self.max_draft, 1))
+
+    def _settle(self, watch: OfferWatch | None, session: Session) -> OfferWatch | None:
+        """Record the watched offer's outcome once lead's tokens settle it; keep watching
+        it otherwise."""
+        settled = watch.outcome(session.tokens, session.finish_reason is not None) \
+            if watch else None
+        if watch is None or settled is None:
+            return watch
+        self.cost.record_outcome(*settled, watch.first)
+        return None
 
     def _to_verify(self, session: Session, draft: Draft | None, max_tokens: int
                    ) -> Draft | None:
