@@ -1,13 +1,14 @@
 """Cost-aware draft length, measured online.
 
 cost(b): seconds to evaluate a batch of b tokens (EWMA per b).
-alpha:   probability that a draft token is right given its predecessors were. Every
-         step compares the draft on offer with the tokens lead then emitted, whether
-         lead verified it or not: a plain step still shows whether the draft's first
-         token was right ("shadow" outcomes, free for lead). The estimate is the
+alpha:   probability that a draft token is right given its predecessors were. A draft
+         on offer is compared with the tokens lead emits, whether lead verified it or
+         not ("shadow" outcomes, free for lead), and followed over the next steps until
+         a miss or 8 matches (`OfferWatch`): a plain step emits one token, and scoring
+         each offer on it alone capped alpha from probes near 0.92. The estimate is the
          censored geometric MLE, matches / (matches + misses), with both counts decayed
-         per step, plus a weak prior; lead uses the lower of that and the same estimate
-         over the last 3 steps alone, so that it follows a drop within a step or two
+         per outcome, plus a weak prior; lead uses the lower of that and the same estimate
+         over the last 3 outcomes alone, so that it follows a drop within a step or two
          (a code step brings 8 matches, a prose step 1 match and 1 miss: decayed counts
          alone took 10 prose steps to fall from 0.96 to 0.7).
          (Estimating it from verified steps alone, as a first version did, starved it:
