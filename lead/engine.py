@@ -182,6 +182,7 @@ class Engine:
                 yield Emission(chunk, 1, int(i < len(result.verdict.accepted)))
             if text.stopped:
                 session.finish_reason = "stop"
+        self._settle(watch, session)  # a stop string ended the reply with an offer watched
         yield Emission(text.finish(), 0, 0, session=session)
 
     def _watch(self, watch: OfferWatch | None, session: Session, draft_ids: Sequence[int],

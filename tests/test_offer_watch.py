@@ -52,3 +52,25 @@ async def _reply(engine: Engine, prompt: list[int], n: int, grow: bool,
                               "back")
     assert engine.session is not None
     return engine.session.tokens[len(prompt):]
+
+
+def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None:
+    prompt = [1, 2, 3]
+    reference = asyncio.run(_reply(Engine(FakeModel()), prompt, 40, grow=False))
+    text = "".join(FakeModel().token_bytes(t).decode("latin-1") for t in reference)
+    stop = text[12:15]
+    assert text.find(stop) == 12  # the reply stops at token 15, mid-way through the draft
+    engine = Engine(FakeModel(), max_draft=8, draft_len=0)
+    posted = False
+
+    async def run() -> None:
+        nonlocal posted
+        request = GenRequest(prompt_ids=list(prompt), max_tokens=40, stop=[stop])
+        async for _ in engine.generate(request):
+            s = engine.session
+            if s is not None and not s.done and s.n_generated == 10 and not posted:
+                engine.post_draft(s.id, len(s.tokens), reference[10:18], None, "back")
+                posted = True
+
+    asyncio.run(run())
+    assert posted and engine.cost.matches > 0  # the draft's matches up to the stop count
