@@ -118,12 +118,19 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     alone = chat(lead, PROMPT, max_tokens=60)
     source = state(lead)["token_ids"]
     n_prompt = alone["usage"]["prompt_tokens"]
-    helped, _ = _post_drafts_while_generating(lead, source, n_prompt, garbage=False)
-    u = helped["usage"]
-    # Drafts replay the unhelped run; after a batched-vs-single near-tie the paths part and
-    # the rest are stale (dropped, never verified), so fewer than all 60 get verified.
-    assert u["drafted_tokens"] >= 8, u
-    assert u["accepted_tokens"] / u["drafted_tokens"] > 0.9, u
+    drafted = accepted = 0
+    # Drafts replay an earlier reply; after a batched-vs-single near-tie the paths part and
+    # the rest are stale (dropped, never verified). Where that comes early (it depends on
+    # the CPU's kernels), replay the helped reply again until 8 tokens have been verified.
+    for _ in range(4):
+        helped, _ = _post_drafts_while_generating(lead, source, n_prompt, garbage=False)
+        drafted += helped["usage"]["drafted_tokens"]
+        accepted += helped["usage"]["accepted_tokens"]
+        source = state(lead)["token_ids"]
+        if drafted >= 8:
+            break
+    assert drafted >= 8, (drafted, accepted)
+    assert accepted / drafted > 0.9, (drafted, accepted)
     bad, posted_junk = _post_drafts_while_generating(lead, source, n_prompt, garbage=True)
     emitted = state(lead)["token_ids"]
     assert bad["usage"]["drafted_tokens"] > bad["usage"]["accepted_tokens"] > 0, bad["usage"]
