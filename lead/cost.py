@@ -86,10 +86,14 @@ class OfferWatch:
     def used_up(self, tokens: Sequence[int]) -> bool:
         return len(tokens) - self.start >= len(self.token_ids)
 
+    def result(self, tokens: Sequence[int]) -> tuple[int, bool]:
+        """(matches, missed) so far."""
+        return draft_outcome(self.token_ids, tokens[self.start:])
+
     def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
-        """(matches, missed) once `tokens` settle the draft: a miss, `limit` matches, or
-        `final` (the reply ended, or a new draft replaces this used-up one); else None."""
-        matches, missed = draft_outcome(self.token_ids, tokens[self.start:])
+        """The result once `tokens` settle the draft: a miss, `limit` matches, or `final`
+        (the reply ended); else None."""
+        matches, missed = self.result(tokens)
         return (matches, missed) if final or missed or matches >= self.limit else None
 
 

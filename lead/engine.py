@@ -193,8 +193,7 @@ class Engine:
             longer = watch.extended(session.tokens, draft_ids)
             if longer is not watch or not watch.used_up(session.tokens):
                 return longer
-            self.cost.record_outcome(*watch.outcome(session.tokens, final=True) or (0, False),
-                                     watch.first)
+            self.cost.record_outcome(*watch.result(session.tokens), watch.first)
         return OfferWatch(len(session.tokens), tuple(draft_ids), first, max(self.max_draft, 1))
 
     def _settle(self, watch: OfferWatch | None, session: Session) -> OfferWatch | None:
