@@ -76,7 +76,7 @@ class OfferWatch:
         """This watch, or, if a later offer continues its draft, that draft reaching
         further. (A back woken for a probe posts its draft a token at a time: watching
         the first post alone saw one token of it.)"""
-        seen = tuple(tokens[self.start:])  # lead's tokens since, all agreeing
+        seen = tuple(self._since(tokens))  # lead's tokens since, all agreeing
         rest = tuple(self.token_ids[len(seen):])
         if len(seen) <= len(self.token_ids) and len(draft_ids) > len(rest) \
                 and tuple(draft_ids[:len(rest)]) == rest:
@@ -88,7 +88,11 @@ class OfferWatch:
 
     def result(self, tokens: Sequence[int]) -> tuple[int, bool]:
         """(matches, missed) so far."""
-        return draft_outcome(self.token_ids, tokens[self.start:])
+        return draft_outcome(self.token_ids, self._since(tokens))
+
+    def _since(self, tokens: Sequence[int]) -> Sequence[int]:
+        # at most one past the draft: a watch can stay open for a whole reply
+        return tokens[self.start:self.start + len(self.token_ids) + 1]
 
     def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
         """The result once `tokens` settle the draft: a miss, `limit` matches, or `final`
