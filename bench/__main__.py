@@ -50,40 +50,40 @@ def _seconds(text: str) -> list[float]:
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
-    d = " (default: %(default)s)"
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b",
-                   help="target model: preset name or GGUF path" + d)
+                   help="target model: preset name or GGUF path")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b",
-                   help="draft model of the back and the synchronous loop" + d)
-    p.add_argument("--lead-threads", type=int, default=2, help="threads for the target" + d)
-    p.add_argument("--back-threads", type=int, default=1, help="threads for the draft" + d)
+                   help="draft model of the back and the synchronous loop")
+    p.add_argument("--lead-threads", type=int, default=2, help="threads for the target")
+    p.add_argument("--back-threads", type=int, default=1, help="threads for the draft")
     p.add_argument("--lead-cpus", help="CPU list for lead and the in-process loops (taskset)")
     p.add_argument("--back-cpus", help="CPU list for back (taskset)")
-    p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers" + d)
-    p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers" + d)
-    p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt" + d)
+    p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
+    p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
+    p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
     p.add_argument("--prompts", type=int, default=len(PROMPTS),
-                   help="use the first N prompts of bench/prompts.json" + d)
+                   help="use the first N prompts of bench/prompts.json")
     p.add_argument("--repeat", type=int, default=1,
-                   help="rounds over the prompts; per-prompt figures pool the rounds" + d)
+                   help="rounds over the prompts; per-prompt figures pool the rounds")
     p.add_argument("--sync-k", type=int, default=3,
-                   help="draft length of the synchronous loop" + d)
+                   help="draft length of the synchronous loop")
     p.add_argument("--sweep", default="1,2,3,4,6,8,12,16", type=_draft_lengths,
-                   help="fixed draft lengths to sweep ('' for none); auto is always added" + d)
+                   help="fixed draft lengths to sweep ('' for none); auto is always added")
     p.add_argument("--sweep-prompts", type=int, default=3,
-                   help="the sweep uses the first N prompts" + d)
+                   help="the sweep uses the first N prompts")
     p.add_argument("--no-peers", action="store_true", help="skip the llama-cpp-python peers")
-    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG" + d)
+    p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--quick", action="store_true",
                    help="SmolLM2 as target and draft, 2 prompts, 24 tokens, a short sweep")
     p.add_argument("--sim", action="store_true", help="SIMULATION: fake models of chosen cost")
     p.add_argument("--sim-target", default="0.03,0.0005", type=_seconds,
-                   help="simulated target: seconds per call, per token (GPU-like: flat)" + d)
+                   help="simulated target: seconds per call, per token (GPU-like: flat)")
     p.add_argument("--sim-draft", default="0.003", type=_seconds,
-                   help="simulated draft: seconds per call" + d)
+                   help="simulated draft: seconds per call")
     p.add_argument("--sim-agree", type=float, default=0.8,
-                   help="simulated draft agreement" + d)
+                   help="simulated draft agreement")
     a = p.parse_args(argv)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
         p.error("--repeat, --prompts and --sweep-prompts must be at least 1, --tokens at "

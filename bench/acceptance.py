@@ -44,17 +44,17 @@ def run_mode(lead: Lead, draft: str, send_dists: bool, prompts: list[dict], toke
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.acceptance",
-                                description=__doc__.splitlines()[0])
-    d = " (default: %(default)s)"
+                                description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b",
-                   help="target model: preset name or GGUF path" + d)
-    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model of the back" + d)
+                   help="target model: preset name or GGUF path")
+    p.add_argument("--draft", default="qwen2.5-coder-0.5b", help="draft model of the back")
     p.add_argument("--temperature", type=float, default=0.7,
-                   help="sampling temperature, above 0" + d)
-    p.add_argument("--tokens", type=int, default=64, help="tokens per reply" + d)
+                   help="sampling temperature, above 0")
+    p.add_argument("--tokens", type=int, default=64, help="tokens per reply")
     p.add_argument("--prompts", type=int, default=4,
-                   help="use the first N prompts of bench/prompts.json" + d)
-    p.add_argument("--draft-len", type=int, default=4, help="lead's fixed draft length" + d)
+                   help="use the first N prompts of bench/prompts.json")
+    p.add_argument("--draft-len", type=int, default=4, help="lead's fixed draft length")
     a = p.parse_args(argv)
     if a.temperature <= 0 or min(a.tokens, a.prompts, a.draft_len) < 1:
         p.error("--temperature must be above 0; --tokens, --prompts, --draft-len at least 1")
