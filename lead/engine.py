@@ -199,9 +199,10 @@ class Engine:
     def _settle(self, watch: OfferWatch | None, session: Session) -> OfferWatch | None:
         """Record the watched offer's outcome once lead's tokens settle it; keep watching
         it otherwise."""
-        settled = watch.outcome(session.tokens, session.finish_reason is not None) \
-            if watch else None
-        if watch is None or settled is None:
+        if watch is None:
+            return None
+        settled = watch.outcome(session.tokens, final=session.finish_reason is not None)
+        if settled is None:
             return watch
         self.cost.record_outcome(*settled, watch.first)
         return None

@@ -122,7 +122,7 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     # Drafts replay an earlier reply; after a batched-vs-single near-tie the paths part and
     # the rest are stale (dropped, never verified). Where that comes early (it depends on
     # the CPU's kernels), replay the helped reply again until 8 tokens have been verified.
-    for _ in range(4):
+    for _attempt in range(4):
         helped, _ = _post_drafts_while_generating(lead, source, n_prompt, garbage=False)
         drafted += helped["usage"]["drafted_tokens"]
         accepted += helped["usage"]["accepted_tokens"]
