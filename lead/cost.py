@@ -22,11 +22,18 @@ tokens and costs cost(k+1); lead verifies the k that maximises tokens per second
 would be marginal (prose on a CPU, alpha ~0.6, b=2 costing 1.8x), the estimates'
 noise made lead switch speculation on and off and lose up to 10 %.
 
-Batch sizes are explored one at a time: k never exceeds the largest batch size
-measured so far, so a step is at most one size past what has been priced (an
-unmeasured size is assumed to cost what the largest measured one does, which is
-optimistic and so keeps exploring). A first version explored k = 8 at once: that
-cost ~6x a token on a CPU, and a few such misses slowed lead by 10 %.
+Prices: lead evaluates batches of 1..max_draft+1 tokens at startup (`calibrate`), so
+the shape of cost over b is known before any draft arrives: exploring one size at a
+time, each priced as the last one measured, cost ~5 % of the first round on a CPU where
+cost grows with b, and one slow first step at b=2 (6.5x a token) priced it out for the
+life of a process. Without calibration (fakes in tests) sizes are still explored one
+at a time, an unmeasured size costing what the largest measured one does.
+A drafting back slows lead (shared memory, and lead's core answering its requests):
+one-token steps cost 85-93 ms while it drafted, 48 ms while it was quiet, on one
+machine. So plain decoding is priced from quiet steps only, and a speculating step
+at its quiet price times `slowdown`, the ratio of busy steps to their quiet prices,
+which every probe measures again (a single outlier cannot stick). Where even perfect
+drafts could not pay at quiet prices, lead never asks for drafts at all.
 
 While no draft length pays, lead asks backs for drafts only in probes (a back is
 otherwise not woken per token). A probe lasts until `probe_outcomes` drafts have been
@@ -49,6 +56,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 EWMA = 0.2
+
+
+def _ewma(old: float, new: float) -> float:
+    return old + EWMA * (new - old)
 
 
 def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
@@ -112,7 +123,10 @@ class CostModel:
     probe_outcomes: int = 4
     probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
-    cost_s: dict[int, float] = field(default_factory=dict)
+    cost_s: dict[int, float] = field(default_factory=dict)  # as measured (reported)
+    shape: dict[int, float] = field(default_factory=lambda: {1: 1.0})  # quiet cost(b)/cost(1)
+    plain_s: float | None = None  # a one-token step with no back drafting
+    slowdown: float = 1.0  # a step while a back drafts over its quiet price
     matches: float = 0.0
     misses: float = 0.0
     recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=3))
@@ -143,9 +157,25 @@ class CostModel:
         matches, misses = self.prior[0] + matches, self.prior[1] + misses
         return matches / (matches + misses)
 
-    def record_step(self, batch_size: int, seconds: float) -> None:
+    def calibrate(self, seconds: dict[int, float]) -> None:
+        """Quiet seconds per batch size, measured before serving."""
+        self.shape = {b: s / seconds[1] for b, s in sorted(seconds.items())}
+        self.plain_s = seconds[1] if self.plain_s is None else self.plain_s
+
+    def record_step(self, batch_size: int, seconds: float, busy: bool = False) -> None:
+        """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
+        (a verify step always is)."""
         old = self.cost_s.get(batch_size)
-        self.cost_s[batch_size] = seconds if old is None else old + EWMA * (seconds - old)
+        self.cost_s[batch_size] = seconds if old is None else _ewma(old, seconds)
+        if batch_size == 1 and not busy:
+            self.plain_s = seconds if self.plain_s is None else _ewma(self.plain_s, seconds)
+        elif self.plain_s is None or batch_size not in self.shape:
+            # a size's first price sets its shape, with plain and slowdown as they stand
+            self.plain_s = self.plain_s or seconds / (self.slowdown * self._shape(batch_size))
+            self.shape[batch_size] = seconds / (self.slowdown * self.plain_s)
+        else:
+            quiet = self.plain_s * self.shape[batch_size]
+            self.slowdown = _ewma(self.slowdown, seconds / quiet)
         self._schedule_probe()
 
     def _schedule_probe(self) -> None:
@@ -157,7 +187,7 @@ class CostModel:
             self.since_probe, self.probe_gap = 0, self.probe_first  # speculating
         else:
             self.since_probe += 1
-            if self.since_probe >= self.probe_gap:
+            if self.since_probe >= self.probe_gap and self.could_pay(1.0):
                 self.probing, self.probe_age = self.probe_outcomes, 0
 
     def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
@@ -183,14 +213,28 @@ class CostModel:
 
     def _end_probe(self) -> None:
         self.probing, self.since_probe = 0, 0
-        if self.choose() == 0:  # nothing pays yet: wait longer before the next probe
+        if not self.could_pay(self.slowdown):  # only a change of slowdown would help
+            self.probe_gap = self.probe_every
+        elif self.choose() == 0:  # nothing pays yet: wait longer before the next probe
             self.probe_gap = min(2 * self.probe_gap, self.probe_every)
 
+    def _shape(self, batch_size: int) -> float:
+        if batch_size in self.shape:
+            return self.shape[batch_size]
+        return self.shape[max(b for b in self.shape if b < batch_size)]  # explores
+
+    def plain(self) -> float:
+        """Seconds per token of plain decoding (no back drafting)."""
+        return self.plain_s if self.plain_s is not None else 1.0
+
     def cost(self, batch_size: int) -> float:
-        if batch_size in self.cost_s:
-            return self.cost_s[batch_size]
-        known = [b for b in self.cost_s if b < batch_size]
-        return self.cost_s[max(known)] if known else 1.0
+        """Seconds a step of `batch_size` tokens takes while a back drafts."""
+        return self.plain() * self._shape(batch_size) * self.slowdown
+
+    def could_pay(self, slowdown: float) -> bool:
+        """Whether some draft length would pay if every draft token were right."""
+        return any((k + 1) / (self._shape(k + 1) * slowdown) >= self.margin
+                   for k in range(1, self.max_draft + 1))
 
     def expected_tokens(self, k: int, first: bool = False) -> float:
         """Tokens a step verifying k draft tokens emits: 1 + a1 (1 + a + ... + a^(k-1))."""
@@ -199,7 +243,9 @@ class CostModel:
         return 1.0 + a1 * (1.0 - a ** k) / (1.0 - a)
 
     def rate(self, k: int, first: bool = False) -> float:
-        return self.expected_tokens(k, first) / max(self.cost(k + 1), 1e-9)
+        """Tokens per second verifying k draft tokens (k=0: plain decoding, back quiet)."""
+        seconds = self.plain() if k == 0 else self.cost(k + 1)
+        return self.expected_tokens(k, first) / max(seconds, 1e-9)
 
     def choose(self, available: int | None = None, first: bool = False) -> int:
         """The draft length to verify, at most `available` (None: no limit but max_draft);
@@ -207,8 +253,10 @@ class CostModel:
         upper = self.max_draft if available is None else min(available, self.max_draft)
         if self.fixed is not None:
             return min(self.fixed, upper)
-        upper = min(upper, max(self.cost_s, default=1))  # at most one size past the priced
-        best = max(range(upper + 1), key=lambda k: self.rate(k, first))
+        upper = min(upper, max(self.shape))  # at most one size past the priced
+        if upper < 1:
+            return 0
+        best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
         return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
 
     def wanted(self, first: bool = False) -> int:
@@ -217,10 +265,22 @@ class CostModel:
         best = self.choose(first=first)
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
+        if not self.could_pay(1.0):
+            return 0  # not even perfect drafts would pay: backs stay quiet
         return 1 if self.probing or first else 0
+
+    def describe(self) -> str:
+        """One line on the priced batch sizes and what they allow."""
+        sizes = ", ".join(f"b={b} {x:.2f}x" for b, x in sorted(self.shape.items()) if b > 1)
+        line = f"verify cost over one token ({self.plain() * 1000:.1f} ms): {sizes}"
+        if self.could_pay(1.0):
+            return line
+        return (f"{line}; not even perfect drafts would pay {self.margin:.1f}x here, so backs "
+                "will not be asked for drafts (--draft-len N forces a length)")
 
     def snapshot(self) -> dict[str, float]:
         out = {f"cost_b{b}": s for b, s in sorted(self.cost_s.items())}
+        out["slowdown"] = self.slowdown
         out["alpha"] = self.alpha
         out["alpha_first"] = self.alpha_first
         return out

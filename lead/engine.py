@@ -30,6 +30,7 @@ from shared.protocol import MAX_DRAFT_WIRE, SamplingParams, State
 from shared.sampling import Dist, make_rng
 
 log = logging.getLogger("lead")
+CALIBRATE_MAX_BATCH = 17  # larger sizes are priced like the largest calibrated one
 T = TypeVar("T")
 
 
@@ -132,6 +133,22 @@ class Engine:
         self.model.truncate(tokens_before + len(verdict.accepted))
         return StepResult(verdict, len(draft_ids) + 1, seconds, draft.back_id if draft else "")
 
+    def calibrate(self, passes: int = 2) -> dict[int, float]:
+        """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`), before
+        serving, so that lead need not explore batch sizes on live replies. Blocking."""
+        sizes = range(1, min(self.max_draft + 1, CALIBRATE_MAX_BATCH) + 1)
+        best: dict[int, float] = {}
+        self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
+        for _ in range(passes):
+            for b in sizes:
+                self.model.truncate(0)
+                t0 = time.perf_counter()
+                self.model.evaluate([0] * b, b)
+                best[b] = min(best.get(b, 1e9), time.perf_counter() - t0)
+        self.model.truncate(0)
+        self.cost.calibrate(best)
+        return best
+
     # --- generation ---
     async def generate(self, req: GenRequest) -> AsyncIterator[Emission]:
         """Queue, then run one generation, yielding text as it is decided."""
@@ -166,12 +183,13 @@ class Engine:
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
             offered = self.board.best(session.tokens, self.max_draft)
             first = session.n_generated == 0
+            busy = self._wanted(session) > 0 and self.backs.active() > 0  # a back drafting
             result = await self._on_model_thread(
                 self._step, len(session.tokens), session.tokens[-1],
                 self._to_verify(session, offered, req.max_tokens), session.params, session.rng)
             if offered is not None:  # verified or not, an offer shows what drafts are worth
                 watch = self._watch(watch, session, offered.token_ids, first)
-            emitted = self._apply(session, result, req.max_tokens)
+            emitted = self._apply(session, result, req.max_tokens, busy)
             watch = self._settle(watch, session)
             if log.isEnabledFor(logging.DEBUG):
                 self._trace(session, offered, result)
@@ -227,10 +245,11 @@ class Engine:
                   len(result.verdict.accepted), self.cost.alpha, self.cost.wanted(),
                   " (probe)" if self.cost.probing else "")
 
-    def _apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
+    def _apply(self, session: Session, result: StepResult, max_tokens: int, busy: bool
+               ) -> list[int]:
         verdict = result.verdict
         drafted = result.batch - 1
-        self.cost.record_step(result.batch, result.seconds)
+        self.cost.record_step(result.batch, result.seconds, busy)
         emitted = verdict.emitted[: max_tokens - session.n_generated]
         eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
         if eos is not None:

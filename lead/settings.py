@@ -23,6 +23,9 @@ class LeadSettings(BaseSettings):
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)")
+    calibrate: bool = Field(True, description="price verify batches of 1..max-draft+1 tokens "
+                            "at startup (seconds on a CPU), so drafts are verified at the "
+                            "length that pays from the first reply")
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")

@@ -112,12 +112,15 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
     assert model.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
 
 
-def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None) -> str:
+def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None,
+                   busy: bool = False) -> str:
     """wanted() after each plain step, as a string; `outcome` is recorded whenever a
-    draft is wanted (None: no back ever offers one)."""
+    draft is wanted (None: no back ever offers one); `busy`: steps taken while it drafts
+    (at the quiet price)."""
     asked = ""
     for _ in range(steps):
-        model.record_step(1, 0.05)
+        model.record_step(1, model.plain() if model.plain_s else 0.05,
+                          busy=busy and asked[-1:] not in ("", "0"))
         asked += str(model.wanted())
         if outcome is not None and asked[-1] != "0":
             model.record_outcome(*outcome)
@@ -189,6 +192,47 @@ def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
     model.record_step(1, 0.05)
     model.record_step(2, 0.05)
     assert model.choose() == 2
+
+
+def calibrated(alpha: float, shape: dict[int, float], **kw: int) -> CostModel:
+    """A model that believes `alpha`, with quiet prices 0.1 s x shape."""
+    model = believing(alpha, **kw)
+    model.calibrate({b: 0.1 * x for b, x in shape.items()})
+    return model
+
+
+# measured on a 2-core Xeon (one thread): b=4 is cheaper than b=3
+XEON = {1: 1.0, 2: 1.64, 3: 2.09, 4: 1.56, 5: 2.21, 6: 2.71, 7: 3.09, 8: 3.02, 9: 3.37}
+
+
+def test_a_calibrated_model_verifies_the_paying_length_without_exploring() -> None:
+    model = calibrated(0.86, XEON)
+    assert model.choose() == 3  # b=4, found at once: no step spent at b=2 or b=3
+    assert model.choose(available=2) == 2  # where only 2 draft tokens are on offer
+
+
+def test_a_drafting_backs_slowdown_switches_speculation_off() -> None:
+    model = calibrated(0.96, {1: 1.0, 2: 1.8, 3: 2.6, 4: 3.4, 5: 4.2})
+    assert model.choose() >= 2  # quiet prices: 2.88 tokens for 2.6x at k=2
+    for _ in range(10):
+        model.record_step(1, 0.12, busy=True)  # plain steps 1.2x slower while it drafts
+    assert model.slowdown > 1.15 and model.choose() == 0
+    assert model.plain() == pytest.approx(0.1)  # plain decoding is priced quiet
+
+
+def test_one_slow_step_does_not_price_a_length_out_for_good() -> None:
+    model = calibrated(0.9, XEON, probe_first=2, probe_every=8, probe_outcomes=2)
+    model.record_step(4, 0.1 * 1.56 * 6.5, busy=True)  # one b=4 step 6.5x its quiet price
+    assert model.choose() == 0
+    asked = _probe_pattern(model, 20, None, busy=True)  # probes: the back drafts again
+    assert "1" in asked and model.choose() == 3  # normal steps brought the price back
+
+
+def test_where_not_even_perfect_drafts_pay_backs_are_never_asked() -> None:
+    model = calibrated(0.99, {b: float(b) for b in range(1, 10)})  # cost linear in b
+    assert not model.could_pay(1.0) and "not even perfect drafts" in model.describe()
+    assert model.wanted(first=True) == 0  # not even for a reply's first token
+    assert _probe_pattern(model, 100, (8, False)) == "0" * 100  # and no probes
 
 
 def test_cost_model_fixed_and_available() -> None:

@@ -151,6 +151,42 @@ def test_a_back_lead_wants_no_drafts_from_still_takes_in_the_prompt() -> None:
     run(body())
 
 
+def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
+    async def body() -> None:
+        alone = await reference()
+        app, _ = new_lead(cost_s=(0.0, 0.004))  # b tokens cost b times one: nothing can pay
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        worker = model_worker(transport, agree=1.0)  # a perfect draft model
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            reply = await ask(transport)
+            assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
+            assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
+
+        await with_workers([worker], check)
+    run(body())
+
+
+def test_steps_while_a_back_drafts_are_priced_apart() -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        await ask(transport)  # lead alone: every step is quiet
+        assert engine.cost.slowdown == 1.0 and engine.cost.plain_s is not None
+        worker = model_worker(transport, agree=1.0)
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            assert (await ask(transport))["usage"]["accepted_tokens"] > 0
+            assert engine.cost.slowdown != 1.0  # verify steps, taken while it drafted
+
+        await with_workers([worker], check)
+    run(body())
+
+
 def test_back_dropping_mid_generation_lead_finishes_alone() -> None:
     async def body() -> None:
         alone = await reference(max_tokens=200)
