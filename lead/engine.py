@@ -240,10 +240,11 @@ class Engine:
         return Draft(draft.back_id, draft.token_ids[:usable], dists)
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
-        log.debug("step %d: offered %d, verified %d, accepted %d; alpha %.2f, wanted %d%s",
-                  session.steps, len(offered.token_ids) if offered else 0, result.batch - 1,
-                  len(result.verdict.accepted), self.cost.alpha, self.cost.wanted(),
-                  " (probe)" if self.cost.probing else "")
+        log.debug("step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "
+                  "slowdown %.2f, wanted %d%s", session.steps,
+                  len(offered.token_ids) if offered else 0, result.batch - 1,
+                  len(result.verdict.accepted), result.seconds * 1000, self.cost.alpha,
+                  self.cost.slowdown, self.cost.wanted(), " (probe)" if self.cost.probing else "")
 
     def _apply(self, session: Session, result: StepResult, max_tokens: int, busy: bool
                ) -> list[int]:
