@@ -24,13 +24,13 @@ noise made lead switch speculation on and off and lose up to 10 %.
 
 Prices: lead evaluates batches of 1..max_draft+1 tokens at startup (`calibrate`), so
 the shape of cost over b is known before any draft arrives: exploring one size at a
-time, each priced as the last one measured, cost ~5 % of the first round on a CPU where
-cost grows with b, and one slow first step at b=2 (6.5x a token) priced it out for the
-life of a process. Without calibration (fakes in tests) sizes are still explored one
-at a time, an unmeasured size costing what the largest measured one does.
-A drafting back slows lead (shared memory, and lead's core answering its requests):
-one-token steps cost 85-93 ms while it drafted, 48 ms while it was quiet, on one
-machine. So plain decoding is priced from quiet steps only, and a speculating step
+time, each priced as the last one measured, cost 4-11 % of a benchmark's first round on
+two CPUs (on one, b=4 costs 1.5x a token but b=3 2x), and one slow first step at b=2
+(6.5x a token) priced it out for the life of a process. Without calibration (fakes in
+tests) sizes are still explored one at a time, an unmeasured size costing what the
+largest measured one does. A drafting back slows lead (the two share memory and
+caches): one-token steps cost 85-93 ms while it drafted, 48 ms while it was quiet, on
+one machine. So plain decoding is priced from quiet steps only, and a speculating step
 at its quiet price times `slowdown`, the ratio of busy steps to their quiet prices,
 which every probe measures again (a single outlier cannot stick). Where even perfect
 drafts could not pay at quiet prices, lead never asks for drafts at all.
