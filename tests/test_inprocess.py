@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -165,35 +164,6 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
             reply = await ask(transport)
             assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
             assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
-
-        await with_workers([worker], check)
-    run(body())
-
-
-class FourIsCheap(FakeModel):
-    """A target whose kernels evaluate 4 tokens faster than 2 or 3 (as on one Xeon)."""
-
-    def _spend(self, n_tokens: int) -> None:
-        time.sleep(0.003 * {2: 2.0, 3: 3.0, 4: 1.2}.get(n_tokens, n_tokens))
-
-
-def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
-    async def body() -> None:
-        alone = await reference()
-        target = FourIsCheap(eos_bias=-100.0)
-        app = create_app(make_settings(max_tokens=120), target)
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=0.9)
-
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            target.calls.clear()  # calibration's
-            reply = await ask(transport)
-            assert text_of(reply) == alone and reply["usage"]["accepted_tokens"] > 0
-            assert not {2, 3} & set(target.calls[1:])  # after the prompt: 1 or 4 tokens
-            # and drafts of 1-2 tokens were verified too, padded to 4 (unpadded, a batch of
-            # 4 would always hold 3 draft tokens)
-            assert reply["usage"]["drafted_tokens"] < 3 * target.calls.count(4)
 
         await with_workers([worker], check)
     run(body())
