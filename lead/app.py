@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import logging
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -31,10 +30,7 @@ def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size)
     if settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
-        log = logging.getLogger("lead")
-        log.info("pricing verify batches of 1-%d tokens", min(settings.max_draft + 1, 17))
         engine.calibrate()
-        log.info("%s", engine.cost.describe())
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:

@@ -133,10 +133,11 @@ class Engine:
         self.model.truncate(tokens_before + len(verdict.accepted))
         return StepResult(verdict, len(draft_ids) + 1, seconds, draft.back_id if draft else "")
 
-    def calibrate(self, passes: int = 2) -> dict[int, float]:
+    def calibrate(self, passes: int = 2) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`), before
         serving, so that lead need not explore batch sizes on live replies. Blocking."""
         sizes = range(1, min(self.max_draft + 1, CALIBRATE_MAX_BATCH) + 1)
+        log.info("pricing verify batches of 1-%d tokens", sizes[-1])
         best: dict[int, float] = {}
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
         for _ in range(passes):
@@ -147,7 +148,7 @@ class Engine:
                 best[b] = min(best.get(b, 1e9), time.perf_counter() - t0)
         self.model.truncate(0)
         self.cost.calibrate(best)
-        return best
+        log.info("%s", self.cost.describe())
 
     # --- generation ---
     async def generate(self, req: GenRequest) -> AsyncIterator[Emission]:
