@@ -160,7 +160,8 @@ class CostModel:
     def calibrate(self, seconds: dict[int, float]) -> None:
         """Quiet seconds per batch size, measured before serving."""
         self.shape = {b: s / seconds[1] for b, s in sorted(seconds.items())}
-        self.plain_s = seconds[1] if self.plain_s is None else self.plain_s
+        if self.plain_s is None:
+            self.plain_s = seconds[1]
 
     def record_step(self, batch_size: int, seconds: float, busy: bool = False) -> None:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
@@ -171,7 +172,8 @@ class CostModel:
             self.plain_s = seconds if self.plain_s is None else _ewma(self.plain_s, seconds)
         elif self.plain_s is None or batch_size not in self.shape:
             # a size's first price sets its shape, with plain and slowdown as they stand
-            self.plain_s = self.plain_s or seconds / (self.slowdown * self._shape(batch_size))
+            if self.plain_s is None:
+                self.plain_s = seconds / (self.slowdown * self._shape(batch_size))
             self.shape[batch_size] = seconds / (self.slowdown * self.plain_s)
         else:
             quiet = self.plain_s * self.shape[batch_size]
