@@ -258,7 +258,13 @@ class Worker:
 
     def _launch_post(self) -> asyncio.Task[State | None] | None:
         n = len(self.lead_tokens)
-        draft = self.drafter.local[n: n + self.max_post]
+        local = self.drafter.local
+        if local[:n] != self.lead_tokens:
+            # Lead's news came while the model thread drafted on the old path: what lies
+            # past n continues tokens lead did not take. (Posted, it read as a fresh draft,
+            # and a step verifying it could accept nothing.) The next _extend catches up.
+            return None
+        draft = local[n: n + self.max_post]
         if not draft or self._already_posted(n, draft):
             return None
         positions = range(n, n + len(draft))

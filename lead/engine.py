@@ -83,6 +83,7 @@ class StepResult:
     batch: int
     seconds: float
     back_id: str
+    evaluated: int  # batch size evaluated: `batch` and any padding
 
 
 class Engine:
@@ -122,16 +123,19 @@ class Engine:
         return sync_cache(self.model, prompt_ids[:-1], self.batch)
 
     def _step(self, tokens_before: int, last: int, draft: Draft | None, params: SamplingParams,
-              rng: np.random.Generator) -> StepResult:
+              rng: np.random.Generator, size: int) -> StepResult:
+        """Evaluate `last` and the draft, padded to `size` tokens, and verify the draft."""
         if len(self.model.cached) != tokens_before - 1:  # e.g. after a cancelled request
             raise RuntimeError("model cache out of step with the session")
         draft_ids = draft.token_ids if draft else []
+        n_rows = len(draft_ids) + 1
+        padding = [last] * (size - n_rows)  # their rows are not read; truncate drops them
         t0 = time.perf_counter()
-        rows = self.model.evaluate([last, *draft_ids], len(draft_ids) + 1)
+        rows = self.model.evaluate([last, *draft_ids, *padding], size)[:n_rows]
         seconds = time.perf_counter() - t0
         verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None)
         self.model.truncate(tokens_before + len(verdict.accepted))
-        return StepResult(verdict, len(draft_ids) + 1, seconds, draft.back_id if draft else "")
+        return StepResult(verdict, n_rows, seconds, draft.back_id if draft else "", size)
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`), before
@@ -185,9 +189,11 @@ class Engine:
             offered = self.board.best(session.tokens, self.max_draft)
             first = session.n_generated == 0
             busy = self._wanted(session) > 0 and self.backs.active() > 0  # a back drafting
+            draft = self._to_verify(session, offered, req.max_tokens)
+            size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
             result = await self._on_model_thread(
-                self._step, len(session.tokens), session.tokens[-1],
-                self._to_verify(session, offered, req.max_tokens), session.params, session.rng)
+                self._step, len(session.tokens), session.tokens[-1], draft, session.params,
+                session.rng, min(size, self.model.n_ctx - len(session.tokens) + 1))
             if offered is not None:  # verified or not, an offer shows what drafts are worth
                 watch = self._watch(watch, session, offered.token_ids, first)
             emitted = self._apply(session, result, req.max_tokens, busy)
@@ -251,7 +257,7 @@ class Engine:
                ) -> list[int]:
         verdict = result.verdict
         drafted = result.batch - 1
-        self.cost.record_step(result.batch, result.seconds, busy)
+        self.cost.record_step(result.evaluated, result.seconds, busy)
         emitted = verdict.emitted[: max_tokens - session.n_generated]
         eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
         if eos is not None:

@@ -211,6 +211,15 @@ def test_a_calibrated_model_verifies_the_paying_length_without_exploring() -> No
     assert model.choose(available=2) == 2  # where only 2 draft tokens are on offer
 
 
+def test_a_short_draft_is_padded_to_a_cheaper_larger_batch() -> None:
+    model = calibrated(0.68, XEON)
+    assert [model.batch_for(b) for b in (1, 2, 3, 4, 5)] == [1, 4, 4, 4, 5]
+    # 2 draft tokens: 2.14 tokens expected, for 1.56x at b=4 padded (2.09x at b=3)
+    assert model.choose(available=2) == 2
+    flat = calibrated(0.68, {1: 1.0, 2: 1.02, 3: 1.01, 4: 1.03})  # a GPU: noise, not gain
+    assert [flat.batch_for(b) for b in (2, 3)] == [2, 3]
+
+
 def test_a_drafting_backs_slowdown_switches_speculation_off() -> None:
     model = calibrated(0.96, {1: 1.0, 2: 1.8, 3: 2.6, 4: 3.4, 5: 4.2})
     assert model.choose() >= 2  # quiet prices: 2.88 tokens for 2.6x at k=2

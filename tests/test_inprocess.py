@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -164,6 +166,35 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
             reply = await ask(transport)
             assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
             assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
+
+        await with_workers([worker], check)
+    run(body())
+
+
+class FourIsCheap(FakeModel):
+    """A target whose kernels evaluate 4 tokens faster than 2 or 3 (as on one Xeon)."""
+
+    def _spend(self, n_tokens: int) -> None:
+        time.sleep(0.003 * {2: 2.0, 3: 3.0, 4: 1.2}.get(n_tokens, n_tokens))
+
+
+def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
+    async def body() -> None:
+        alone = await reference()
+        target = FourIsCheap(eos_bias=-100.0)
+        app = create_app(make_settings(max_tokens=120), target)
+        transport = httpx.ASGITransport(app=app)
+        worker = model_worker(transport, agree=0.9)
+
+        async def check() -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            target.calls.clear()  # calibration's
+            reply = await ask(transport)
+            assert text_of(reply) == alone and reply["usage"]["accepted_tokens"] > 0
+            assert not {2, 3} & set(target.calls[1:])  # after the prompt: 1 or 4 tokens
+            # and drafts of 1-2 tokens were verified too, padded to 4 (unpadded, a batch of
+            # 4 would always hold 3 draft tokens)
+            assert reply["usage"]["drafted_tokens"] < 3 * target.calls.count(4)
 
         await with_workers([worker], check)
     run(body())
@@ -392,3 +423,34 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
 
         await with_workers([worker], check)
     run(body())
+
+
+def test_a_draft_on_a_path_lead_left_is_not_posted_as_a_fresh_one() -> None:
+    # Lead's news can land while the model thread drafts on the old path; the old path's
+    # tail, posted at lead's new length, would read as a draft continuing lead's tokens.
+    posts: list[dict] = []
+
+    def lead(request: httpx.Request) -> httpx.Response:
+        posts.append(json.loads(request.content))
+        return httpx.Response(200, json=State(version=0).model_dump())
+
+    worker = model_worker(httpx.MockTransport(lead))
+    state = State(version=1, session_id="s", offset=0, token_ids=[1, 2, 3], n_tokens=3,
+                  done=False, draft_len=3)
+    worker._absorb(state)
+    worker.burst = 4
+    assert worker._extend(list(worker.lead_tokens), worker.state) == 4
+    old_path = worker.drafter.local[3:]
+    moved = [1, 2, 3, (old_path[0] + 1) % 80, 5]  # lead took another token at position 3
+    worker._absorb(state.model_copy(update={"version": 2, "token_ids": moved, "n_tokens": 5}))
+
+    async def post_now() -> None:
+        assert worker._launch_post() is None  # drafted past tokens lead did not take
+        worker._extend(list(worker.lead_tokens), worker.state)  # catches up first
+        task = worker._launch_post()
+        assert task is not None
+        await task
+
+    asyncio.run(post_now())
+    assert [(p["start"], p["token_ids"][:1]) for p in posts] == \
+        [(5, worker.drafter.local[5:6])]
