@@ -111,26 +111,31 @@ def run_models(a: argparse.Namespace) -> dict:
         results = configs.interleaved(runners, len(prompts), progress, a.repeat)
         gauges = {name: metric(duo, f"duo_{name}") for name in ("draft_len", "alpha")}
         sweep = run_sweep(a, prompts[: a.sweep_prompts], runners[configs.LEAD_ALONE])
-    progress("verify cost per batch size (lead's placement), draft cost (back's)")
-    costs, draft_s = measure_costs(a, ids[0], target_path, resolve_model(a.draft))
+    progress("verify cost per batch size (lead's placement), draft cost and agreement (back's)")
+    replies = {r.prompt: r.token_ids for r in results[configs.RAW] if r.round == 0}
+    costs, draft_s, agrees = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
     return {"results": results, "costs": costs, "draft_s": draft_s, "gauges": gauges,
-            "sweep": sweep}
+            "sweep": sweep, "agreement": agrees}
 
 
-def measure_costs(a: argparse.Namespace, prompt_ids: list[int], target_path: Path,
-                  draft_path: Path) -> tuple[dict[int, float], float]:
-    from bench.peers import verify_costs
+def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path,
+                  draft_path: Path, replies: dict[int, list[int]]
+                  ) -> tuple[dict[int, float], float, dict[int, list[bool]]]:
+    """Verify cost per batch size, draft seconds per token, and for each prompt whether
+    the draft's greedy token agrees with each token of the target's reply."""
+    from bench.peers import agreement, verify_costs
     from shared.llm import LlamaModel
 
     with configs.pinned(a.lead_cpus):
         target = LlamaModel(target_path, a.lead_threads, a.lead_ngl, 2048)
-        costs = verify_costs(target, prompt_ids, list(range(1, 18)))
+        costs = verify_costs(target, ids[0], list(range(1, 18)))
         target.close()
     with configs.pinned(a.back_cpus):
         draft = LlamaModel(draft_path, a.back_threads, a.back_ngl, 2048)
-        draft_s = verify_costs(draft, prompt_ids, [1], repeats=9)[1]
+        draft_s = verify_costs(draft, ids[0], [1], repeats=9)[1]
+        agrees = {p: agreement(draft, ids[p], reply) for p, reply in replies.items()}
         draft.close()
-    return costs, draft_s
+    return costs, draft_s, agrees
 
 
 def _chat_ids(path: Path, text: str) -> list[int]:
@@ -222,7 +227,8 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
         report.plot_sweep(out / "sweep.png", sweep, f"{a.target} + {a.draft}")
     report.write_json(out / ("sim.json" if a.sim else "bench.json"), {
         "args": vars(a), "summaries": summaries, "costs": data["costs"],
-        "draft_s": data["draft_s"], **bounds, "sweep": sweep, "gauges": data["gauges"],
+        "draft_s": data["draft_s"], **bounds, "agreement": data.get("agreement", {}),
+        "sweep": sweep, "gauges": data["gauges"],
         "results": {n: [r.row() for r in rs] for n, rs in results.items()}})
     print(f"\nwrote {out}/{'sim.json' if a.sim else 'bench.json, sweep.png'}")
 
@@ -230,7 +236,7 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
 def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],
                 summaries: list[report.Summary], base_name: str, duo_name: str) -> dict:
     """Print the free-draft bound and the async ideal for this placement against duo."""
-    from bench.ideal import async_ideal, free_draft_bound
+    from bench.ideal import async_ideal, free_draft_bound, padded
     from lead.settings import LeadSettings
 
     costs: dict[int, float] = data["costs"]
@@ -238,7 +244,7 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
     alpha = report.alpha([r for n in drafting for r in results[n]]) or 0.0
     tok_s = {s.config: s.tok_s for s in summaries}
     speedup = tok_s[duo_name] / tok_s[base_name] if tok_s[base_name] else 0.0
-    cost = costs.__getitem__
+    cost = padded(costs)
     max_draft = LeadSettings().max_draft  # what lead verifies at most per step
     free, free_k = free_draft_bound(cost, alpha, max_draft)
     ideal, ideal_k = async_ideal(cost, alpha, data["draft_s"], max_draft)
@@ -257,8 +263,28 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
     print(f"async ideal from each prompt's own acceptance (one acceptance for all prompts "
           f"credits prose with code's): {per_prompt:.2f}x; duo = {speedup / per_prompt:.2f} "
           "of it")
-    return {"alpha": alpha, "free_bound": free, "bound": ideal, "speedup": speedup,
-            "bound_per_prompt": per_prompt}
+    bounds = {"alpha": alpha, "free_bound": free, "bound": ideal, "speedup": speedup,
+              "bound_per_prompt": per_prompt}
+    if data.get("agreement"):
+        replayed = ideal_replayed(cost, data["agreement"], results[base_name], data["draft_s"],
+                                  max_draft)
+        print(f"async ideal replaying each reply's measured draft agreement (where the draft "
+              f"goes wrong as it did, not at random): {replayed:.2f}x; duo = "
+              f"{speedup / replayed:.2f} of it")
+        bounds["bound_replayed"] = replayed
+    return bounds
+
+
+def ideal_replayed(cost: Callable[[int], float], agreement: dict[int, list[bool]],
+                   alone: list[Result], draft_s: float, max_draft: int) -> float:
+    """The async ideal of each reply at its measured agreement, pooled over lead alone's
+    time (each prompt at its own best draft length)."""
+    from bench.ideal import pooled_speedup, replayed_ideal
+
+    seconds = report.seconds_by_prompt(alone)
+    speedup = {p: replayed_ideal(cost, agreement.get(p, []), draft_s, max_draft)[0]
+               for p in seconds}
+    return pooled_speedup(seconds, speedup)
 
 
 def ideal_per_prompt(cost: Callable[[int], float], drafted: list[Result], alone: list[Result],

@@ -12,16 +12,26 @@ rejection the draft must start over from lead's correction, so the next step fin
 little or nothing to verify: this is the price of not waiting for drafts, and what
 separates this ideal from the free-draft bound. Measured / async ideal is then the
 efficiency of duo's protocol itself (HTTP, polling, the cost model's choices).
+
+`replayed_ideal`: the same ideal back, but its tokens go wrong where the real draft's did
+(measured per position against the target's reply), not independently at random.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 Cost = Callable[[int], float]  # seconds to verify a batch of b tokens
+
+
+def padded(costs: dict[int, float]) -> Cost:
+    """Verify cost where a batch may be padded to any larger measured one that is cheaper,
+    as lead does (on one CPU 4 tokens cost 1.5x one, 3 tokens 2x): the bound must allow
+    what lead does, or measured / bound would flatter duo."""
+    return lambda b: min(c for size, c in costs.items() if size >= b)
 
 
 def expected_tokens(alpha: float, k: int) -> float:
@@ -50,14 +60,12 @@ class _Draft:
         return max(0, min(made, limit))
 
 
-def simulate(cost: Cost, alpha: float, draft_s: float, k_max: int, n_tokens: int,
-             rng: np.random.Generator, max_ahead: int = 16) -> float:
-    """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step."""
-    def restart(at: int, now: float) -> _Draft:
-        return _Draft(at, now, int(rng.geometric(1 - alpha)) - 1 if alpha < 1 else 1 << 30)
-
+def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max: int,
+             n_tokens: int, max_ahead: int = 16) -> float:
+    """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step.
+    `wrong_from(n)`: how many tokens a draft path started at lead position n gets right."""
     now, n = 0.0, 0
-    path = restart(0, 0.0)
+    path = _Draft(0, 0.0, wrong_from(0))
     while n < n_tokens:
         # The path's tokens before n are all lead's (else it would have restarted).
         ready = path.ready(now, draft_s, n - path.start + max_ahead) - (n - path.start)
@@ -66,8 +74,21 @@ def simulate(cost: Cost, alpha: float, draft_s: float, k_max: int, n_tokens: int
         now += cost(k + 1)
         n += accepted + 1
         if path.wrong < n - path.start:  # lead emitted a token the path got wrong
-            path = restart(n, now)
+            path = _Draft(n, now, wrong_from(n))
     return now
+
+
+def geometric(alpha: float, rng: np.random.Generator) -> Callable[[int], int]:
+    """Draft paths whose tokens are each right with probability alpha."""
+    return lambda _: int(rng.geometric(1 - alpha)) - 1 if alpha < 1 else 1 << 30
+
+
+def replayed(agrees: Sequence[bool]) -> Callable[[int], int]:
+    """Draft paths as measured: agrees[j] says whether the draft's greedy token for
+    position j, given lead's tokens before it, is lead's."""
+    def wrong_from(n: int) -> int:
+        return next((j - n for j in range(n, len(agrees)) if not agrees[j]), 1 << 30)
+    return wrong_from
 
 
 def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
@@ -77,10 +98,22 @@ def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
     plain = cost(1) * n_tokens
     best = (1.0, 0)
     for k_max in range(1, max_draft + 1):
-        seconds = np.mean([simulate(cost, alpha, draft_s, k_max, n_tokens, rng)
+        seconds = np.mean([simulate(cost, geometric(alpha, rng), draft_s, k_max, n_tokens)
                            for _ in range(runs)])
         best = max(best, (plain / float(seconds), k_max))
     return best
+
+
+def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft: int
+                   ) -> tuple[float, int]:
+    """async_ideal on one reply's measured agreement instead of i.i.d. tokens: where the
+    draft goes wrong in runs (prose), fewer steps find a right draft than alpha suggests."""
+    if not agrees:
+        return 1.0, 0
+    plain = cost(1) * len(agrees)
+    return max([(1.0, 0)] + [
+        (plain / simulate(cost, replayed(agrees), draft_s, k, len(agrees)), k)
+        for k in range(1, max_draft + 1)])
 
 
 def pooled_speedup(seconds: dict[int, float], speedup: dict[int, float]) -> float:

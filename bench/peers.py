@@ -74,3 +74,14 @@ def verify_costs(model: Model, prompt_ids: list[int], sizes: list[int],
             model.truncate(base)
         costs[b] = float(np.median(times))
     return costs
+
+
+def agreement(draft: Model, prompt_ids: list[int], target_ids: list[int]) -> list[bool]:
+    """Whether the draft's greedy token for each of the target's reply tokens, given the
+    prompt and the target's tokens before it, is the target's (one batch, no decoding)."""
+    if not target_ids:
+        return []
+    draft.truncate(0)
+    rows = draft.evaluate(prompt_ids + target_ids[:-1], len(target_ids))
+    draft.truncate(0)
+    return [int(np.argmax(row)) == t for row, t in zip(rows, target_ids, strict=True)]

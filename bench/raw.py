@@ -37,7 +37,8 @@ class RawLoop:
             if len(out) < n:
                 self.llm.eval([out[-1]])
         text = self.llm.detokenize(out).decode("utf-8", "replace")
-        return Result("raw", index, len(out), t_last - t_first, t_first - t0, text=text)
+        return Result("raw", index, len(out), t_last - t_first, t_first - t0, text=text,
+                      token_ids=out)
 
     def close(self) -> None:
         self.llm.close()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import httpx
 
@@ -29,6 +29,7 @@ class Result:
     text: str = ""
     rejections: int = 0  # verify steps that rejected a draft token
     round: int = 0  # which repetition (--repeat) this reply came from
+    token_ids: list[int] = field(default_factory=list)  # the raw loop's reply, for the bound
 
     @property
     def tok_s(self) -> float:

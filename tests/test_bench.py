@@ -32,6 +32,13 @@ def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
     assert all(s["tok_s"] > 0 for s in data["summaries"])
     assert set(data["sweep"]) == {"1", "4", "auto"}
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+    # The raw loop's replies, replayed against the draft (here the same model): the draft's
+    # greedy token is the target's at (nearly) every position, and the bound says so.
+    raw = {r["prompt"]: r["token_ids"] for r in data["results"]["raw loop"] if r["round"] == 0}
+    agree = {int(p): a for p, a in data["agreement"].items()}
+    assert {p: len(a) for p, a in agree.items()} == {p: len(ids) for p, ids in raw.items()}
+    assert sum(map(sum, agree.values())) >= 0.9 * sum(map(len, agree.values()))
+    assert "replaying each reply's measured draft agreement" in done.stdout
 
 
 def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.ideal import async_ideal, expected_tokens, free_draft_bound, pooled_speedup
+from bench.ideal import async_ideal, expected_tokens, free_draft_bound, padded, pooled_speedup
 from bench.report import per_prompt, summarise
 from bench.runs import Result
 
@@ -70,3 +70,12 @@ def test_pooled_speedup_weighs_prompts_by_their_plain_time() -> None:
     # 1 s at 2x and 1 s at 1x: 2 s plain, 1.5 s sped up (not the mean of 2 and 1)
     assert pooled_speedup({0: 1.0, 1: 1.0}, {0: 2.0, 1: 1.0}) == pytest.approx(2 / 1.5)
     assert pooled_speedup({0: 3.0, 1: 1.0}, {0: 1.0, 1: 2.0}) == pytest.approx(4 / 3.5)
+
+
+def test_padding_makes_a_short_batch_cost_no_more_than_a_longer_cheaper_one() -> None:
+    costs = {1: 1.0, 2: 1.6, 3: 2.0, 4: 1.5, 5: 2.2}
+    cost = padded(costs)
+    assert [cost(b) for b in range(1, 6)] == [1.0, 1.5, 1.5, 1.5, 2.2]
+    # With a draft at 0.4 of a target token (as on one CPU), lead often has 1-2 draft
+    # tokens after a rejection: the bound must credit verifying them at the padded price.
+    assert async_ideal(cost, 0.9, 0.4, 4)[0] > async_ideal(costs.__getitem__, 0.9, 0.4, 4)[0]
