@@ -236,7 +236,7 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
 def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],
                 summaries: list[report.Summary], base_name: str, duo_name: str) -> dict:
     """Print the free-draft bound and the async ideal for this placement against duo."""
-    from bench.ideal import async_ideal, free_draft_bound, padded
+    from bench.ideal import async_ideal, free_draft_bound, padded, replayed_ideal
     from lead.settings import LeadSettings
 
     costs: dict[int, float] = data["costs"]
@@ -258,16 +258,17 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
           f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
     print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
           f"{speedup / free:.2f} of the free-draft bound")
-    per_prompt = ideal_per_prompt(cost, [r for n in drafting for r in results[n]],
-                                  results[base_name], data["draft_s"], max_draft)
+    alphas = report.alpha_by_prompt([r for n in drafting for r in results[n]])
+    per_prompt = pooled_ideal(results[base_name], lambda p: async_ideal(
+        cost, alphas.get(p) or 0.0, data["draft_s"], max_draft)[0])
     print(f"async ideal from each prompt's own acceptance (one acceptance for all prompts "
           f"credits prose with code's): {per_prompt:.2f}x; duo = {speedup / per_prompt:.2f} "
           "of it")
     bounds = {"alpha": alpha, "free_bound": free, "bound": ideal, "speedup": speedup,
               "bound_per_prompt": per_prompt}
     if data.get("agreement"):
-        replayed = ideal_replayed(cost, data["agreement"], results[base_name], data["draft_s"],
-                                  max_draft)
+        replayed = pooled_ideal(results[base_name], lambda p: replayed_ideal(
+            cost, data["agreement"].get(p, []), data["draft_s"], max_draft)[0])
         print(f"async ideal replaying each reply's measured draft agreement (where the draft "
               f"goes wrong as it did, not at random): {replayed:.2f}x; duo = "
               f"{speedup / replayed:.2f} of it")
@@ -275,28 +276,13 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
     return bounds
 
 
-def ideal_replayed(cost: Callable[[int], float], agreement: dict[int, list[bool]],
-                   alone: list[Result], draft_s: float, max_draft: int) -> float:
-    """The async ideal of each reply at its measured agreement, pooled over lead alone's
-    time (each prompt at its own best draft length)."""
-    from bench.ideal import pooled_speedup, replayed_ideal
+def pooled_ideal(alone: list[Result], ideal_of: Callable[[int], float]) -> float:
+    """An ideal computed for each prompt on its own (`ideal_of(prompt)`), pooled over lead
+    alone's time."""
+    from bench.ideal import pooled_speedup
 
     seconds = report.seconds_by_prompt(alone)
-    speedup = {p: replayed_ideal(cost, agreement.get(p, []), draft_s, max_draft)[0]
-               for p in seconds}
-    return pooled_speedup(seconds, speedup)
-
-
-def ideal_per_prompt(cost: Callable[[int], float], drafted: list[Result], alone: list[Result],
-                     draft_s: float, max_draft: int) -> float:
-    """The async ideal of each prompt at its own acceptance, pooled over lead alone's time."""
-    from bench.ideal import async_ideal, pooled_speedup
-
-    alphas = report.alpha_by_prompt(drafted)
-    seconds = report.seconds_by_prompt(alone)
-    speedup = {p: async_ideal(cost, alphas.get(p) or 0.0, draft_s, max_draft)[0]
-               for p in seconds}
-    return pooled_speedup(seconds, speedup)
+    return pooled_speedup(seconds, {p: ideal_of(p) for p in seconds})
 
 
 if __name__ == "__main__":
