@@ -13,7 +13,7 @@ from typing import Protocol
 import numpy as np
 
 from back.ngram import ngram_draft
-from shared.model import Model, common_prefix, sync_cache
+from shared.model import EvaluationAborted, Model, common_prefix, sync_cache
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, is_greedy, sample
 
@@ -29,8 +29,11 @@ class Drafter(Protocol):
         """Whether it can hold this many of lead's tokens and draft past them."""
         ...
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator
-                   ) -> tuple[int, Dist | None] | None: ...
+    def next_token(self, params: SamplingParams, rng: np.random.Generator,
+                   abort: Callable[[], bool] | None = None
+                   ) -> tuple[int, Dist | None] | None:
+        """One more guess, or None: nothing to guess, or `abort` said stop midway."""
+        ...
 
 
 class ModelDrafter:
@@ -63,12 +66,16 @@ class ModelDrafter:
         self._logits = self.model.evaluate([lead_tokens[-1]], 1)[-1]
         return evaluated + 1
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator
+    def next_token(self, params: SamplingParams, rng: np.random.Generator,
+                   abort: Callable[[], bool] | None = None
                    ) -> tuple[int, Dist | None] | None:
         if self._logits is None or len(self.local) >= self.model.n_ctx:
             return None
         if self._pending:
-            self._logits = self.model.evaluate(self._pending, 1)[-1]
+            try:
+                self._logits = self.model.evaluate(self._pending, 1, abort)[-1]
+            except EvaluationAborted:
+                return None  # the guess stays pending: local is unchanged
             self._pending = []
         dist = distribution(self._logits, params, MAX_SUPPORT)
         token = sample(dist, rng)
@@ -90,7 +97,8 @@ class NgramDrafter:
             self.local = list(lead_tokens)
         return len(lead_tokens) - keep
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator
+    def next_token(self, params: SamplingParams, rng: np.random.Generator,
+                   abort: Callable[[], bool] | None = None
                    ) -> tuple[int, Dist | None] | None:
         guess = ngram_draft(self.local, self.n_max, 1)
         if not guess:

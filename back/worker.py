@@ -80,6 +80,8 @@ class Worker:
         self._rng = np.random.default_rng()
         self._too_long: str | None = None  # a session longer than the draft model's context
         self._floor = -1  # no state older than this is taken, even while refetching
+        self._news_seen = 0  # states taken so far
+        self._parted_at = 0  # the state (by that count) that last parted from our draft
 
     def stop(self) -> None:
         self._stop.set()
@@ -187,6 +189,9 @@ class Worker:
             return
         self.lead_tokens = self.lead_tokens[:state.offset] + state.token_ids
         self.state = state
+        self._news_seen += 1
+        if self._draft_parted():
+            self._parted_at = self._news_seen
         self._check_room()
         if self.stats:
             self.stats.accepted = max(self.stats.accepted, state.your_accepted)
@@ -202,6 +207,12 @@ class Worker:
             log.warning("session %s: lead holds %d tokens, more than this draft model's "
                         "context; not drafting for it (raise --ctx-size)", sid,
                         len(self.lead_tokens))
+
+    def _draft_parted(self) -> bool:
+        """Whether lead's tokens leave the path the model thread is drafting on."""
+        local = self.drafter.local  # (read whole: the model thread may be extending it)
+        n = min(len(local), len(self.lead_tokens))
+        return local[:n] != self.lead_tokens[:n]
 
     def _end_session(self) -> None:
         if self.stats is not None:
@@ -241,7 +252,7 @@ class Worker:
         try:
             while self._should_draft() and not self._stop.is_set():
                 grown = await self._on_model_thread(self._extend, list(self.lead_tokens),
-                                                    self.state)
+                                                    self.state, self._news_seen)
                 if in_flight is not None and (grown == 0 or in_flight.done()):
                     self._settle(await in_flight)
                     in_flight = None
@@ -306,8 +317,11 @@ class Worker:
             self.stats.caught_up += evaluated
             self.stats.catch_up_s += time.perf_counter() - t0
 
-    def _extend(self, lead_tokens: list[int], state: State) -> int:
-        """Model thread: catch up with lead, then draft up to `burst` more tokens."""
+    def _extend(self, lead_tokens: list[int], state: State, seen: int) -> int:
+        """Model thread: catch up with lead (as of the `seen`-th state), then draft up to
+        `burst` more tokens. A draft evaluation stops as soon as a newer state parts from
+        the draft: right after a rejection, evaluating lead's correction cannot wait for
+        a guess on the dead path to finish (it cost lead the next draft, most times)."""
         self._catch_up(lead_tokens)
         n_local = len(self.drafter.local)
         self._dists = {p: d for p, d in self._dists.items() if p < n_local}
@@ -320,7 +334,8 @@ class Worker:
         room = ahead - (n_local - len(lead_tokens))
         grown = 0
         while grown < min(self.burst, room):
-            got = self.drafter.next_token(state.sampling, self._rng)
+            got = self.drafter.next_token(state.sampling, self._rng,
+                                          lambda: self._parted_at > seen)
             if got is None:
                 break
             token, dist = got

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
+
+from shared.model import EvaluationAborted
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -68,10 +70,11 @@ class FakeModel:
         digest = hashlib.blake2b(repr(("agree", key)).encode(), digest_size=8).digest()
         return int.from_bytes(digest) / 2**64 < self.agree
 
-    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
+    def evaluate(self, tokens: Sequence[int], n_logits: int,
+                 abort: Callable[[], bool] | None = None) -> np.ndarray:
         if len(self.cached) + len(tokens) > self.n_ctx:
             raise RuntimeError("context full")
-        self._spend(len(tokens))
+        self._spend(len(tokens), abort)
         start = len(self.cached)
         self.cached.extend(tokens)
         self.evaluated += len(tokens)
@@ -80,10 +83,16 @@ class FakeModel:
                 for i in range(len(tokens) - n_logits, len(tokens))]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
-    def _spend(self, n_tokens: int) -> None:
-        seconds = self.cost_s[0] + self.cost_s[1] * n_tokens
-        if seconds > 0:
-            time.sleep(seconds)  # simulated compute time, not synchronisation
+    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
+        """Simulated compute time (not synchronisation), polling `abort` as llama.cpp does."""
+        end = time.perf_counter() + self.cost_s[0] + self.cost_s[1] * n_tokens
+        while True:
+            if abort is not None and abort():
+                raise EvaluationAborted()
+            left = end - time.perf_counter()
+            if left <= 0:
+                return
+            time.sleep(min(left, 0.001) if abort is not None else left)
 
     def truncate(self, n: int) -> None:
         del self.cached[n:]

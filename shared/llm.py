@@ -10,16 +10,19 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import llama_cpp
 import numpy as np
+from llama_cpp import _logger as llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from shared.model import EvaluationAborted
 from shared.presets import ModelError, resolve_model
 
 _PIECE_BUF = 256
+_DECODE_ABORTED = 2  # llama_decode's return code when the abort callback said stop
 _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
@@ -48,6 +51,8 @@ class LlamaModel:
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
         self._chat = self._chat_formatter()
+        self._abort: Callable[[], bool] | None = None
+        self._abort_callback: object | None = None  # installed on first use; C holds a pointer
 
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
@@ -88,14 +93,33 @@ class LlamaModel:
         return self._fingerprint
 
     # --- compute ---
-    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them."""
+    def evaluate(self, tokens: Sequence[int], n_logits: int,
+                 abort: Callable[[], bool] | None = None) -> np.ndarray:
+        """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them.
+        `abort` is polled between the graph's operations (hundreds per token)."""
+        n_before = len(self.cached)
         rows: list[np.ndarray] = []
-        for start in range(0, len(tokens), self.n_batch):
-            chunk = tokens[start:start + self.n_batch]
-            first_logit = len(tokens) - n_logits - start  # index within chunk
-            rows += self._decode(chunk, max(first_logit, 0))
+        self._watch_abort(abort)
+        try:
+            for start in range(0, len(tokens), self.n_batch):
+                chunk = tokens[start:start + self.n_batch]
+                first_logit = len(tokens) - n_logits - start  # index within chunk
+                rows += self._decode(chunk, max(first_logit, 0))
+        except EvaluationAborted:
+            self.truncate(n_before)
+            raise
+        finally:
+            self._abort = None
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def _watch_abort(self, abort: Callable[[], bool] | None) -> None:
+        # Installed only once someone asks: a model that never aborts (lead's) pays nothing.
+        if abort is not None and self._abort_callback is None:
+            self._abort_callback = llama_cpp.ggml_abort_callback(
+                lambda _data: self._abort is not None and bool(self._abort()))
+            llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
+            _quiet_abort_warnings()
+        self._abort = abort
 
     def _decode(self, chunk: Sequence[int], first_logit: int) -> list[np.ndarray]:
         n_past = len(self.cached)
@@ -108,6 +132,8 @@ class LlamaModel:
             b.logits[i] = i >= first_logit
         b.n_tokens = len(chunk)
         rc = llama_cpp.llama_decode(self._ctx, b)
+        if rc == _DECODE_ABORTED:  # llama.cpp has removed this batch's entries itself
+            raise EvaluationAborted()
         if rc != 0:
             self.truncate(n_past)  # a failed decode may leave partial entries
             raise RuntimeError(f"llama_decode failed with code {rc}")
@@ -120,6 +146,18 @@ class LlamaModel:
         if n < len(self.cached):
             llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
             del self.cached[n:]
+
+
+@llama_cpp.llama_log_callback
+def _log_unless_abort(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # llama.cpp warns of every aborted decode; for a back dropping a stale draft that is
+    # routine. Everything else goes to llama-cpp-python's own logger, as before.
+    if not text.startswith(b"decode: removing memory module entries"):
+        llama_logger.llama_log_callback(level, text, user_data)
+
+
+def _quiet_abort_warnings() -> None:
+    llama_cpp.llama_log_set(_log_unless_abort, ctypes.c_void_p(0))
 
 
 def check_rpc(rpc: str | None) -> None:

@@ -13,6 +13,10 @@ from typing import Protocol
 import numpy as np
 
 
+class EvaluationAborted(Exception):
+    """`evaluate` stopped because its `abort` check said so; the cache is as before the call."""
+
+
 class Model(Protocol):
     name: str
     n_vocab: int
@@ -28,8 +32,12 @@ class Model(Protocol):
 
     def fingerprint(self) -> str: ...
 
-    def evaluate(self, tokens: Sequence[int], n_logits: int) -> np.ndarray:
-        """Append tokens to the cache; logits rows [n_logits, n_vocab] of the last n_logits."""
+    def evaluate(self, tokens: Sequence[int], n_logits: int,
+                 abort: Callable[[], bool] | None = None) -> np.ndarray:
+        """Append tokens to the cache; logits rows [n_logits, n_vocab] of the last n_logits.
+
+        `abort` is polled during the computation: once it returns True, the call raises
+        EvaluationAborted, leaving the cache as it was."""
         ...
 
     def truncate(self, n: int) -> None:

@@ -310,6 +310,18 @@ def test_model_drafter_hands_out_a_guess_before_evaluating_it() -> None:
     assert third == model.greedy_continuation([*context, other], 1)[0]
 
 
+def test_an_aborted_draft_step_keeps_its_guess_pending() -> None:
+    model = FakeModel()
+    drafter = ModelDrafter(model)
+    context = model.tokenize("hello there")
+    drafter.catch_up(context)
+    guess, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert drafter.next_token(SamplingParams(), np.random.default_rng(0), lambda: True) is None
+    assert model.cached == context and drafter.local == [*context, guess]
+    second, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert [guess, second] == model.greedy_continuation(context, 2)
+
+
 def test_distribution_truncates_exactly() -> None:
     logits = np.log(np.array([0.5, 0.3, 0.15, 0.05], dtype=np.float32))
     top_p = distribution(logits, SamplingParams(temperature=1.0, top_p=0.75))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
@@ -174,7 +176,7 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
 class FourIsCheap(FakeModel):
     """A target whose kernels evaluate 4 tokens faster than 2 or 3 (as on one Xeon)."""
 
-    def _spend(self, n_tokens: int) -> None:
+    def _spend(self, n_tokens: int, abort: object = None) -> None:  # lead never aborts
         time.sleep(0.003 * {2: 2.0, 3: 3.0, 4: 1.2}.get(n_tokens, n_tokens))
 
 
@@ -439,14 +441,14 @@ def test_a_draft_on_a_path_lead_left_is_not_posted_as_a_fresh_one() -> None:
                   done=False, draft_len=3)
     worker._absorb(state)
     worker.burst = 4
-    assert worker._extend(list(worker.lead_tokens), worker.state) == 4
+    assert worker._extend(list(worker.lead_tokens), worker.state, worker._news_seen) == 4
     old_path = worker.drafter.local[3:]
     moved = [1, 2, 3, (old_path[0] + 1) % 80, 5]  # lead took another token at position 3
     worker._absorb(state.model_copy(update={"version": 2, "token_ids": moved, "n_tokens": 5}))
 
     async def post_now() -> None:
         assert worker._launch_post() is None  # drafted past tokens lead did not take
-        worker._extend(list(worker.lead_tokens), worker.state)  # catches up first
+        worker._extend(list(worker.lead_tokens), worker.state, worker._news_seen)  # catches up
         task = worker._launch_post()
         assert task is not None
         await task
@@ -454,3 +456,50 @@ def test_a_draft_on_a_path_lead_left_is_not_posted_as_a_fresh_one() -> None:
     asyncio.run(post_now())
     assert [(p["start"], p["token_ids"][:1]) for p in posts] == \
         [(5, worker.drafter.local[5:6])]
+
+
+class SignalledDraft(FakeModel):
+    """A draft model that signals when an evaluation that may be aborted begins."""
+
+    def __init__(self) -> None:
+        super().__init__(salt="draft")
+        self.evaluating = threading.Event()
+
+    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
+        if abort is not None:
+            self.evaluating.set()
+        super()._spend(n_tokens, abort)
+
+
+def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
+    # Right after a rejection the back must evaluate lead's correction; finishing a guess
+    # on the dead path first made the next draft miss lead's next step.
+    draft = SignalledDraft()
+    client = LeadClient("http://lead", transport=httpx.MockTransport(lambda _: httpx.Response(500)))
+    worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab)
+    state = State(version=1, session_id="s", offset=0, token_ids=[1, 2, 3], n_tokens=3,
+                  done=False, draft_len=3)
+    worker._absorb(state)
+    assert worker._extend([1, 2, 3], worker.state, worker._news_seen) == 1
+    guess = worker.drafter.local[3]
+
+    def extend_while_news_comes(news: list[int], cost_s: float) -> int:
+        draft.cost_s, seen = (cost_s, 0.0), worker._news_seen
+        draft.evaluating.clear()
+        with ThreadPoolExecutor(1) as model_thread:
+            grown = model_thread.submit(worker._extend, list(worker.lead_tokens), worker.state,
+                                        seen)
+            assert draft.evaluating.wait(10), "no draft evaluation began"
+            worker._absorb(state.model_copy(update={"token_ids": news, "n_tokens": len(news)}))
+            return grown.result(timeout=10)
+
+    # Lead took the guess: the draft goes on (its evaluation is needed for the next one).
+    assert extend_while_news_comes([1, 2, 3, guess], cost_s=0.05) == 1
+    second = worker.drafter.local[4]
+    # Lead took another token than the second guess: its evaluation (30 s here) is dropped.
+    parted = [1, 2, 3, guess, (second + 1) % 80]
+    assert extend_while_news_comes(parted, cost_s=30.0) == 0
+    assert draft.cached == [1, 2, 3, guess] and worker.drafter.local[4] == second
+    draft.cost_s = (0.0, 0.0)
+    assert worker._extend(parted, worker.state, worker._news_seen) == 1
+    assert worker.drafter.local[:5] == parted

@@ -1,0 +1,48 @@
+"""Real-model tier for shared/llm.py: what the back relies on when it aborts a draft."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from shared.llm import LlamaModel, load_model
+from shared.model import EvaluationAborted
+
+pytestmark = pytest.mark.real
+
+
+@pytest.fixture(scope="module")
+def model() -> LlamaModel:
+    return load_model("smollm2-135m", threads=1, n_ctx=512)
+
+
+def test_an_aborted_evaluation_leaves_the_cache_as_it_was(
+        model: LlamaModel, capfd: pytest.CaptureFixture[str]) -> None:
+    context = model.tokenize("def add(a, b):\n    return")
+    model.truncate(0)
+    model.evaluate(context, 1)
+    polls = []
+
+    def stop_midway() -> bool:  # polled between the graph's operations
+        polls.append(1)
+        return len(polls) > 20
+
+    with pytest.raises(EvaluationAborted):
+        model.evaluate(model.tokenize(" a + b", add_bos=False), 1, stop_midway)
+    assert model.cached == context and len(polls) == 21
+    # The KV cache holds nothing of the aborted tokens: the next logits are a fresh run's.
+    guess = model.tokenize(" x", add_bos=False)
+    after_abort = model.evaluate(guess, 1)[-1]
+    model.truncate(0)
+    fresh = model.evaluate([*context, *guess], 1)[-1]
+    np.testing.assert_allclose(after_abort, fresh, atol=1e-3)
+    assert "removing memory module entries" not in capfd.readouterr().err  # routine, quiet
+
+
+def test_an_abort_check_that_never_fires_changes_nothing(model: LlamaModel) -> None:
+    context = model.tokenize("print(")
+    model.truncate(0)
+    plain = model.evaluate(context, 2)
+    model.truncate(0)
+    watched = model.evaluate(context, 2, lambda: False)
+    np.testing.assert_array_equal(plain, watched)
