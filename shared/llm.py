@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import logging
 import os
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 from shared.model import EvaluationAborted
 from shared.presets import ModelError, resolve_model
 
+log = logging.getLogger(__name__)
 _PIECE_BUF = 256
 _DECODE_ABORTED = 2  # llama_decode's return code when the abort callback said stop
 _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
@@ -52,7 +55,8 @@ class LlamaModel:
         self._fingerprint: str | None = None
         self._chat = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
-        self._abort_callback: object | None = None  # installed on first use; C holds a pointer
+        self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
+        llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
@@ -99,7 +103,7 @@ class LlamaModel:
         `abort` is polled between the graph's operations (hundreds per token)."""
         n_before = len(self.cached)
         rows: list[np.ndarray] = []
-        self._watch_abort(abort)
+        self._set_abort(abort)
         try:
             for start in range(0, len(tokens), self.n_batch):
                 chunk = tokens[start:start + self.n_batch]
@@ -109,17 +113,28 @@ class LlamaModel:
             self.truncate(n_before)
             raise
         finally:
-            self._abort = None
+            self._set_abort(None)
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
-    def _watch_abort(self, abort: Callable[[], bool] | None) -> None:
-        # Installed only once someone asks: a model that never aborts (lead's) pays nothing.
-        if abort is not None and self._abort_callback is None:
-            self._abort_callback = llama_cpp.ggml_abort_callback(
-                lambda _data: self._abort is not None and bool(self._abort()))
-            llama_cpp.llama_set_abort_callback(self._ctx, self._abort_callback, None)
-            _quiet_abort_warnings()
+    def _set_abort(self, abort: Callable[[], bool] | None) -> None:
+        # Installed only around evaluations that may stop: no other call (none of lead's)
+        # is polled, so none waits for the GIL between the graph's operations.
+        if abort is None and self._abort is None:
+            return
         self._abort = abort
+        callback = self._abort_callback if abort is not None else _NO_ABORT_CALLBACK
+        llama_cpp.llama_set_abort_callback(self._ctx, callback, None)
+
+    def _abort_requested(self, _data: ctypes.c_void_p) -> bool:
+        """Called by llama.cpp, on the thread inside llama_decode."""
+        try:
+            stop = self._abort is not None and bool(self._abort())
+        except Exception:  # raised into C it would be lost, and the answer undefined
+            log.exception("abort check failed; the evaluation goes on without it")
+            self._abort = None
+            return False
+        _aborting.now = stop
+        return stop
 
     def _decode(self, chunk: Sequence[int], first_logit: int) -> list[np.ndarray]:
         n_past = len(self.cached)
@@ -132,10 +147,11 @@ class LlamaModel:
             b.logits[i] = i >= first_logit
         b.n_tokens = len(chunk)
         rc = llama_cpp.llama_decode(self._ctx, b)
-        if rc == _DECODE_ABORTED:  # llama.cpp has removed this batch's entries itself
-            raise EvaluationAborted()
+        _aborting.now = False
         if rc != 0:
-            self.truncate(n_past)  # a failed decode may leave partial entries
+            self._forget_from(n_past)  # a failed or aborted decode may leave entries
+            if rc == _DECODE_ABORTED:
+                raise EvaluationAborted()
             raise RuntimeError(f"llama_decode failed with code {rc}")
         self.cached.extend(chunk)
         return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i),
@@ -144,20 +160,23 @@ class LlamaModel:
 
     def truncate(self, n: int) -> None:
         if n < len(self.cached):
-            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
-            del self.cached[n:]
+            self._forget_from(n)
+
+    def _forget_from(self, n: int) -> None:
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
+        del self.cached[n:]
+
+
+_NO_ABORT_CALLBACK = llama_cpp.ggml_abort_callback(0)  # a NULL function pointer
+_aborting = threading.local()  # .now: this thread's decode is being aborted
 
 
 @llama_cpp.llama_log_callback
-def _log_unless_abort(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # llama.cpp warns of every aborted decode; for a back dropping a stale draft that is
-    # routine. Everything else goes to llama-cpp-python's own logger, as before.
-    if not text.startswith(b"decode: removing memory module entries"):
+def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
+    # An aborted decode logs three errors and a warning; for a back dropping a stale
+    # draft that is routine. All else goes to llama-cpp-python's own logger, as before.
+    if not getattr(_aborting, "now", False):
         llama_logger.llama_log_callback(level, text, user_data)
-
-
-def _quiet_abort_warnings() -> None:
-    llama_cpp.llama_log_set(_log_unless_abort, ctypes.c_void_p(0))
 
 
 def check_rpc(rpc: str | None) -> None:

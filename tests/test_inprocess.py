@@ -464,11 +464,18 @@ class SignalledDraft(FakeModel):
     def __init__(self) -> None:
         super().__init__(salt="draft")
         self.evaluating = threading.Event()
+        self.polls = 0  # of the abort check
 
     def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
-        if abort is not None:
-            self.evaluating.set()
-        super()._spend(n_tokens, abort)
+        if abort is None:
+            return super()._spend(n_tokens, None)
+        self.evaluating.set()
+
+        def counted() -> bool:
+            self.polls += 1
+            return abort()
+
+        super()._spend(n_tokens, counted)
 
 
 def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
@@ -483,7 +490,8 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
     assert worker._extend([1, 2, 3], worker.state, worker._news_seen) == 1
     guess = worker.drafter.local[3]
 
-    def extend_while_news_comes(news: list[int], cost_s: float) -> int:
+    def extend_while_news_comes(news: list[int], cost_s: float) -> tuple[int, int]:
+        """(tokens drafted, abort checks after the news) while lead's news comes midway."""
         draft.cost_s, seen = (cost_s, 0.0), worker._news_seen
         draft.evaluating.clear()
         with ThreadPoolExecutor(1) as model_thread:
@@ -491,14 +499,17 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
                                         seen)
             assert draft.evaluating.wait(10), "no draft evaluation began"
             worker._absorb(state.model_copy(update={"token_ids": news, "n_tokens": len(news)}))
-            return grown.result(timeout=10)
+            polls_at_news = draft.polls
+            return grown.result(timeout=10), draft.polls - polls_at_news
 
     # Lead took the guess: the draft goes on (its evaluation is needed for the next one).
-    assert extend_while_news_comes([1, 2, 3, guess], cost_s=0.05) == 1
+    grown, checks = extend_while_news_comes([1, 2, 3, guess], cost_s=0.5)
+    assert grown == 1 and checks > 0
     second = worker.drafter.local[4]
-    # Lead took another token than the second guess: its evaluation (30 s here) is dropped.
+    # Lead took another token than the second guess: that guess's evaluation is dropped
+    # (finished, it would draft a third token).
     parted = [1, 2, 3, guess, (second + 1) % 80]
-    assert extend_while_news_comes(parted, cost_s=30.0) == 0
+    assert extend_while_news_comes(parted, cost_s=3.0)[0] == 0
     assert draft.cached == [1, 2, 3, guess] and worker.drafter.local[4] == second
     draft.cost_s = (0.0, 0.0)
     assert worker._extend(parted, worker.state, worker._news_seen) == 1
