@@ -46,13 +46,14 @@ class SessionStats:
     drafted: int = 0
     posts: int = 0
     accepted: int = 0  # as lead reports back
+    cut_short: int = 0  # draft evaluations stopped midway: lead had left their path
     t0: float = field(default_factory=time.perf_counter)
 
     def line(self) -> str:
         share = f" ({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else ""
         return (f"session {self.session_id}: caught up {self.caught_up} tokens in "
                 f"{self.catch_up_s:.2f} s; drafted {self.drafted} in {self.posts} posts, "
-                f"accepted {self.accepted}{share}")
+                f"accepted {self.accepted}{share}; dead drafts cut short: {self.cut_short}")
 
 
 class Worker:
@@ -337,6 +338,8 @@ class Worker:
             got = self.drafter.next_token(state.sampling, self._rng,
                                           lambda: self._parted_at > seen)
             if got is None:
+                if self.stats and self._parted_at > seen:
+                    self.stats.cut_short += 1
                 break
             token, dist = got
             if dist is not None:

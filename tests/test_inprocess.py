@@ -510,6 +510,7 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
     # (finished, it would draft a third token).
     parted = [1, 2, 3, guess, (second + 1) % 80]
     assert extend_while_news_comes(parted, cost_s=3.0)[0] == 0
+    assert worker.stats is not None and worker.stats.cut_short == 1
     assert draft.cached == [1, 2, 3, guess] and worker.drafter.local[4] == second
     draft.cost_s = (0.0, 0.0)
     assert worker._extend(parted, worker.state, worker._news_seen) == 1
