@@ -55,6 +55,7 @@ class LlamaModel:
         self._fingerprint: str | None = None
         self._chat = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
+        self._polled = False  # whether llama.cpp calls _abort_requested now
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
@@ -119,11 +120,11 @@ class LlamaModel:
     def _set_abort(self, abort: Callable[[], bool] | None) -> None:
         # Installed only around evaluations that may stop: no other call (none of lead's)
         # is polled, so none waits for the GIL between the graph's operations.
-        if abort is None and self._abort is None:
-            return
         self._abort = abort
-        callback = self._abort_callback if abort is not None else _NO_ABORT_CALLBACK
-        llama_cpp.llama_set_abort_callback(self._ctx, callback, None)
+        if (abort is not None) != self._polled:
+            self._polled = abort is not None
+            callback = self._abort_callback if self._polled else _NO_ABORT_CALLBACK
+            llama_cpp.llama_set_abort_callback(self._ctx, callback, None)
 
     def _abort_requested(self, _data: ctypes.c_void_p) -> bool:
         """Called by llama.cpp, on the thread inside llama_decode."""
