@@ -13,21 +13,18 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import httpx
 import numpy as np
 
 from back.client import LeadClient, LeadError
 from back.drafter import Drafter
+from shared.modelthread import ModelThread
 from shared.protocol import DraftDist, DraftPost, Info, State
 from shared.sampling import make_draft_rng
 
 log = logging.getLogger("back")
-T = TypeVar("T")
 
 
 class BackFatal(Exception):
@@ -75,7 +72,7 @@ class Worker:
         self.send_dists = True
         self._dists: dict[int, DraftDist] = {}  # absolute position -> its draft distribution
         self._last_post: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids)
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="draft")
+        self.model_thread = ModelThread("draft")
         self._stop = asyncio.Event()
         self._news = asyncio.Event()  # set when a state was taken, or the watch ended
         self._rng = np.random.default_rng()
@@ -87,9 +84,6 @@ class Worker:
     def stop(self) -> None:
         self._stop.set()
         self._news.set()
-
-    async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
 
     # --- outer loop: connection and backoff ---
     async def run(self) -> None:
@@ -115,7 +109,7 @@ class Worker:
 
     def close(self) -> None:
         self._end_session()  # a back stopped mid-session still reports it
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.model_thread.shutdown(wait=False)
 
     async def _sleep(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see Engine.wait_state)
@@ -247,12 +241,12 @@ class Worker:
             # Lead wants no drafts now, but take in its tokens all the same: a probe then
             # finds this back ready. (Catching up on a 200-token prompt only when a probe
             # came took longer than the probe: lead never saw a draft on code edits.)
-            await self._on_model_thread(self._catch_up, list(self.lead_tokens))
+            await self.model_thread.run(self._catch_up, list(self.lead_tokens))
             return
         in_flight: asyncio.Task[State | None] | None = None
         try:
             while self._should_draft() and not self._stop.is_set():
-                grown = await self._on_model_thread(self._extend, list(self.lead_tokens),
+                grown = await self.model_thread.run(self._extend, list(self.lead_tokens),
                                                     self.state, self._news_seen)
                 if in_flight is not None and (grown == 0 or in_flight.done()):
                     self._settle(await in_flight)

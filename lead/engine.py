@@ -13,10 +13,8 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
 
 import numpy as np
 
@@ -26,12 +24,12 @@ from lead.metrics import Metrics
 from lead.textstream import TextStream
 from lead.verify import Verdict, verify
 from shared.model import Model, sync_cache
+from shared.modelthread import ModelThread
 from shared.protocol import MAX_DRAFT_WIRE, SamplingParams, State
 from shared.sampling import Dist, make_rng
 
 log = logging.getLogger("lead")
 CALIBRATE_MAX_BATCH = 17  # larger sizes are priced like the largest calibrated one
-T = TypeVar("T")
 
 
 class QueueFull(Exception):
@@ -103,21 +101,11 @@ class Engine:
         # Replaced on every change. (An asyncio.Condition was used first: a long-poll
         # cancelled while waiting on it could leave its lock held, and lead froze.)
         self._news = asyncio.Event()
-        self._executor: ThreadPoolExecutor | None = None
+        self.model_thread = ModelThread("model")  # every model call, calibration too
         self._waiting = 0
         self._ids = itertools.count(1)
 
     # --- model thread ---
-    def _model_thread(self) -> ThreadPoolExecutor:
-        # One thread: model calls never overlap. Made on demand, so the app survives a
-        # lifespan restart (shutdown() ends it).
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="model")
-        return self._executor
-
-    async def _on_model_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._model_thread(), fn, *args)
-
     def _prefill(self, prompt_ids: list[int]) -> int:
         # The cache holds everything but the last token; each step evaluates that one.
         return sync_cache(self.model, prompt_ids[:-1], self.batch)
@@ -139,7 +127,11 @@ class Engine:
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`), before
-        serving, so that lead need not explore batch sizes on live replies. Blocking."""
+        serving, so that lead need not explore batch sizes on live replies. Blocking; runs
+        on the model thread, as every evaluation must."""
+        self.model_thread.call(self._calibrate, passes)
+
+    def _calibrate(self, passes: int) -> None:
         sizes = range(1, min(self.max_draft + 1, CALIBRATE_MAX_BATCH) + 1)
         log.info("pricing verify batches of 1-%d tokens", sizes[-1])
         best: dict[int, float] = {}
@@ -179,7 +171,7 @@ class Engine:
         self.board.clear()
         self.session = session
         await self._notify()
-        session.prompt_evaluated = await self._on_model_thread(self._prefill, req.prompt_ids)
+        session.prompt_evaluated = await self.model_thread.run(self._prefill, req.prompt_ids)
         session.t_decode = time.perf_counter()
         text = TextStream(req.stop)
         watch: OfferWatch | None = None
@@ -191,7 +183,7 @@ class Engine:
             busy = self._wanted(session) > 0 and self.backs.active() > 0  # a back drafting
             draft = self._to_verify(session, offered, req.max_tokens)
             size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
-            result = await self._on_model_thread(
+            result = await self.model_thread.run(
                 self._step, len(session.tokens), session.tokens[-1], draft, session.params,
                 session.rng, min(size, self.model.n_ctx - len(session.tokens) + 1))
             if offered is not None:  # verified or not, an offer shows what drafts are worth
@@ -351,6 +343,4 @@ class Engine:
                 **self.cost.snapshot()}
 
     def shutdown(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=True, cancel_futures=True)
-            self._executor = None
+        self.model_thread.shutdown()

@@ -9,6 +9,7 @@ Text maps one character to one token; a few tokens carry half of a UTF-8 charact
 from __future__ import annotations
 
 import hashlib
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -35,6 +36,7 @@ class FakeModel:
         self.cached: list[int] = []
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
+        self.threads: set[int] = set()  # idents of the threads that evaluated
 
     # --- text ---
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]:
@@ -74,6 +76,7 @@ class FakeModel:
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
         if len(self.cached) + len(tokens) > self.n_ctx:
             raise RuntimeError("context full")
+        self.threads.add(threading.get_ident())
         self._spend(len(tokens), abort)
         start = len(self.cached)
         self.cached.extend(tokens)

@@ -57,6 +57,7 @@ class LlamaModel:
         self._abort: Callable[[], bool] | None = None
         self._polled = False  # whether llama.cpp calls _abort_requested now
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
+        self._evaluating_thread: int | None = None  # see _check_thread
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
     def close(self) -> None:
@@ -102,6 +103,7 @@ class LlamaModel:
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
         """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them.
         `abort` is polled between the graph's operations (hundreds per token)."""
+        self._check_thread()
         n_before = len(self.cached)
         rows: list[np.ndarray] = []
         self._set_abort(abort)
@@ -116,6 +118,18 @@ class LlamaModel:
         finally:
             self._set_abort(None)
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+
+    def _check_thread(self) -> None:
+        # Each calling thread gets an OpenMP pool of its own; two pools on a full CPU make
+        # every barrier sleep (0.7x). Callers use one ModelThread; say so if one does not.
+        me = threading.get_ident()
+        if self._evaluating_thread is None:
+            self._evaluating_thread = me
+        elif me != self._evaluating_thread:
+            log.warning("%s evaluated on a second thread: llama.cpp then keeps two OpenMP "
+                        "pools and decodes slower; run model calls on one ModelThread",
+                        self.name)
+            self._evaluating_thread = me
 
     def _set_abort(self, abort: Callable[[], bool] | None) -> None:
         # Installed only around evaluations that may stop: no other call (none of lead's)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 
 import httpx
 import pytest
@@ -274,3 +275,15 @@ def test_draft_post_errors(client: TestClient) -> None:
     stale = client.post("/duo/draft", json={**base, "token_ids": [1]})
     assert stale.status_code == 200 and stale.json()["session_id"] is None
     assert "duo_draft_posts_invalid_total 2" in client.get("/metrics").text
+
+
+def test_calibration_and_decoding_evaluate_on_one_thread() -> None:
+    # llama.cpp keeps an OpenMP pool per calling thread: a second thread (calibration on
+    # the main one, steps on the model thread) made lead decode at 0.7x on all cores.
+    target = FakeModel()
+    app = create_app(make_settings(max_tokens=8, calibrate=True), target)
+    with TestClient(app) as c:
+        assert c.post("/v1/chat/completions", json=chat_body("hi")).status_code == 200
+    assert len(target.calls) > 8  # calibration's batches and the reply's steps
+    assert len(target.threads) == 1
+    assert threading.get_ident() not in target.threads
