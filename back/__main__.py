@@ -9,9 +9,11 @@ import sys
 
 from back.client import LeadClient
 from back.drafter import Drafter, ModelDrafter, NgramDrafter
+from back.placer import Placer
 from back.settings import BackSettings
 from back.worker import BackFatal, Worker
 from shared.cli import fail, parse_settings, setup_logging
+from shared.placement import PlacementError
 from shared.presets import ModelError
 
 DESCRIPTION = ("duo back: runs a draft model (or n-gram lookup) next to a lead and posts "
@@ -23,18 +25,22 @@ def build_worker(settings: BackSettings) -> Worker:
     client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait)
     drafter: Drafter
     fingerprint = n_vocab = None
+    set_threads = None
     if settings.drafter == "ngram":
         drafter = NgramDrafter(settings.ngram_max)
     else:
         from shared.llm import load_model
 
-        model = load_model(settings.model, settings.threads, settings.n_gpu_layers,
+        # Its threads are set at the handshake, where the back learns where lead runs.
+        model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,
                            settings.ctx_size, settings.batch_size)
+        set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
         drafter = ModelDrafter(model, settings.batch_size, _progress)
         log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
     worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
     worker.send_dists = settings.send_dists
+    worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread, set_threads)
     if settings.drafter == "ngram":
         worker.burst = settings.max_ahead
     return worker
@@ -63,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(settings.log_level)
     try:
         worker = build_worker(settings)
-    except ModelError as exc:
+    except (ModelError, PlacementError) as exc:
         fail(str(exc))
     run_worker(worker)
 

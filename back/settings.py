@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.placement import parse_cpus
 
 
 class BackSettings(BaseSettings):
@@ -18,7 +19,11 @@ class BackSettings(BaseSettings):
                        json_schema_extra={"short": "m"})
     drafter: Literal["model", "ngram"] = Field("model", description="model: a draft model; "
                                                "ngram: prompt lookup, no model needed")
-    threads: int = Field(0, ge=0, description="CPU threads for the draft model (0: all cores)")
+    threads: int = Field(0, ge=0, description="CPU threads for the draft model (0: one per "
+                         "CPU the back drafts on)")
+    cpus: str = Field("auto", description="auto: on lead's host, the CPUs lead does not use, "
+                      "or idle priority on one thread where it uses them all; elsewhere every "
+                      "CPU. 'all': every CPU. Or a list, e.g. 2-3")
     n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
     ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens")
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
@@ -33,3 +38,10 @@ class BackSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        if value not in ("auto", "all"):
+            parse_cpus(value)
+        return value

@@ -13,6 +13,7 @@ import logging
 import os
 import socket
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -80,6 +81,8 @@ class Worker:
         self._floor = -1  # no state older than this is taken, even while refetching
         self._news_seen = 0  # states taken so far
         self._parted_at = 0  # the state (by that count) that last parted from our draft
+        # Called with lead's Info at every handshake, before any model work (placement).
+        self.on_attach: Callable[[Info], Awaitable[None]] | None = None
 
     def stop(self) -> None:
         self._stop.set()
@@ -123,6 +126,8 @@ class Worker:
             raise IncompatibleModel(
                 f"draft model does not match lead's {info.model}: vocabulary {self.n_vocab} vs "
                 f"{info.n_vocab}, token table {self.fingerprint} vs {info.fingerprint}")
+        if self.on_attach is not None:
+            await self.on_attach(info)
         self.max_post = max(1, min(self.max_ahead, info.max_post))
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.state = State(version=-1)  # lead may have restarted: versions start over
@@ -241,7 +246,9 @@ class Worker:
             # Lead wants no drafts now, but take in its tokens all the same: a probe then
             # finds this back ready. (Catching up on a 200-token prompt only when a probe
             # came took longer than the probe: lead never saw a draft on code edits.)
-            await self.model_thread.run(self._catch_up, list(self.lead_tokens))
+            # Unless lead hushed its backs: then even catching up slows it.
+            if not self.state.hush:
+                await self.model_thread.run(self._catch_up, list(self.lead_tokens))
             return
         in_flight: asyncio.Task[State | None] | None = None
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from bench import configs, report
 from bench.procs import metric
 from bench.runs import Result
+from shared.placement import PlacementError
 
 PROMPTS = json.loads((Path(__file__).parent / "prompts.json").read_text())
 
@@ -56,10 +57,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="target model: preset name or GGUF path")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b",
                    help="draft model of the back and the synchronous loop")
-    p.add_argument("--lead-threads", type=int, default=2, help="threads for the target")
-    p.add_argument("--back-threads", type=int, default=1, help="threads for the draft")
-    p.add_argument("--lead-cpus", help="CPU list for lead and the in-process loops (taskset)")
-    p.add_argument("--back-cpus", help="CPU list for back (taskset)")
+    p.add_argument("--placement", choices=("default", "pinned"), default="default",
+                   help="default: as users run it, lead and back with their default threads "
+                   "and CPUs; pinned: lead on the first half of the CPUs, back on the rest")
+    p.add_argument("--lead-threads", type=int, default=0,
+                   help="lead's --threads (0: lead's default)")
+    p.add_argument("--back-threads", type=int, default=0,
+                   help="back's --threads (0: back's default)")
+    p.add_argument("--lead-cpus", help="lead's --cpus, also for the in-process loops "
+                   "(default: from --placement)")
+    p.add_argument("--back-cpus", help="back's --cpus (default: from --placement)")
     p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
     p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
@@ -94,6 +101,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if a.quick:
         a.target = a.draft = "smollm2-135m"
         a.prompts, a.tokens, a.sweep, a.sweep_prompts = 2, 24, "1,4", 1
+    try:
+        configs.resolve_placement(a)
+    except PlacementError as exc:
+        p.error(str(exc))
     return a
 
 
@@ -127,11 +138,11 @@ def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path
     from shared.llm import LlamaModel
 
     with configs.pinned(a.lead_cpus):
-        target = LlamaModel(target_path, a.lead_threads, a.lead_ngl, 2048)
+        target = LlamaModel(target_path, a.loop_threads, a.lead_ngl, 2048)
         costs = verify_costs(target, ids[0], list(range(1, 18)))
         target.close()
     with configs.pinned(a.back_cpus):
-        draft = LlamaModel(draft_path, a.back_threads, a.back_ngl, 2048)
+        draft = LlamaModel(draft_path, a.draft_threads, a.back_ngl, 2048)
         draft_s = verify_costs(draft, ids[0], [1], repeats=9)[1]
         agrees = {p: agreement(draft, ids[p], reply) for p, reply in replies.items()}
         draft.close()
@@ -211,9 +222,9 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     where = "SIMULATION (fake models, chosen costs)" if a.sim else \
         f"target {a.target}, draft {a.draft}"
     print(f"\n{where}; {a.tokens} tokens x {len(reference) // a.repeat} prompts x {a.repeat} "
-          f"rounds, configurations "
-          f"interleaved per prompt; lead threads {a.lead_threads} cpus {a.lead_cpus or 'any'}, "
-          f"back threads {a.back_threads} cpus {a.back_cpus or 'any'}\n")
+          "rounds, configurations interleaved per prompt")
+    if not a.sim:
+        print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
     print(report.markdown(summaries, base_name))
     print("\nPer prompt, against lead alone run next to it:\n")
     print(report.per_prompt(results, base_name, [n for n in results if n != base_name]))
@@ -258,6 +269,10 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
           f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
     print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
           f"{speedup / free:.2f} of the free-draft bound")
+    if getattr(a, "back_idle", False):
+        print("(the back drafts at idle priority beside a lead on every core: it drafts only "
+              "in time lead leaves idle, so these ideals, which price the draft at its speed "
+              "alone, do not apply to this placement)")
     alphas = report.alpha_by_prompt([r for n in drafting for r in results[n]])
     per_prompt = pooled_ideal(results[base_name], lambda p: async_ideal(
         cost, alphas.get(p) or 0.0, data["draft_s"], max_draft)[0])

@@ -15,9 +15,11 @@ from pathlib import Path
 
 from bench.procs import Back, Lead
 from bench.runs import Result, via_lead
+from shared.placement import LeadPlace, allowed_cpus, choose_back, choose_lead, format_cpus, host_id
 
 Runner = Callable[[int], Result]
 LEAD_ALONE = "lead alone"
+LEAD_ALL = "lead alone, every core"
 DUO_MODEL = "duo: lead + back (model)"
 DUO_NGRAM = "duo: lead + back (n-gram)"
 RAW = "raw loop"
@@ -47,15 +49,37 @@ def _cpu_range(part: str) -> range:
     return range(int(lo), int(hi or lo) + 1)
 
 
+def resolve_placement(a: argparse.Namespace) -> None:
+    """Fill in the CPUs of --placement pinned, and what lead and back will choose (the
+    in-process loops run as lead does; the draft is priced as the back runs)."""
+    allowed = allowed_cpus()
+    if a.placement == "pinned" and not (a.lead_cpus or a.back_cpus):
+        cpus = sorted(allowed)
+        half = max(1, len(cpus) // 2)
+        a.lead_cpus, a.back_cpus = format_cpus(cpus[:half]), format_cpus(cpus[half:] or cpus)
+    lead = choose_lead(a.lead_cpus or "all", a.lead_threads, allowed)
+    here = LeadPlace(host_id(), lead.cpus or allowed, lead.threads)
+    back = choose_back(a.back_cpus or "auto", a.back_threads, allowed, host_id(), here)
+    a.loop_threads, a.draft_threads, a.back_idle = lead.threads, back.threads, back.idle
+    a.lead_where, a.back_where = lead.describe(), back.describe()
+
+
+def _cpus_flag(cpus: str | None) -> list[str]:
+    return ["--cpus", cpus] if cpus else []
+
+
 def start_lead(a: argparse.Namespace, stack: ExitStack, lead_extra: list[str],
-               back_model: str | None = None, back_extra: list[str] | None = None) -> Lead:
-    """A lead process (and its back, if any), stopped when `stack` closes."""
-    lead = Lead(a.target, "--threads", str(a.lead_threads), "--n-gpu-layers", str(a.lead_ngl),
-                *lead_extra, cpus=a.lead_cpus)
+               back_model: str | None = None, back_extra: list[str] | None = None,
+               all_cores: bool = False) -> Lead:
+    """A lead process (and its back, if any), stopped when `stack` closes; `all_cores`:
+    lead alone on every CPU, whatever the placement."""
+    threads = 0 if all_cores else a.lead_threads
+    lead = Lead(a.target, "--threads", str(threads), "--n-gpu-layers", str(a.lead_ngl),
+                *([] if all_cores else _cpus_flag(a.lead_cpus)), *lead_extra)
     stack.callback(lead.stop)
     if back_model is not None:
         back = Back(lead, back_model, "--threads", str(a.back_threads), "--n-gpu-layers",
-                    str(a.back_ngl), *(back_extra or []), cpus=a.back_cpus)
+                    str(a.back_ngl), *_cpus_flag(a.back_cpus), *(back_extra or []))
         stack.callback(back.stop)
         back.wait_attached(300)
     return lead
@@ -71,10 +95,13 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
     alone = start_lead(a, stack, [])  # no back attached: lead decodes alone
     duo = start_lead(a, stack, [], a.draft)
     ngram = start_lead(a, stack, [], "unused", ["--drafter", "ngram"])
-    runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
-               DUO_MODEL: via("duo model", duo, prompts, a.tokens),
-               DUO_NGRAM: via("duo ngram", ngram, prompts, a.tokens),
-               RAW: _raw_runner(a, stack, ids, target_path)}
+    runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens)}
+    if a.lead_cpus:  # the honest rival of a split: lead given the back's cores too
+        everything = start_lead(a, stack, [], all_cores=True)
+        runners[LEAD_ALL] = via("lead all cores", everything, prompts, a.tokens)
+    runners |= {DUO_MODEL: via("duo model", duo, prompts, a.tokens),
+                DUO_NGRAM: via("duo ngram", ngram, prompts, a.tokens),
+                RAW: _raw_runner(a, stack, ids, target_path)}
     if not a.no_peers:
         runners[sync_name(a.sync_k)] = _sync_runner(a, stack, ids, target_path)
         runners[PLD] = _pld_runner(a, ids, target_path)
@@ -86,7 +113,7 @@ def _raw_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
     from bench.raw import RawLoop
 
     with pinned(a.lead_cpus):
-        raw = RawLoop(path, a.lead_threads)
+        raw = RawLoop(path, a.loop_threads)
     stack.callback(raw.close)
 
     def run(i: int) -> Result:
@@ -101,8 +128,8 @@ def _sync_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
     from shared.llm import LlamaModel
     from shared.presets import resolve_model
 
-    target = LlamaModel(path, a.lead_threads, a.lead_ngl, 2048)
-    draft = LlamaModel(resolve_model(a.draft), a.lead_threads, a.back_ngl, 2048)
+    target = LlamaModel(path, a.loop_threads, a.lead_ngl, 2048)
+    draft = LlamaModel(resolve_model(a.draft), a.loop_threads, a.back_ngl, 2048)
     stack.callback(target.close)
     stack.callback(draft.close)
 
@@ -117,7 +144,7 @@ def _pld_runner(a: argparse.Namespace, ids: list[list[int]], path: Path) -> Runn
 
     def run(i: int) -> Result:
         with pinned(a.lead_cpus):
-            return Result("pld", i, *prompt_lookup(path, a.lead_threads, ids[i], a.tokens))
+            return Result("pld", i, *prompt_lookup(path, a.loop_threads, ids[i], a.tokens))
     return run
 
 

@@ -7,6 +7,7 @@ import sys
 
 from lead.settings import LeadSettings
 from shared.cli import fail, parse_settings, setup_logging
+from shared.placement import PlacementError, allowed_cpus, apply
 from shared.presets import ModelError
 
 DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
@@ -16,14 +17,17 @@ DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
-    from lead.app import create_app
+    from lead.app import create_app, lead_placement
     from lead.serve import serve
 
-    try:
-        app = create_app(settings)
-    except ModelError as exc:
-        fail(str(exc))
     log = logging.getLogger("lead")
+    try:
+        placement = lead_placement(settings)
+        apply(placement, allowed_cpus())  # before the model: its threads inherit this
+        log.info("placement: %s", placement.describe())
+        app = create_app(settings)
+    except (ModelError, PlacementError) as exc:
+        fail(str(exc))
     model = app.state.engine.model
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)

@@ -23,10 +23,16 @@ from lead.backroutes import back_router
 from lead.engine import Emission, Engine, GenRequest, QueueFull, Session
 from lead.settings import LeadSettings
 from shared.model import Model
+from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead, host_id
+
+
+def lead_placement(settings: LeadSettings) -> Placement:
+    return choose_lead(settings.cpus, settings.threads, allowed_cpus())
 
 
 def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
-    model = target if target is not None else _load_target(settings)
+    placement = lead_placement(settings)
+    model = target if target is not None else _load_target(settings, placement.threads)
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size)
     if settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
@@ -42,7 +48,8 @@ def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(_Gate, limit=settings.max_body_kb * 1024, api_key=settings.api_key)
     app.include_router(_openai_router(engine, settings))
-    app.include_router(back_router(engine, settings.max_draft_posts, settings.max_poll_s))
+    place = LeadPlace(host_id(), placement.cpus or allowed_cpus(), placement.threads)
+    app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s))
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -52,10 +59,10 @@ def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
     return app
 
 
-def _load_target(settings: LeadSettings) -> Model:
+def _load_target(settings: LeadSettings, threads: int) -> Model:
     from shared.llm import load_model  # the llama.cpp edge, imported only when needed
 
-    return load_model(settings.model, threads=settings.threads, n_gpu_layers=settings.n_gpu_layers,
+    return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc)
 
 

@@ -8,24 +8,26 @@ from fastapi.responses import PlainTextResponse, Response
 
 from lead.drafts import RateLimiter
 from lead.engine import Engine
+from shared.placement import LeadPlace
 from shared.protocol import DraftPost, Info, State
 from shared.sampling import Dist
 
 MAX_WAIT_S = 30.0
 
 
-def back_router(engine: Engine, max_posts_per_s: float = 500.0,
+def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0,
                 max_poll_s: float = MAX_WAIT_S) -> APIRouter:
     router = APIRouter()
     model = engine.model
     limiter = RateLimiter(max_posts_per_s)
+    fingerprint = model.fingerprint()  # hashes the token table once, not on the event loop
 
     @router.get("/duo/info")
     async def info() -> Info:
         return Info(model=model.name, lead_id=engine.lead_id, n_vocab=model.n_vocab,
-                    fingerprint=model.fingerprint(), eos_token_ids=sorted(model.eos_token_ids),
-                    n_ctx=model.n_ctx,
-                    max_draft=engine.max_draft, max_post=engine.max_post)
+                    fingerprint=fingerprint, eos_token_ids=sorted(model.eos_token_ids),
+                    n_ctx=model.n_ctx, max_draft=engine.max_draft, max_post=engine.max_post,
+                    host=place.host, cpus=sorted(place.cpus), threads=place.threads)
 
     @router.get("/duo/state", response_model=State)
     async def state(since: int = Query(-1, description="return once version > since"),

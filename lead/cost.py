@@ -123,6 +123,8 @@ class CostModel:
     probe_outcomes: int = 4
     probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
+    hush_at: float = 1.1  # a back slowing lead this much, when drafts do not pay, is hushed
+    hush_every: int = 512  # the longest gap between probes while hushed
     cost_s: dict[int, float] = field(default_factory=dict)  # as measured (reported)
     shape: dict[int, float] = field(default_factory=lambda: {1: 1.0})  # quiet cost(b)/cost(1)
     plain_s: float | None = None  # a one-token step with no back drafting
@@ -215,10 +217,20 @@ class CostModel:
 
     def _end_probe(self) -> None:
         self.probing, self.since_probe = 0, 0
-        if not self.could_pay(self.slowdown):  # only a change of slowdown would help
+        if self.hush:  # the back costs lead more than it can give: ask ever more rarely
+            self.probe_gap = min(max(2 * self.probe_gap, self.probe_every), self.hush_every)
+        elif not self.could_pay(self.slowdown):  # only a change of slowdown would help
             self.probe_gap = self.probe_every
         elif self.choose() == 0:  # nothing pays yet: wait longer before the next probe
             self.probe_gap = min(2 * self.probe_gap, self.probe_every)
+
+    @property
+    def hush(self) -> bool:
+        """Whether backs should do no work at all, not even catch up: the last probe found
+        that a working back slows lead's steps by `hush_at` or more, and drafts do not pay
+        for it. Lifted by the next probe, which measures again."""
+        return (self.fixed is None and not self.probing and self.slowdown >= self.hush_at
+                and self.choose() == 0)
 
     def _shape(self, batch_size: int) -> float:
         if batch_size in self.shape:
@@ -275,8 +287,8 @@ class CostModel:
         best = self.choose(first=first)
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
-        if not self.could_pay(1.0):
-            return 0  # not even perfect drafts would pay: backs stay quiet
+        if not self.could_pay(1.0) or self.hush:
+            return 0  # not even perfect drafts would pay, or backs slow lead: they stay quiet
         return 1 if self.probing or first else 0
 
     def describe(self) -> str:

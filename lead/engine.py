@@ -180,7 +180,7 @@ class Engine:
             # threads on a fully used CPU (measured: lead fell to 0.82x of a raw loop).
             offered = self.board.best(session.tokens, self.max_draft)
             first = session.n_generated == 0
-            busy = self._wanted(session) > 0 and self.backs.active() > 0  # a back drafting
+            busy = self.backs.active() > 0 and self._wanted(session) > 0  # a back drafting
             draft = self._to_verify(session, offered, req.max_tokens)
             size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
             result = await self.model_thread.run(
@@ -295,6 +295,7 @@ class Engine:
         return State(version=self.version, lead_id=self.lead_id, session_id=s.id, offset=offset,
                      token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
                      done=s.done, draft_len=0 if s.done else self._wanted(s),
+                     hush=self.cost.hush,
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
     async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None

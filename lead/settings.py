@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.placement import parse_cpus
 
 
 class LeadSettings(BaseSettings):
@@ -16,7 +17,10 @@ class LeadSettings(BaseSettings):
                        json_schema_extra={"short": "m"})
     host: str = Field("0.0.0.0", description="address to listen on")
     port: int = Field(5555, ge=1, le=65535, description="port to listen on")
-    threads: int = Field(0, ge=0, description="CPU threads for the target (0: all cores)")
+    threads: int = Field(0, ge=0, description="CPU threads for the target (0: one per CPU "
+                         "lead runs on)")
+    cpus: str = Field("all", description="CPUs to run on, e.g. 0-3 ('all': every CPU this "
+                      "process may use); a back on this host drafts on the others")
     n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
     ctx_size: int = Field(4096, ge=64, description="context size in tokens")
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
@@ -39,3 +43,10 @@ class LeadSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("cpus")
+    @classmethod
+    def _cpu_list(cls, value: str) -> str:
+        if value != "all":
+            parse_cpus(value)
+        return value

@@ -60,6 +60,10 @@ class LlamaModel:
         self._evaluating_thread: int | None = None  # see _check_thread
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
+    def set_threads(self, threads: int) -> None:
+        """Compute threads for the next evaluations (call on the model thread)."""
+        llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
+
     def close(self) -> None:
         llama_cpp.llama_batch_free(self._batch)
         self._llm.close()
@@ -105,19 +109,19 @@ class LlamaModel:
         `abort` is polled between the graph's operations (hundreds per token)."""
         self._check_thread()
         n_before = len(self.cached)
-        rows: list[np.ndarray] = []
+        out = np.empty((n_logits, self.n_vocab), np.float32)
         self._set_abort(abort)
         try:
             for start in range(0, len(tokens), self.n_batch):
                 chunk = tokens[start:start + self.n_batch]
                 first_logit = len(tokens) - n_logits - start  # index within chunk
-                rows += self._decode(chunk, max(first_logit, 0))
+                self._decode(chunk, max(first_logit, 0), out[max(-first_logit, 0):])
         except EvaluationAborted:
             self.truncate(n_before)
             raise
         finally:
             self._set_abort(None)
-        return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
+        return out
 
     def _check_thread(self) -> None:
         # Each calling thread gets an OpenMP pool of its own; two pools on a full CPU make
@@ -151,7 +155,8 @@ class LlamaModel:
         _aborting.now = stop
         return stop
 
-    def _decode(self, chunk: Sequence[int], first_logit: int) -> list[np.ndarray]:
+    def _decode(self, chunk: Sequence[int], first_logit: int, out: np.ndarray) -> None:
+        """Decode one batch; copy the logits of rows first_logit.. into `out`."""
         n_past = len(self.cached)
         if n_past + len(chunk) > self.n_ctx:
             raise RuntimeError(f"context full ({self.n_ctx} tokens)")
@@ -169,9 +174,9 @@ class LlamaModel:
                 raise EvaluationAborted()
             raise RuntimeError(f"llama_decode failed with code {rc}")
         self.cached.extend(chunk)
-        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i),
-                                      shape=(self.n_vocab,)).copy()
-                for i in range(first_logit, len(chunk))]
+        for row, i in enumerate(range(first_logit, len(chunk))):
+            out[row] = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i),
+                                             shape=(self.n_vocab,))
 
     def truncate(self, n: int) -> None:
         if n < len(self.cached):

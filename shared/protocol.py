@@ -38,6 +38,10 @@ class Info(BaseModel):
     max_draft: int = Field(description="most draft tokens lead verifies in one step")
     max_post: int = Field(description="most tokens lead takes in one draft post: a back "
                           "drafting further ahead than one step has a draft ready for the next")
+    host: str = Field("", description="lead's host (its kernel's boot id): a back that sees "
+                      "its own host here shares lead's CPUs")
+    cpus: list[int] = Field(default_factory=list, description="the CPUs lead's threads run on")
+    threads: int = Field(0, description="lead's compute threads")
 
 
 class State(BaseModel):
@@ -50,6 +54,8 @@ class State(BaseModel):
     n_prompt: int = 0
     done: bool = True
     draft_len: int = 0
+    hush: bool = Field(False, description="lead is slowed by its backs and wants none of "
+                       "their work, not even catching up, until it asks for drafts again")
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     your_accepted: int = Field(0, description="the asking back's tokens accepted in this "
                                               "session so far")

@@ -1,0 +1,38 @@
+"""Where the back drafts, decided anew at every handshake from what lead says of itself."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from shared.modelthread import ModelThread
+from shared.placement import LeadPlace, Placement, allowed_cpus, apply, choose_back, host_id
+from shared.protocol import Info
+
+log = logging.getLogger("back")
+
+
+class Placer:
+    """Chooses CPUs, threads and priority for this back (`choose_back`) and applies them:
+    affinity and policy for every thread, the thread count on the model thread."""
+
+    def __init__(self, flag: str, threads: int, model_thread: ModelThread,
+                 set_threads: Callable[[int], None] | None = None) -> None:
+        self.flag, self.threads = flag, threads
+        self.model_thread, self.set_threads = model_thread, set_threads
+        self.allowed, self.host = allowed_cpus(), host_id()
+        self.current: Placement | None = None
+
+    def choose(self, info: Info) -> Placement:
+        lead = LeadPlace(info.host, frozenset(info.cpus), info.threads) if info.host else None
+        return choose_back(self.flag, self.threads, self.allowed, self.host, lead)
+
+    async def __call__(self, info: Info) -> None:
+        placement = self.choose(info)
+        if placement == self.current:
+            return
+        apply(placement, self.allowed)
+        if self.set_threads is not None:
+            await self.model_thread.run(self.set_threads, placement.threads)
+        self.current = placement
+        log.info("placement: %s", placement.describe())
