@@ -41,10 +41,14 @@ class LeadClient:
         return Info.model_validate(await self._get("/duo/info", {}))
 
     async def state(self, since: int, offset: int, wait: float | None = None,
-                    back_id: str = "", quiet: str = "") -> State:
-        """Long-poll lead's state; `quiet` (a session id): wake only when drafts are wanted."""
-        params = {"since": since, "offset": offset, "back": back_id, "quiet": quiet,
-                  "wait": self.poll_wait if wait is None else wait}
+                    back_id: str = "", quiet: str = "", idle: bool = False) -> State:
+        """Long-poll lead's state; `quiet` (a session id): wake only when drafts are wanted,
+        or with `idle`, only when that session ends or another starts."""
+        params: dict[str, float | str] = {
+            "since": since, "offset": offset, "back": back_id, "quiet": quiet,
+            "wait": self.poll_wait if wait is None else wait}
+        if idle:
+            params["idle"] = 1
         return State.model_validate(await self._get("/duo/state", params))
 
     async def post_draft(self, post: DraftPost) -> State:

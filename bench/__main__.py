@@ -269,10 +269,9 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
           f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
     print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
           f"{speedup / free:.2f} of the free-draft bound")
-    if getattr(a, "back_idle", False):
-        print("(the back drafts at idle priority beside a lead on every core: it drafts only "
-              "in time lead leaves idle, so these ideals, which price the draft at its speed "
-              "alone, do not apply to this placement)")
+    if getattr(a, "back_sits_out", False):
+        print("(in this placement the back sits out: lead uses every core, so the ideals, "
+              "which price the draft at its own speed on cores of its own, do not apply)")
     alphas = report.alpha_by_prompt([r for n in drafting for r in results[n]])
     per_prompt = pooled_ideal(results[base_name], lambda p: async_ideal(
         cost, alphas.get(p) or 0.0, data["draft_s"], max_draft)[0])

@@ -60,7 +60,7 @@ def resolve_placement(a: argparse.Namespace) -> None:
     lead = choose_lead(a.lead_cpus or "all", a.lead_threads, allowed)
     here = LeadPlace(host_id(), lead.cpus or allowed, lead.threads)
     back = choose_back(a.back_cpus or "auto", a.back_threads, allowed, host_id(), here)
-    a.loop_threads, a.draft_threads, a.back_idle = lead.threads, back.threads, back.idle
+    a.loop_threads, a.draft_threads, a.back_sits_out = lead.threads, back.threads, back.sit_out
     a.lead_where, a.back_where = lead.describe(), back.describe()
 
 

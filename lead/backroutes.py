@@ -36,12 +36,14 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                         description="seconds to wait for news"),
                     back: str = Query("", max_length=64, description="the asking back's id"),
                     quiet: str = Query("", max_length=64, description="a session id: wake "
-                                       "only when it wants drafts, changes or ends")
+                                       "only when it wants drafts, changes or ends"),
+                    idle: bool = Query(False, description="with quiet: wake only when the "
+                                       "session changes or ends (a back sitting out)")
                     ) -> Response:
         if back:
             engine.backs.seen(back)
         if wait > 0 and engine.version <= since:
-            await engine.wait_state(since, min(wait, max_poll_s), quiet or None)
+            await engine.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
         engine.metrics.state_polls += 1
         return _json(engine.state(offset, back))
 

@@ -192,6 +192,8 @@ class CostModel:
         else:
             self.since_probe += 1
             if self.since_probe >= self.probe_gap and self.could_pay(1.0):
+                if self.hush:  # measure the back afresh: it may have moved or gone
+                    self.slowdown = 1.0
                 self.probing, self.probe_age = self.probe_outcomes, 0
 
     def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:

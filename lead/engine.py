@@ -298,15 +298,16 @@ class Engine:
                      hush=self.cost.hush,
                      sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
 
-    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None
-                         ) -> None:
+    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,
+                         idle: bool = False) -> None:
         """Long-poll: return as soon as the state's version passes `since`, or at timeout.
 
         A back that may not draft (draft length 0) passes its session as `quiet_session`:
         it is then woken only when drafts are wanted or the session changes or ends, so
-        a back that cannot help costs lead no request per token."""
+        a back that cannot help costs lead no request per token. With `idle` (a back that
+        sits out) it is not woken when drafts are wanted either."""
         deadline = time.monotonic() + timeout
-        while not (self.version > since and self._news_for(quiet_session)):
+        while not (self.version > since and self._news_for(quiet_session, idle)):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return
@@ -316,11 +317,11 @@ class Engine:
                 async with asyncio.timeout(remaining):
                     await self._news.wait()
 
-    def _news_for(self, quiet_session: str | None) -> bool:
+    def _news_for(self, quiet_session: str | None, idle: bool = False) -> bool:
         s = self.session
         if quiet_session is None or s is None or s.id != quiet_session or s.done:
             return True
-        return self._wanted(s) > 0
+        return not idle and self._wanted(s) > 0
 
     def _wanted(self, s: Session) -> int:
         return self.cost.wanted(first=s.n_generated == 0)

@@ -1,9 +1,10 @@
 """Where a role runs on its host: which CPUs, how many threads, at what priority.
 
 Lead publishes its host, CPUs and threads in /duo/info. A back on the same host drafts
-on cores lead does not use; where there are none it drafts at idle priority on one
-thread, so that it only ever gets CPU time lead leaves unused. `choose_back` and
-`choose_lead` are pure; `apply` is the edge that sets affinity and scheduling policy.
+on cores lead does not use; where there are none it sits out: attached, but computing
+nothing while lead generates, since every cycle it took would be lead's (idle priority
+was not enough: see docs/placement.md). `choose_back` and `choose_lead` are pure;
+`apply` is the edge that sets affinity and scheduling policy.
 """
 
 from __future__ import annotations
@@ -27,13 +28,14 @@ class PlacementError(ValueError):
 class Placement:
     cpus: frozenset[int] | None  # pin to these; None: every CPU the process may use
     threads: int
-    idle: bool = False  # SCHED_IDLE: run only on CPU time nothing else wants
+    sit_out: bool = False  # compute nothing while lead generates (idle priority for the rest)
     reason: str = ""
 
     def describe(self) -> str:
+        if self.sit_out:
+            return f"sitting out: {self.reason}"
         where = f"CPUs {format_cpus(self.cpus)}" if self.cpus is not None else "any CPU"
-        idle = ", idle priority" if self.idle else ""
-        return f"{self.threads} thread{'s' * (self.threads != 1)} on {where}{idle}: {self.reason}"
+        return f"{self.threads} thread{'s' * (self.threads != 1)} on {where}: {self.reason}"
 
 
 def parse_cpus(text: str) -> frozenset[int]:
@@ -104,9 +106,10 @@ def choose_back(flag: str, threads: int, allowed: frozenset[int], my_host: str,
     if spare:
         return Placement(spare, threads or len(spare), reason=f"lead uses CPUs "
                          f"{format_cpus(lead.cpus)} of this host; the back takes the rest")
-    return Placement(None, threads or 1, idle=True, reason=(
-        f"lead uses every core of this host ({format_cpus(lead.cpus)}), so the back drafts "
-        "only in time lead leaves idle; start lead with --cpus to leave the back a core"))
+    return Placement(None, threads or 1, sit_out=True, reason=(
+        f"lead uses every core of this host ({format_cpus(lead.cpus)}), and drafting here "
+        "would slow it; start lead with --cpus to leave the back cores, or run the back on "
+        "another machine"))
 
 
 # --- the edge: this process ---
@@ -129,11 +132,11 @@ def apply(placement: Placement, allowed: frozenset[int]) -> None:
     """Pin every thread of this process (and those it starts later) and set its policy.
     Where the OS has no such calls (macOS), say so and carry on unpinned."""
     if not hasattr(os, "sched_setaffinity"):
-        if placement.cpus is not None or placement.idle:
+        if placement.cpus is not None or placement.sit_out:
             log.warning("this OS cannot pin threads or lower their priority; running unpinned")
         return
     cpus = placement.cpus if placement.cpus is not None else allowed
-    policy = os.SCHED_IDLE if placement.idle else os.SCHED_OTHER
+    policy = os.SCHED_IDLE if placement.sit_out else os.SCHED_OTHER
     for tid in _threads():
         try:
             os.sched_setaffinity(tid, cpus)

@@ -244,6 +244,27 @@ def test_where_not_even_perfect_drafts_pay_backs_are_never_asked() -> None:
     assert _probe_pattern(model, 100, (8, False)) == "0" * 100  # and no probes
 
 
+def _prose_step(model: CostModel, slow: float) -> str:
+    """One plain step of a reply the draft gets wrong; a back drafts whenever lead asks, and
+    steps taken while it drafts cost `slow` times their quiet price. H: backs are hushed."""
+    drafting = model.wanted() > 0
+    model.record_step(1, 0.1 * (slow if drafting else 1.0), busy=drafting)
+    if drafting:
+        model.record_outcome(0, True)
+    return "H" if model.hush else "p" if model.probing else "."
+
+
+def test_a_back_that_slows_lead_while_drafts_do_not_pay_is_hushed_until_it_stops() -> None:
+    model = calibrated(0.3, XEON, probe_first=2, probe_every=8, probe_outcomes=2)
+    assert model.could_pay(1.0) and model.choose() == 0 and not model.hush
+    slowed = "".join(_prose_step(model, 1.5) for _ in range(200))
+    assert slowed[-100:].count("H") >= 95  # probes grow rare: 2 steps in 64, then 128
+    assert model.hush and model.wanted(first=True) == 0  # not even a reply's first token
+    # the back moves to a core of its own: its next probe finds no slowdown
+    freed = "".join(_prose_step(model, 1.0) for _ in range(300))
+    assert freed[-100:].count("H") == 0 and model.wanted(first=True) == 1
+
+
 def test_cost_model_fixed_and_available() -> None:
     assert CostModel(max_draft=8, fixed=3).choose() == 3
     assert CostModel(max_draft=8, fixed=3).choose(available=2) == 2
