@@ -4,8 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 PORT=${LEAD_PORT:-5555}
+# Lead on the first half of the CPUs; the back (--cpus auto) takes the rest. On a single
+# CPU lead takes it and the back sits out.
+first=$("$PY" -c "import os; print(min(os.sched_getaffinity(0)))" 2>/dev/null || echo 0)
 half=$(( $(nproc) / 2 )); [ "$half" -ge 1 ] || half=1
-export LEAD_THREADS=${LEAD_THREADS:-$half} BACK_THREADS=${BACK_THREADS:-$half}
+export LEAD_CPUS=${LEAD_CPUS:-$first-$(( first + half - 1 ))}
 mkdir -p logs
 "$PY" -m lead -m "${TARGET:-qwen2.5-coder-1.5b}" --host 127.0.0.1 --port "$PORT" \
     >logs/lead.log 2>&1 &
@@ -21,5 +24,6 @@ for _ in $(seq 1 240); do
 done
 "$PY" -m back --lead "127.0.0.1:$PORT" -m "${DRAFT:-qwen2.5-coder-0.5b}" >logs/back.log 2>&1 &
 back=$!
-echo "back attached (log: logs/back.log). Tokens from accepted drafts show in green."
+echo "lead on CPUs $LEAD_CPUS, back on the rest (logs/lead.log, logs/back.log)."
+echo "Tokens from accepted drafts show in green."
 "$PY" chat.py --lead "127.0.0.1:$PORT"
