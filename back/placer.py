@@ -27,14 +27,14 @@ class Placer:
         lead = LeadPlace(info.host, frozenset(info.cpus), info.threads) if info.host else None
         return choose_back(self.flag, self.threads, self.allowed, self.host, lead)
 
-    async def __call__(self, info: Info) -> bool:
-        """Place this back beside the lead of `info`; True: it should sit out."""
+    async def __call__(self, info: Info) -> Placement:
+        """Place this back for the lead of `info`."""
         placement = self.choose(info)
         if placement == self.current:
-            return placement.sit_out
+            return placement
         apply(placement, self.allowed)
         if self.set_threads is not None:
             await self.model_thread.run(self.set_threads, placement.threads)
         self.current = placement
         log.info("placement: %s", placement.describe())
-        return placement.sit_out
+        return placement

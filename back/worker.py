@@ -22,6 +22,7 @@ import numpy as np
 from back.client import LeadClient, LeadError
 from back.drafter import Drafter
 from shared.modelthread import ModelThread
+from shared.placement import Placement
 from shared.protocol import DraftDist, DraftPost, Info, State
 from shared.sampling import make_draft_rng
 
@@ -81,10 +82,10 @@ class Worker:
         self._floor = -1  # no state older than this is taken, even while refetching
         self._news_seen = 0  # states taken so far
         self._parted_at = 0  # the state (by that count) that last parted from our draft
-        # Called with lead's Info at every handshake, before any model work (placement);
-        # True: sit out, computing nothing while lead generates (it would slow lead).
-        self.on_attach: Callable[[Info], Awaitable[bool]] | None = None
-        self.sit_out = False
+        # Called with lead's Info at every handshake, before any model work: where this
+        # back runs, and so whether it sits out or works only when asked (beside lead).
+        self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
+        self.placement = Placement(None, 1)
 
     def stop(self) -> None:
         self._stop.set()
@@ -129,7 +130,7 @@ class Worker:
                 f"draft model does not match lead's {info.model}: vocabulary {self.n_vocab} vs "
                 f"{info.n_vocab}, token table {self.fingerprint} vs {info.fingerprint}")
         if self.on_attach is not None:
-            self.sit_out = await self.on_attach(info)
+            self.placement = await self.on_attach(info)
         self.max_post = max(1, min(self.max_ahead, info.max_post))
         self.eos_token_ids = frozenset(info.eos_token_ids)
         self.state = State(version=-1)  # lead may have restarted: versions start over
@@ -163,10 +164,11 @@ class Worker:
             while not self._stop.is_set():
                 s = self.state
                 quiet = s.session_id if s.session_id and not s.done and (
-                    s.draft_len == 0 or s.session_id == self._too_long or self.sit_out) else ""
+                    s.draft_len == 0 or s.session_id == self._too_long
+                    or self.placement.sit_out) else ""
                 state = await self.client.state(s.version, len(self.lead_tokens),
                                                 back_id=self.back_id, quiet=quiet,
-                                                idle=self.sit_out)
+                                                idle=self.placement.sit_out)
                 if state.lead_id != self.lead_id:  # (a lower version may just be stale)
                     log.info("lead restarted; starting over")
                     await self.handshake()
@@ -229,7 +231,7 @@ class Worker:
                 and len(self.lead_tokens) == s.n_tokens > 0)
 
     def _should_draft(self) -> bool:
-        return self._following() and self.state.draft_len > 0 and not self.sit_out
+        return self._following() and self.state.draft_len > 0 and not self.placement.sit_out
 
     def _already_posted(self, start: int, draft: list[int]) -> bool:
         last_start, last = self._last_post
@@ -249,8 +251,8 @@ class Worker:
             # Lead wants no drafts now, but take in its tokens all the same: a probe then
             # finds this back ready. (Catching up on a 200-token prompt only when a probe
             # came took longer than the probe: lead never saw a draft on code edits.)
-            # Unless lead hushed its backs, or this one sits out: catching up slows lead.
-            if not (self.state.hush or self.sit_out):
+            # Not where that work slows lead: beside it on its host, or when it hushes us.
+            if not (self.state.hush or self.placement.beside_lead or self.placement.sit_out):
                 await self.model_thread.run(self._catch_up, list(self.lead_tokens))
             return
         in_flight: asyncio.Task[State | None] | None = None

@@ -284,14 +284,16 @@ class CostModel:
         return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
 
     def wanted(self, first: bool = False) -> int:
-        """Draft length to ask backs for: what pays, else 1 during a probe or before a
-        reply's first step (to keep learning alpha_first), else 0 (quiet)."""
+        """Draft length to ask backs for: what pays, else 1 during a probe or, while
+        speculation is on, before a reply's first step (to keep learning alpha_first),
+        else 0 (quiet). (Asked at every first step, a back beside lead took in each prompt
+        on lead's CPU while speculation was off.)"""
         best = self.choose(first=first)
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
         if not self.could_pay(1.0) or self.hush:
             return 0  # not even perfect drafts would pay, or backs slow lead: they stay quiet
-        return 1 if self.probing or first else 0
+        return 1 if self.probing or (first and self.choose() > 0) else 0
 
     def describe(self) -> str:
         """One line on the priced batch sizes and what they allow."""
@@ -305,6 +307,7 @@ class CostModel:
     def snapshot(self) -> dict[str, float]:
         out = {f"cost_b{b}": s for b, s in sorted(self.cost_s.items())}
         out["slowdown"] = self.slowdown
+        out["hush"] = float(self.hush)
         out["alpha"] = self.alpha
         out["alpha_first"] = self.alpha_first
         return out

@@ -102,6 +102,7 @@ class Engine:
         # cancelled while waiting on it could leave its lock held, and lead froze.)
         self._news = asyncio.Event()
         self.model_thread = ModelThread("model")  # every model call, calibration too
+        self._hushed = False  # as last logged
         self._waiting = 0
         self._ids = itertools.count(1)
 
@@ -190,6 +191,7 @@ class Engine:
                 watch = self._watch(watch, session, offered.token_ids, first)
             emitted = self._apply(session, result, req.max_tokens, busy)
             watch = self._settle(watch, session)
+            self._say_hush()
             if log.isEnabledFor(logging.DEBUG):
                 self._trace(session, offered, result)
             await self._notify()
@@ -237,6 +239,16 @@ class Engine:
             return None
         dists = draft.dists[:usable] if draft.dists else None
         return Draft(draft.back_id, draft.token_ids[:usable], dists)
+
+    def _say_hush(self) -> None:
+        if self.cost.hush == self._hushed:
+            return
+        self._hushed = self.cost.hush
+        if self._hushed:
+            log.info("backs hushed: lead's steps take %.2fx their quiet time while a back "
+                     "works, and drafts do not pay", self.cost.slowdown)
+        else:
+            log.info("backs asked again: a probe measures what they cost and give")
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
         log.debug("step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "

@@ -30,6 +30,7 @@ class Placement:
     threads: int
     sit_out: bool = False  # compute nothing while lead generates (idle priority for the rest)
     reason: str = ""
+    beside_lead: bool = False  # on lead's host: its work slows lead, so only when asked
 
     def describe(self) -> str:
         if self.sit_out:
@@ -104,9 +105,9 @@ def choose_back(flag: str, threads: int, allowed: frozenset[int], my_host: str,
         return Placement(None, threads or len(allowed), reason="lead is on another host")
     spare = allowed - lead.cpus
     if spare:
-        return Placement(spare, threads or len(spare), reason=f"lead uses CPUs "
-                         f"{format_cpus(lead.cpus)} of this host; the back takes the rest")
-    return Placement(None, threads or 1, sit_out=True, reason=(
+        return Placement(spare, threads or len(spare), beside_lead=True, reason=(
+            f"lead uses CPUs {format_cpus(lead.cpus)} of this host; the back takes the rest"))
+    return Placement(None, threads or 1, sit_out=True, beside_lead=True, reason=(
         f"lead uses every core of this host ({format_cpus(lead.cpus)}), and drafting here "
         "would slow it; start lead with --cpus to leave the back cores, or run the back on "
         "another machine"))

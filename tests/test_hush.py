@@ -1,4 +1,5 @@
-"""Lead hushes a back that slows it (in process: fake models that really contend)."""
+"""Backs that would slow lead stay quiet: beside lead, sitting out, or hushed by lead.
+In process, over httpx.ASGITransport, with fake models (some of which really contend)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from back.drafter import ModelDrafter
 from back.worker import Worker
 from lead.app import create_app
 from shared.fake import FakeModel
+from shared.placement import Placement
 from tests.conftest import async_wait_until, make_settings
-from tests.test_inprocess import ask, run, with_workers
+from tests.test_inprocess import ask, model_worker, new_lead, run, with_workers
 
 
 class BusyDraft(FakeModel):
@@ -55,8 +57,8 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
 
         async def check() -> None:
             await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            for _ in range(8):
-                await ask(transport, max_tokens=60)
+            for i in range(8):  # new prompts: a repeated one, the back would draft from cache
+                await ask(transport, f"prompt number {i}", max_tokens=60)
                 if hushed_for_a_while():
                     break
             assert hushed_for_a_while(), "lead never hushed the back that slowed it"
@@ -67,4 +69,49 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
             assert draft.evaluated == before  # it did not even take in the new prompt
 
         await with_workers([worker], check)
+    run(body())
+
+
+def placed(worker: Worker, placement: Placement) -> Worker:
+    async def attach(_: object) -> Placement:
+        return placement
+    worker.on_attach = attach
+    return worker
+
+
+def test_a_back_beside_lead_takes_in_nothing_while_lead_wants_no_drafts() -> None:
+    async def body() -> None:
+        app, _ = new_lead(draft_len=0)  # lead never asks for drafts
+        transport = httpx.ASGITransport(app=app)
+        beside = placed(model_worker(transport), Placement(frozenset({1}), 1, beside_lead=True))
+        remote = model_worker(transport, back_id="remote")  # catches up: costs lead nothing
+
+        async def check() -> None:
+            await async_wait_until(lambda: beside.state.version >= 0 <= remote.state.version,
+                                   what="handshakes")
+            await ask(transport, "a long prompt " * 8, max_tokens=16)
+            await async_wait_until(lambda: remote.drafter.model.evaluated > 0,  # type: ignore
+                                   what="the remote back to take in the prompt")
+            assert beside.drafter.model.evaluated == 0  # type: ignore[attr-defined]
+
+        await with_workers([beside, remote], check)
+    run(body())
+
+
+def test_a_back_sitting_out_does_nothing_even_when_lead_wants_drafts() -> None:
+    async def body() -> None:
+        app, _ = new_lead(draft_len=4)  # lead always wants drafts
+        transport = httpx.ASGITransport(app=app)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        idle = placed(model_worker(transport, agree=1.0), Placement(None, 1, sit_out=True))
+
+        async def check() -> None:
+            await async_wait_until(lambda: idle.state.version >= 0, what="handshake")
+            polls = engine.metrics.state_polls
+            reply = await ask(transport, max_tokens=40)
+            assert reply["usage"]["drafted_tokens"] == 0
+            assert idle.drafter.model.evaluated == 0  # type: ignore[attr-defined]
+            assert engine.metrics.state_polls - polls <= 3  # woken at start and end, not per step
+
+        await with_workers([idle], check)
     run(body())
