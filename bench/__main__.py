@@ -59,7 +59,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="draft model of the back and the synchronous loop")
     p.add_argument("--placement", choices=("default", "pinned"), default="default",
                    help="default: as users run it, lead and back with their default threads "
-                   "and CPUs; pinned: lead on the first half of the CPUs, back on the rest")
+                   "and CPUs; pinned: lead on the first half of the CPUs (--cpus), the back "
+                   "takes the rest by itself, as with `make run`")
     p.add_argument("--lead-threads", type=int, default=0,
                    help="lead's --threads (0: lead's default)")
     p.add_argument("--back-threads", type=int, default=0,
@@ -141,7 +142,7 @@ def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path
         target = LlamaModel(target_path, a.loop_threads, a.lead_ngl, 2048)
         costs = verify_costs(target, ids[0], list(range(1, 18)))
         target.close()
-    with configs.pinned(a.back_cpus):
+    with configs.pinned(a.draft_cpus):
         draft = LlamaModel(draft_path, a.draft_threads, a.back_ngl, 2048)
         draft_s = verify_costs(draft, ids[0], [1], repeats=9)[1]
         agrees = {p: agreement(draft, ids[p], reply) for p, reply in replies.items()}

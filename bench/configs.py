@@ -53,14 +53,14 @@ def resolve_placement(a: argparse.Namespace) -> None:
     """Fill in the CPUs of --placement pinned, and what lead and back will choose (the
     in-process loops run as lead does; the draft is priced as the back runs)."""
     allowed = allowed_cpus()
-    if a.placement == "pinned" and not (a.lead_cpus or a.back_cpus):
+    if a.placement == "pinned" and not a.lead_cpus:  # as `make run`: the back takes the rest
         cpus = sorted(allowed)
-        half = max(1, len(cpus) // 2)
-        a.lead_cpus, a.back_cpus = format_cpus(cpus[:half]), format_cpus(cpus[half:] or cpus)
+        a.lead_cpus = format_cpus(cpus[:max(1, len(cpus) // 2)])
     lead = choose_lead(a.lead_cpus or "all", a.lead_threads, allowed)
     here = LeadPlace(host_id(), lead.cpus or allowed, lead.threads)
     back = choose_back(a.back_cpus or "auto", a.back_threads, allowed, host_id(), here)
     a.loop_threads, a.draft_threads, a.back_sits_out = lead.threads, back.threads, back.sit_out
+    a.draft_cpus = format_cpus(back.cpus) if back.cpus else None  # for pricing the draft
     a.lead_where, a.back_where = lead.describe(), back.describe()
 
 

@@ -96,12 +96,13 @@ def choose_back(flag: str, threads: int, allowed: frozenset[int], my_host: str,
                 lead: LeadPlace | None) -> Placement:
     """--cpus auto: beside a lead on this host, the cores it leaves free, else idle priority;
     'all': every CPU; a list: those CPUs. --threads 0: one thread per CPU it drafts on."""
+    beside = lead is not None and lead.host == my_host  # its work takes lead's CPU time
     if flag == "all":
-        return Placement(None, threads or len(allowed), reason="--cpus all")
+        return Placement(None, threads or len(allowed), reason="--cpus all", beside_lead=beside)
     if flag != "auto":
         cpus = _pinned(flag, allowed)
-        return Placement(cpus, threads or len(cpus), reason="as --cpus asks")
-    if lead is None or lead.host != my_host:
+        return Placement(cpus, threads or len(cpus), reason="as --cpus asks", beside_lead=beside)
+    if lead is None or not beside:
         return Placement(None, threads or len(allowed), reason="lead is on another host")
     spare = allowed - lead.cpus
     if spare:

@@ -57,7 +57,7 @@ def test_lead_runs_one_thread_per_cpu_it_may_use() -> None:
 def test_a_back_beside_lead_takes_the_cpus_lead_leaves() -> None:
     lead = LeadPlace("host-a", frozenset({0, 1}), 2)
     back = choose_back("auto", 0, FOUR, "host-a", lead)
-    assert back.cpus == {2, 3} and back.threads == 2 and not back.sit_out
+    assert back.cpus == {2, 3} and back.threads == 2 and not back.sit_out and back.beside_lead
     assert not back.cpus & lead.cpus
 
 
@@ -74,10 +74,12 @@ def test_a_back_on_another_host_uses_every_cpu_it_has() -> None:
     assert old_lead.threads == 4 and not old_lead.sit_out
 
 
-def test_a_back_told_where_to_run_runs_there() -> None:
+def test_a_back_told_where_to_run_runs_there_and_still_knows_it_is_beside_lead() -> None:
     lead = LeadPlace("host-a", FOUR, 4)
-    assert choose_back("2-3", 1, FOUR, "host-a", lead).cpus == {2, 3}
+    told = choose_back("2-3", 1, FOUR, "host-a", lead)
+    assert told.cpus == {2, 3} and told.beside_lead and not told.sit_out
     assert choose_back("all", 0, FOUR, "host-a", lead).cpus is None
+    assert not choose_back("2-3", 1, FOUR, "host-b", lead).beside_lead
     with pytest.raises(PlacementError):
         choose_back("7", 0, FOUR, "host-a", lead)
 
