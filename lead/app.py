@@ -27,7 +27,8 @@ from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead, ho
 
 
 def lead_placement(settings: LeadSettings) -> Placement:
-    return choose_lead(settings.cpus, settings.threads, allowed_cpus())
+    return choose_lead(settings.cpus, settings.threads, allowed_cpus(),
+                       on_gpu=settings.n_gpu_layers < 0)
 
 
 def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:

@@ -75,8 +75,13 @@ def _pinned(flag: str, allowed: frozenset[int]) -> frozenset[int]:
     return cpus
 
 
-def choose_lead(flag: str, threads: int, allowed: frozenset[int]) -> Placement:
-    """Lead: every CPU it may use unless --cpus names some; one thread per CPU by default."""
+def choose_lead(flag: str, threads: int, allowed: frozenset[int], on_gpu: bool = False
+                ) -> Placement:
+    """Lead: every CPU it may use unless --cpus names some; one thread per CPU by default.
+    `on_gpu` (every layer offloaded): one CPU for its own work, the rest left to backs."""
+    if flag in ("", "all") and on_gpu:
+        return Placement(frozenset({min(allowed)}), threads or 1, reason=(
+            "the model is on the GPU; the other CPUs are left to backs"))
     if flag in ("", "all"):
         return Placement(None, threads or len(allowed), reason="every core of this process")
     cpus = _pinned(flag, allowed)
