@@ -77,11 +77,15 @@ def _pinned(flag: str, allowed: frozenset[int]) -> frozenset[int]:
 
 def choose_lead(flag: str, threads: int, allowed: frozenset[int], on_gpu: bool = False
                 ) -> Placement:
-    """Lead: every CPU it may use unless --cpus names some; one thread per CPU by default.
-    `on_gpu` (every layer offloaded): one CPU for its own work, the rest left to backs."""
+    """Lead: every CPU it may use unless --cpus names some, or --threads asks for fewer
+    (then the first that many); one thread per CPU by default. `on_gpu` (every layer
+    offloaded): one CPU for its own work, the rest left to backs."""
     if flag in ("", "all") and on_gpu:
         return Placement(frozenset({min(allowed)}), threads or 1, reason=(
             "the model is on the GPU; the other CPUs are left to backs"))
+    if flag in ("", "all") and 0 < threads < len(allowed):
+        return Placement(frozenset(sorted(allowed)[:threads]), threads, reason=(
+            f"--threads {threads}: that many CPUs, the rest left to backs"))
     if flag in ("", "all"):
         return Placement(None, threads or len(allowed), reason="every core of this process")
     cpus = _pinned(flag, allowed)

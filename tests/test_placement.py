@@ -50,6 +50,8 @@ def test_lead_runs_one_thread_per_cpu_it_may_use() -> None:
     pinned = choose_lead("0-1", 0, FOUR)
     assert pinned.cpus == {0, 1} and pinned.threads == 2
     assert choose_lead("0-1", 3, FOUR).threads == 3  # the user's count stands
+    fewer = choose_lead("all", 2, FOUR)  # --threads 2 of 4 CPUs: two CPUs, two for backs
+    assert fewer.cpus == {0, 1} and fewer.threads == 2
     on_gpu = choose_lead("all", 0, FOUR, on_gpu=True)  # --n-gpu-layers -1
     assert on_gpu.cpus == {0} and on_gpu.threads == 1
     back = choose_back("auto", 0, FOUR, "h", LeadPlace("h", on_gpu.cpus, on_gpu.threads))
