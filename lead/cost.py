@@ -229,10 +229,12 @@ class CostModel:
     @property
     def hush(self) -> bool:
         """Whether backs should do no work at all, not even catch up: the last probe found
-        that a working back slows lead's steps by `hush_at` or more, and drafts do not pay
-        for it. Lifted by the next probe, which measures again."""
+        that a working back slows lead's steps by `hush_at` or more, so much that not even
+        perfect drafts could pay for it. Lifted by the next probe, which measures again.
+        (Hushing whenever drafts did not pay at the current estimate also silenced backs
+        that were about to prove right, before they could.)"""
         return (self.fixed is None and not self.probing and self.slowdown >= self.hush_at
-                and self.choose() == 0)
+                and not self.could_pay(self.slowdown))
 
     def _shape(self, batch_size: int) -> float:
         if batch_size in self.shape:

@@ -255,15 +255,25 @@ def _prose_step(model: CostModel, slow: float) -> str:
     return "H" if model.hush else "p" if model.probing else "."
 
 
-def test_a_back_that_slows_lead_while_drafts_do_not_pay_is_hushed_until_it_stops() -> None:
-    model = calibrated(0.3, XEON, probe_first=2, probe_every=8, probe_outcomes=2)
+# measured on a 2-core AMD EPYC (AVX-512), one thread: perfect drafts pay only quiet
+EPYC = {1: 1.0, 2: 1.84, 3: 2.57, 4: 3.25, 5: 4.04, 6: 4.8, 7: 5.6, 8: 8.25, 9: 8.9}
+
+
+def test_a_back_that_slows_lead_so_much_drafts_cannot_pay_is_hushed_until_it_stops() -> None:
+    model = calibrated(0.3, EPYC, probe_first=2, probe_every=8, probe_outcomes=2)
     assert model.could_pay(1.0) and model.choose() == 0 and not model.hush
     slowed = "".join(_prose_step(model, 1.5) for _ in range(200))
     assert slowed[-100:].count("H") >= 95  # probes grow rare: 2 steps in 64, then 128
     assert model.hush and model.wanted(first=True) == 0  # not even a reply's first token
     # the back moves to a core of its own: its next probe finds no slowdown
     freed = "".join(_prose_step(model, 1.0) for _ in range(300))
-    assert freed[-100:].count("H") == 0 and model.wanted(first=True) == 1
+    assert freed[-100:].count("H") == 0 and "p" in freed[-100:]  # probed again
+
+
+def test_a_back_whose_perfect_drafts_would_still_pay_is_not_hushed() -> None:
+    model = calibrated(0.3, XEON, probe_first=2, probe_every=8, probe_outcomes=2)
+    slowed = "".join(_prose_step(model, 1.5) for _ in range(200))
+    assert model.could_pay(model.slowdown) and "H" not in slowed  # probes go on
 
 
 def test_cost_model_fixed_and_available() -> None:
