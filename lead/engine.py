@@ -246,7 +246,7 @@ class Engine:
         self._hushed = self.cost.hush
         if self._hushed:
             log.info("backs hushed: lead's steps take %.2fx their quiet time while a back "
-                     "works, and drafts do not pay", self.cost.slowdown)
+                     "works, more than even perfect drafts could make up", self.cost.slowdown)
         else:
             log.info("backs asked again: a probe measures what they cost and give")
 
