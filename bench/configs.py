@@ -15,7 +15,14 @@ from pathlib import Path
 
 from bench.procs import Back, Lead
 from bench.runs import Result, via_lead
-from shared.placement import LeadPlace, allowed_cpus, choose_back, choose_lead, format_cpus, host_id
+from shared.placement import (
+    LeadPlace,
+    allowed_cpus,
+    choose_back,
+    choose_lead,
+    format_cpus,
+    parse_cpus,
+)
 
 Runner = Callable[[int], Result]
 LEAD_ALONE = "lead alone"
@@ -37,16 +44,11 @@ def pinned(cpus: str | None) -> Iterator[None]:
         yield
         return
     before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {c for part in cpus.split(",") for c in _cpu_range(part)})
+    os.sched_setaffinity(0, parse_cpus(cpus))
     try:
         yield
     finally:
         os.sched_setaffinity(0, before)
-
-
-def _cpu_range(part: str) -> range:
-    lo, _, hi = part.partition("-")
-    return range(int(lo), int(hi or lo) + 1)
 
 
 def resolve_placement(a: argparse.Namespace) -> None:
@@ -57,8 +59,8 @@ def resolve_placement(a: argparse.Namespace) -> None:
         cpus = sorted(allowed)
         a.lead_cpus = format_cpus(cpus[:max(1, len(cpus) // 2)])
     lead = choose_lead(a.lead_cpus or "all", a.lead_threads, allowed)
-    here = LeadPlace(host_id(), lead.cpus or allowed, lead.threads)
-    back = choose_back(a.back_cpus or "auto", a.back_threads, allowed, host_id(), here)
+    here = LeadPlace.of(lead, allowed)
+    back = choose_back(a.back_cpus or "auto", a.back_threads, allowed, here.host, here)
     a.loop_threads, a.draft_threads, a.back_sits_out = lead.threads, back.threads, back.sit_out
     a.draft_cpus = format_cpus(back.cpus) if back.cpus else None  # for pricing the draft
     a.lead_where, a.back_where = lead.describe(), back.describe()

@@ -23,7 +23,7 @@ from lead.backroutes import back_router
 from lead.engine import Emission, Engine, GenRequest, QueueFull, Session
 from lead.settings import LeadSettings
 from shared.model import Model
-from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead, host_id
+from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
 
 
 def lead_placement(settings: LeadSettings) -> Placement:
@@ -49,7 +49,7 @@ def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(_Gate, limit=settings.max_body_kb * 1024, api_key=settings.api_key)
     app.include_router(_openai_router(engine, settings))
-    place = LeadPlace(host_id(), placement.cpus or allowed_cpus(), placement.threads)
+    place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s))
 
     @app.get("/health")

@@ -123,7 +123,7 @@ class CostModel:
     probe_outcomes: int = 4
     probe_steps: int = 16  # a probe ends after this many steps even without its outcomes
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
-    hush_at: float = 1.1  # a back slowing lead this much, when drafts do not pay, is hushed
+    hush_at: float = 1.1  # a back slowing lead this much, past what drafts could repay, is hushed
     hush_every: int = 512  # the longest gap between probes while hushed
     cost_s: dict[int, float] = field(default_factory=dict)  # as measured (reported)
     shape: dict[int, float] = field(default_factory=lambda: {1: 1.0})  # quiet cost(b)/cost(1)

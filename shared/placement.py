@@ -100,6 +100,11 @@ class LeadPlace:
     cpus: frozenset[int]
     threads: int
 
+    @classmethod
+    def of(cls, placement: Placement, allowed: frozenset[int]) -> LeadPlace:
+        """What a lead placed so on this host publishes (unpinned: every CPU it may use)."""
+        return cls(host_id(), placement.cpus or allowed, placement.threads)
+
 
 def choose_back(flag: str, threads: int, allowed: frozenset[int], my_host: str,
                 lead: LeadPlace | None) -> Placement:
