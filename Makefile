@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models run test test-fast lint bench clean
+.PHONY: install models run test test-fast test-process lint bench advise clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,7 +25,10 @@ run: models  ## lead + back on the default pair, then the chat REPL
 test: models  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest
 
-test-fast: install  ## no real models: unit, API, in-process and chat tests
+test-fast: install  ## the unit tier: one process, fake models (about a minute)
+	$(PY) -m pytest -m unit
+
+test-process: install  ## the unit and process tiers: no real models
 	$(PY) -m pytest -m "not real"
 
 lint: install
@@ -33,6 +36,9 @@ lint: install
 
 bench: models  ## every configuration side by side, bound, sweep (bench-results/)
 	$(PY) -m bench $(BENCH_ARGS)
+
+advise: models  ## will duo be faster on this machine? (about a minute)
+	$(PY) -m bench --advise
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

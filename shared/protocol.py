@@ -1,8 +1,10 @@
 """Wire models of the lead <-> back protocol (JSON over HTTP).
 
-GET  /duo/info            -> Info
-GET  /duo/state?session=&offset=&wait=  -> State (long-poll)
-POST /duo/draft  DraftPost -> State (tokens from the draft's start)
+GET  /duo/info                                          -> Info
+GET  /duo/state?since=&offset=&wait=&back=&quiet=&idle=  -> State (long-poll)
+POST /duo/draft  DraftPost                               -> State (tokens from its start)
+
+The whole protocol, with the meaning of each field: docs/protocol.md.
 """
 
 from __future__ import annotations

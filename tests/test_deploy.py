@@ -18,6 +18,8 @@ import yaml
 from back.settings import BackSettings
 from lead.settings import LeadSettings
 
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
 

@@ -16,6 +16,8 @@ import pytest
 
 from bench.procs import SIM_DRAFT, SIM_TARGET, SimBack, SimLead, wait_until
 
+pytestmark = pytest.mark.process
+
 REPEATS = 20
 TOKENS = 80
 

@@ -61,6 +61,8 @@ def in_ns(ns: str, args: list[str], **kw: object) -> subprocess.Popen[str]:
 
 CLIENT = """
 import httpx, json, sys
+
+pytestmark = pytest.mark.process
 url, key = sys.argv[1], sys.argv[2]
 h = {"Authorization": f"Bearer {key}"}
 body = {"messages": [{"role": "user", "content": "across the wire"}], "max_tokens": 60}
