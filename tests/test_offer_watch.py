@@ -4,9 +4,16 @@ from __future__ import annotations
 
 import asyncio
 
-from lead.cost import OfferWatch
+from lead.cost import OfferWatch, draft_outcome
 from lead.engine import Engine, GenRequest
 from shared.fake import FakeModel
+
+
+def test_draft_outcome_counts_matches_until_the_first_miss() -> None:
+    assert draft_outcome([1, 2, 3], [1, 2, 9, 4]) == (2, True)
+    assert draft_outcome([1, 2], [1, 2, 3]) == (2, False)  # the draft ran out
+    assert draft_outcome([1, 2, 3], [1]) == (1, False)  # lead emitted one token
+    assert draft_outcome([5], [1]) == (0, True)
 
 
 def test_watch_settles_on_a_miss_its_limit_or_the_end() -> None:
@@ -73,4 +80,4 @@ def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None
                 posted = True
 
     asyncio.run(run())
-    assert posted and engine.cost.matches > 0  # the draft's matches up to the stop count
+    assert posted and engine.cost.acceptance.matches > 0  # the draft's matches up to the stop count
