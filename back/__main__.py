@@ -62,6 +62,7 @@ async def serve(worker: Worker) -> None:
     finally:
         worker.close()
         await worker.client.close()
+        log.info("in all: %s", worker.sessions.totals.line())
 
 
 def main(argv: list[str] | None = None) -> None:

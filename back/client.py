@@ -5,6 +5,7 @@ from __future__ import annotations
 import httpx
 
 from shared.protocol import DraftPost, Info, State
+from shared.web import auth_headers, error_message, lead_url, retry_after
 
 
 class LeadError(Exception):
@@ -15,18 +16,12 @@ class LeadError(Exception):
         self.status, self.retry_after = status, retry_after
 
 
-def lead_url(address: str) -> str:
-    address = address.strip().rstrip("/")
-    return address if "://" in address else f"http://{address}"
-
-
 class LeadClient:
     def __init__(self, address: str, api_key: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
                  poll_wait: float = 10.0) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.poll_wait = poll_wait
-        self._http = httpx.AsyncClient(base_url=lead_url(address), headers=headers,
+        self._http = httpx.AsyncClient(base_url=lead_url(address), headers=auth_headers(api_key),
                                        transport=transport,
                                        timeout=httpx.Timeout(5.0, read=poll_wait + 10.0))
 
@@ -61,11 +56,6 @@ class LeadClient:
     @staticmethod
     def _json(response: httpx.Response) -> object:
         if response.status_code >= 400:
-            try:
-                message = response.json()["error"]["message"]
-            except (ValueError, KeyError, TypeError):
-                message = response.text[:200]
-            retry = response.headers.get("retry-after", "0")
-            raise LeadError(f"lead answered {response.status_code}: {message}",
-                            response.status_code, float(retry) if retry.isdigit() else 1.0)
+            raise LeadError(f"lead answered {response.status_code}: {error_message(response)}",
+                            response.status_code, retry_after(response))
         return response.json()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
+
+from shared.web import auth_headers, error_message, lead_url, retry_after, sse_events
 
 
 class ChatError(Exception):
@@ -41,10 +43,9 @@ class ReplyStats:
 class ChatClient:
     def __init__(self, lead: str, api_key: str | None = None,
                  transport: httpx.BaseTransport | None = None) -> None:
-        base = lead if "://" in lead else f"http://{lead}"
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self.base = base.rstrip("/")
-        self._http = httpx.Client(base_url=self.base, headers=headers, transport=transport,
+        self.base = lead_url(lead)
+        self._http = httpx.Client(base_url=self.base, headers=auth_headers(api_key),
+                                  transport=transport,
                                   timeout=httpx.Timeout(10.0, read=300.0))
 
     def close(self) -> None:
@@ -57,8 +58,8 @@ class ChatClient:
         try:
             with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
                 self._check(response)
-                for line in response.iter_lines():
-                    piece = self._event(line, stats)
+                for event in sse_events(response.iter_lines()):
+                    piece = self._event(event, stats)
                     if piece is not None:
                         yield piece
         except httpx.ConnectError:
@@ -72,10 +73,7 @@ class ChatClient:
             stats.t_end = time.perf_counter()
 
     @staticmethod
-    def _event(line: str, stats: ReplyStats) -> Piece | None:
-        if not line.startswith("data: ") or line == "data: [DONE]":
-            return None
-        event = json.loads(line[6:])
+    def _event(event: dict[str, Any], stats: ReplyStats) -> Piece | None:
         choice = event["choices"][0]
         if usage := event.get("usage"):
             stats.drafted, stats.accepted = usage["drafted_tokens"], usage["accepted_tokens"]
@@ -93,16 +91,12 @@ class ChatClient:
         if response.status_code < 400:
             return
         response.read()
-        try:
-            message = response.json()["error"]["message"]
-        except (ValueError, KeyError, TypeError):
-            message = response.text[:200]
         if response.status_code == 401:
             raise ChatError("lead refused the API key: pass --api-key (or DUO_API_KEY)")
         if response.status_code == 429:
-            wait = response.headers.get("retry-after", "a few")
-            raise ChatError(f"lead is busy (its queue is full); try again in {wait} s")
-        raise ChatError(f"lead answered {response.status_code}: {message}")
+            raise ChatError("lead is busy (its queue is full); try again in "
+                            f"{retry_after(response):g} s")
+        raise ChatError(f"lead answered {response.status_code}: {error_message(response)}")
 
     def metrics(self) -> dict[str, float]:
         try:

@@ -20,6 +20,8 @@ from lead.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import LiveServer, make_settings
 
+pytestmark = pytest.mark.process  # chat.py runs in its own process, lead on a real socket
+
 ROOT = Path(__file__).resolve().parent.parent
 GREEN = "\x1b[32m"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[a-zA-Z]|\x1b\][^\x07]*\x07|\r")

@@ -7,6 +7,7 @@ so exact equality of output is tested with fakes; here we test what holds exactl
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -17,6 +18,8 @@ from bench.procs import Back, Lead, metric, wait_until
 pytestmark = pytest.mark.real
 
 CODE_PROMPT = "Write a Python function that checks whether a number is prime, with comments."
+SESSION_LINE = re.compile(r"session \S+: caught up \d+ tokens in [\d.]+ s; drafted \d+ in "
+                          r"\d+ posts, accepted (\d+)")
 
 
 @pytest.fixture(scope="module")
@@ -45,6 +48,15 @@ def stream_chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> Iterator
 def state(lead: Lead, offset: int = 0, since: int = -1, wait: float = 0) -> dict:
     return httpx.get(f"{lead.url}/duo/state", params={"offset": offset, "since": since,
                                                        "wait": wait}, timeout=40).json()
+
+
+def back_accepted(back: Back) -> int:
+    """The draft tokens lead accepted from `back`, from its session lines; call after
+    back.stop() (on SIGTERM it still logs the session it was in)."""
+    back.p.wait(30)
+    accepted = [int(found.group(1)) for found in SESSION_LINE.finditer(back.log())]
+    assert accepted, f"no session line in the back's log:\n{back.log()[-2000:]}"
+    return sum(accepted)
 
 
 def test_chat_completion_and_stream_agree(lead: Lead) -> None:
@@ -116,7 +128,7 @@ def test_smollm2_back_drafting_for_itself(lead: Lead) -> None:
         assert accepted / (accepted + rejections) > 0.8, (first, again, rejections)
     finally:
         back.stop()
-    assert "accepted" in back.log()
+    assert 0 < back_accepted(back) <= first["accepted_tokens"] + again["accepted_tokens"]
 
 
 def test_client_disconnect_frees_lead(lead: Lead) -> None:

@@ -1,0 +1,101 @@
+"""The back's copy of lead's state, kept from the states lead sends (pure: no I/O, no threads).
+
+Lead sends its session's tokens from the offset the back asks for; the mirror splices
+them onto what it holds, refuses states older than one it took, and asks again from
+scratch where a splice would garble its copy. From its copy it says whether the back
+follows a session, whether it should draft for it, and where a draft continues lead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from shared.protocol import State
+
+
+def parted(path: Sequence[int], lead_tokens: Sequence[int]) -> bool:
+    """Whether lead's tokens leave `path` (a drafter's sequence) where both have tokens."""
+    n = min(len(path), len(lead_tokens))
+    return tuple(path[:n]) != tuple(lead_tokens[:n])
+
+
+@dataclass(frozen=True)
+class Taken:
+    """What taking one state changed."""
+
+    new_session: bool = False  # another session than the one followed (or none) so far
+    refetch: bool = False  # tokens not taken: the next ask starts from our offset
+    outgrew: bool = False  # the session just became longer than the draft model holds
+
+
+class LeadMirror:
+    def __init__(self, fits: Callable[[int], bool] = lambda _: True) -> None:
+        self.fits = fits  # whether the draft model holds this many tokens and a draft
+        self.state = State()
+        self.tokens: tuple[int, ...] = ()  # lead's session tokens; replaced, never mutated
+        self.lead_id = ""
+        self.too_long: str | None = None  # a session sat out: more than the draft model holds
+        self._floor = -1  # no state older than this is taken, even while refetching
+
+    def attach(self, lead_id: str) -> None:
+        """Start over with (maybe another) lead: its versions may have started over too."""
+        self.state = State(version=-1)
+        self.tokens, self.lead_id, self._floor = (), lead_id, -1
+
+    def other_lead(self, state: State) -> bool:
+        """Whether `state` comes from another lead process (a lower version may just be
+        stale: only the lead id tells a restart)."""
+        return state.lead_id != self.lead_id
+
+    def take(self, state: State) -> Taken | None:
+        """Take `state` (its tokens from `state.offset` on); None: it is older than ours."""
+        if state.version < max(self.state.version, self._floor):
+            return None
+        new_session = state.session_id != self.state.session_id
+        if new_session:
+            self.tokens = ()
+        if state.offset > len(self.tokens):
+            # Its tokens start past ours (asked from an old session's offset, or a reply
+            # landing after a reconnect reset ours): splicing would garble them.
+            self._floor = state.version
+            self.state = state.model_copy(update={"version": -1})
+            return Taken(new_session, refetch=True)
+        self.tokens = self.tokens[:state.offset] + tuple(state.token_ids)
+        self.state = state
+        return Taken(new_session, outgrew=self._outgrew())
+
+    def _outgrew(self) -> bool:
+        sid = self.state.session_id
+        if sid and not self.state.done and sid != self.too_long \
+                and not self.fits(len(self.tokens)):
+            self.too_long = sid
+            return True
+        return False
+
+    @property
+    def following(self) -> bool:
+        """A live session the back can hold, whose every token it holds."""
+        s = self.state
+        return (s.session_id is not None and not s.done and s.session_id != self.too_long
+                and len(self.tokens) == s.n_tokens > 0)
+
+    def should_draft(self, sit_out: bool = False) -> bool:
+        return self.following and self.state.draft_len > 0 and not sit_out
+
+    def quiet(self, sit_out: bool = False) -> str:
+        """The session to long-poll quietly (woken when it wants drafts, or only when it
+        ends where `sit_out`): a live one this back does not draft for now; else ''."""
+        s = self.state
+        if s.session_id and not s.done and (
+                s.draft_len == 0 or s.session_id == self.too_long or sit_out):
+            return s.session_id
+        return ""
+
+    def draft_past(self, local: Sequence[int]) -> list[int] | None:
+        """What `local` (a drafter's sequence) holds past lead's tokens; None where it does
+        not hold them: what lies past them was drafted on a path lead left."""
+        n = len(self.tokens)
+        if len(local) < n or tuple(local[:n]) != self.tokens:
+            return None
+        return list(local[n:])

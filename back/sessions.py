@@ -1,0 +1,116 @@
+"""The back's bookkeeping of lead's sessions: what it did for each, and its draft generator.
+
+Owned by the event loop. Model-thread jobs never touch it: they return a `Work`, which
+the event loop adds to the stats of the session the job was started for, if that
+session is still the one followed.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+from shared.sampling import make_draft_rng
+
+RECENT = 32  # sessions kept for inspection; totals cover all of them
+
+
+@dataclass(frozen=True)
+class Work:
+    """What one model-thread job did."""
+
+    caught_up: int = 0  # lead's tokens evaluated
+    catch_up_s: float = 0.0
+    cut_short: int = 0  # draft evaluations stopped midway: lead had left their path
+
+
+@dataclass
+class SessionStats:
+    session_id: str
+    catch_up_s: float = 0.0
+    caught_up: int = 0
+    drafted: int = 0  # draft tokens posted (each counted once, however often re-posted)
+    posts: int = 0
+    accepted: int = 0  # as lead reports back
+    cut_short: int = 0
+
+    def add(self, work: Work) -> None:
+        self.caught_up += work.caught_up
+        self.catch_up_s += work.catch_up_s
+        self.cut_short += work.cut_short
+
+    def line(self) -> str:
+        share = f" ({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else ""
+        return (f"session {self.session_id}: caught up {self.caught_up} tokens in "
+                f"{self.catch_up_s:.2f} s; drafted {self.drafted} in {self.posts} posts, "
+                f"accepted {self.accepted}{share}; dead drafts cut short: {self.cut_short}")
+
+
+@dataclass
+class Totals:
+    """Sums over every session that ended."""
+
+    sessions: int = 0
+    caught_up: int = 0
+    drafted: int = 0
+    posts: int = 0
+    accepted: int = 0
+    cut_short: int = 0
+
+    def add(self, stats: SessionStats) -> None:
+        self.sessions += 1
+        self.caught_up += stats.caught_up
+        self.drafted += stats.drafted
+        self.posts += stats.posts
+        self.accepted += stats.accepted
+        self.cut_short += stats.cut_short
+
+    def line(self) -> str:
+        sessions = f"{self.sessions} session{'' if self.sessions == 1 else 's'}"
+        return (f"{sessions}, {self.caught_up} tokens caught up; drafted "
+                f"{self.drafted} in {self.posts} posts, accepted {self.accepted}")
+
+
+class Sessions:
+    """The session being followed (its stats and draft generator), the last few that
+    ended, and totals over all of them."""
+
+    def __init__(self, keep: int = RECENT) -> None:
+        self.current: SessionStats | None = None
+        self.rng = np.random.default_rng()  # the current session's: its seed's stream
+        self.recent: deque[SessionStats] = deque(maxlen=keep)
+        self.totals = Totals()
+
+    def start(self, session_id: str, seed: int | None) -> SessionStats:
+        """Follow a new live session (the one followed so far ends first)."""
+        self.end()
+        self.current = SessionStats(session_id)
+        self.rng = make_draft_rng(seed)
+        return self.current
+
+    def end(self) -> SessionStats | None:
+        """End the current session, if any, and return its stats."""
+        ended, self.current = self.current, None
+        if ended is not None:
+            self.recent.append(ended)
+            self.totals.add(ended)
+        return ended
+
+    def add(self, stats: SessionStats | None, work: Work) -> bool:
+        """Count `work` done for the session of `stats`; dropped (False) if that one ended."""
+        if stats is None or stats is not self.current:
+            return False
+        stats.add(work)
+        return True
+
+    def posted(self, new_tokens: int) -> None:
+        if self.current is not None:
+            self.current.posts += 1
+            self.current.drafted += new_tokens
+
+    def accepted(self, your_accepted: int) -> None:
+        """Lead's count of this back's tokens accepted in the current session."""
+        if self.current is not None:
+            self.current.accepted = max(self.current.accepted, your_accepted)

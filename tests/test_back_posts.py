@@ -1,0 +1,61 @@
+"""PostBook: what the back posts, given its draft, and what it already posted."""
+
+from __future__ import annotations
+
+from back.posts import PostBook
+from shared.protocol import DraftDist
+
+
+def dist(token: int) -> DraftDist:
+    return DraftDist(token_ids=[token], probs=[1.0])
+
+
+def test_a_draft_already_posted_is_not_posted_again() -> None:
+    book = PostBook()
+    first = book.next_post("s", 3, [4, 5, 6], "b")
+    assert first is not None and first[0].start == 3 and first[0].token_ids == [4, 5, 6]
+    assert book.next_post("s", 3, [4, 5, 6], "b") is None
+    assert book.next_post("s", 4, [5, 6], "b") is None  # lead took 4: the rest was posted
+    assert book.next_post("s", 4, [], "b") is None
+
+
+def test_only_tokens_no_post_carried_count_as_drafted() -> None:
+    book = PostBook()
+    assert book.next_post("s", 3, [4, 5], "b")[1] == 2  # type: ignore[index]
+    made = book.next_post("s", 3, [4, 5, 6, 7], "b")  # the same draft, grown by two
+    assert made is not None and made[0].token_ids == [4, 5, 6, 7] and made[1] == 2
+    made = book.next_post("s", 5, [6, 7, 8], "b")  # lead took two; one more drafted
+    assert made is not None and made[1] == 1
+    made = book.next_post("s", 6, [9], "b")  # redrafted after a rejection at 6
+    assert made is not None and made[1] == 0  # a position some post carried already
+
+
+def test_a_new_session_forgets_what_was_posted() -> None:
+    book = PostBook()
+    book.next_post("s", 3, [4, 5], "b")
+    book.new_session()
+    made = book.next_post("t", 3, [4, 5], "b")  # the same tokens, for another session
+    assert made is not None and made[0].session_id == "t" and made[1] == 2
+
+
+def test_distributions_go_with_a_post_only_when_every_token_has_one() -> None:
+    book = PostBook()
+    book.drafted(kept=3, dists={3: dist(4), 4: dist(5)})
+    made = book.next_post("s", 3, [4, 5], "b")
+    assert made is not None and made[0].dists == [dist(4), dist(5)]
+    made = book.next_post("s", 3, [4, 5, 6], "b")  # 6 has none (a greedy guess)
+    assert made is not None and made[0].dists is None
+    book.new_session()
+    made = book.next_post("s", 3, [4, 5], "b", with_dists=False)
+    assert made is not None and made[0].dists is None
+
+
+def test_redrafted_positions_drop_their_old_distributions() -> None:
+    book = PostBook()
+    book.drafted(kept=3, dists={3: dist(4), 4: dist(5), 5: dist(6)})
+    book.drafted(kept=4, dists={})  # catching up cut the drafter back to 4 tokens
+    made = book.next_post("s", 3, [4, 5], "b")  # 5 at position 4 is another guess now
+    assert made is not None and made[0].dists is None
+    book.drafted(kept=4, dists={4: dist(7)})
+    made = book.next_post("s", 3, [4, 7], "b")
+    assert made is not None and made[0].dists == [dist(4), dist(7)]
