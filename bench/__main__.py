@@ -4,24 +4,24 @@ Configurations, same model, prompts and placement: a raw llama-cpp-python greedy
 lead alone; lead + back (draft model); lead + back (n-gram); llama-cpp-python's
 prompt-lookup decoding; a synchronous draft-model loop. Then the analytic bound from
 the measured verify costs and acceptance, and a draft-length sweep (PNG + JSON).
-`--sim` measures the protocol itself with simulated models of chosen cost instead.
+`--sim` measures the protocol itself with simulated models of chosen cost instead;
+`--advise` answers in a minute or two whether duo would be faster on this machine.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
-from bench import configs, report
+from bench import configs, prompts, report
+from bench.advise import ADVISE_PROMPTS
+from bench.load import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
 from shared.placement import PlacementError
-
-PROMPTS = json.loads((Path(__file__).parent / "prompts.json").read_text())
 
 
 def progress(message: str) -> None:
@@ -71,8 +71,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
     p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
-    p.add_argument("--prompts", type=int, default=len(PROMPTS),
-                   help="use the first N prompts of bench/prompts.json")
+    p.add_argument("--prompts", type=int, help="use N prompts of bench/prompts.json (default: "
+                   "all, in file order; --advise: 4, taken from each kind in turn)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds over the prompts; per-prompt figures pool the rounds")
     p.add_argument("--sync-k", type=int, default=3,
@@ -85,6 +85,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--quick", action="store_true",
                    help="SmolLM2 as target and draft, 2 prompts, 24 tokens, a short sweep")
+    p.add_argument("--advise", action="store_true", help="will duo be faster here? measures "
+                   "the target's verify cost, the draft's cost and agreement in each placement "
+                   "(a minute or two), and prints the expected speed of each")
     p.add_argument("--sim", action="store_true", help="SIMULATION: fake models of chosen cost")
     p.add_argument("--sim-target", default="0.03,0.0005", type=_seconds,
                    help="simulated target: seconds per call, per token (GPU-like: flat)")
@@ -93,12 +96,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-agree", type=float, default=0.8,
                    help="simulated draft agreement")
     a = p.parse_args(argv)
+    if a.prompts is None:
+        a.prompts = ADVISE_PROMPTS if a.advise else len(prompts.load())
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
         p.error("--repeat, --prompts and --sweep-prompts must be at least 1, --tokens at "
                 "least 2")
     if len(a.sim_target) != 2 or len(a.sim_draft) != 1 or not 0 <= a.sim_agree <= 1:
         p.error("--sim-target takes CALL,TOKEN seconds, --sim-draft one figure, "
                 "--sim-agree a share in [0, 1]")
+    if a.advise and a.sim:
+        p.error("--advise measures real models; it does not take --sim")
     if a.quick:
         a.target = a.draft = "smollm2-135m"
         a.prompts, a.tokens, a.sweep, a.sweep_prompts = 2, 24, "1,4", 1
@@ -112,22 +119,23 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def run_models(a: argparse.Namespace) -> dict:
     from shared.presets import resolve_model
 
-    prompts = PROMPTS[: a.prompts]
+    chosen = prompts.load()[: a.prompts]
     target_path = resolve_model(a.target)
-    ids = [_chat_ids(target_path, p["text"]) for p in prompts]
+    ids = [_chat_ids(target_path, p["text"]) for p in chosen]
+    watch = LoadWatch()
     with ExitStack() as stack:
         progress("starting every configuration: lead processes, backs, in-process loops")
-        runners, duo = configs.start_all(a, stack, prompts, ids, target_path)
-        progress(f"{len(runners)} configurations x {len(prompts)} prompts x {a.repeat} "
+        runners, duo = configs.start_all(a, stack, chosen, ids, target_path)
+        progress(f"{len(runners)} configurations x {len(chosen)} prompts x {a.repeat} "
                  "rounds, interleaved")
-        results = configs.interleaved(runners, len(prompts), progress, a.repeat)
+        results = configs.interleaved(runners, len(chosen), progress, a.repeat)
         gauges = {name: metric(duo, f"duo_{name}") for name in ("draft_len", "alpha")}
-        sweep = run_sweep(a, prompts[: a.sweep_prompts], runners[configs.LEAD_ALONE])
+        sweep = run_sweep(a, chosen[: a.sweep_prompts], runners[configs.LEAD_ALONE])
     progress("verify cost per batch size (lead's placement), draft cost and agreement (back's)")
     replies = {r.prompt: r.token_ids for r in results[configs.RAW] if r.round == 0}
     costs, draft_s, agrees = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
     return {"results": results, "costs": costs, "draft_s": draft_s, "gauges": gauges,
-            "sweep": sweep, "agreement": agrees}
+            "sweep": sweep, "agreement": agrees, "foreign_cpu": watch.share()}
 
 
 def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path,
@@ -161,7 +169,7 @@ def _chat_ids(path: Path, text: str) -> list[int]:
         m.close()
 
 
-def run_sweep(a: argparse.Namespace, prompts: list[dict], alone: configs.Runner
+def run_sweep(a: argparse.Namespace, chosen: list[dict], alone: configs.Runner
               ) -> dict[str, tuple[float, float]]:
     """k -> (duo tok/s, lead alone tok/s), each prompt run alone and with k side by side."""
     lengths = [k for k in a.sweep.split(",") if k.strip()] + ["auto"]
@@ -171,8 +179,8 @@ def run_sweep(a: argparse.Namespace, prompts: list[dict], alone: configs.Runner
         progress(f"sweep: draft length {k}")
         with ExitStack() as stack:
             lead = configs.start_lead(a, stack, extra, a.draft)
-            pairs = [(configs.via(f"k={k}", lead, prompts, a.tokens)(i), alone(i))
-                     for i in range(len(prompts))]
+            pairs = [(configs.via(f"k={k}", lead, chosen, a.tokens)(i), alone(i))
+                     for i in range(len(chosen))]
         sweep[k] = (report.summarise(k, [d for d, _ in pairs], None).tok_s,
                     report.summarise("alone", [b for _, b in pairs], None).tok_s)
         progress(f"  k={k}: {sweep[k][0]:.2f} tok/s, lead alone {sweep[k][1]:.2f}")
@@ -185,7 +193,7 @@ def run_sim(a: argparse.Namespace) -> dict:
     call, per_token = a.sim_target
     target = ["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"]
     draft = ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree)]
-    prompts = PROMPTS[: a.prompts]
+    chosen = prompts.load()[: a.prompts]
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
             None, *target)}
@@ -194,21 +202,26 @@ def run_sim(a: argparse.Namespace) -> dict:
         back = SimBack(leads["SIM duo: lead + back"], *draft)
         stack.callback(back.stop)
         back.wait_attached()
-        runners = {name: configs.via(name, lead, prompts, a.tokens)  # type: ignore[arg-type]
+        runners = {name: configs.via(name, lead, chosen, a.tokens)  # type: ignore[arg-type]
                    for name, lead in leads.items()}
-        results = configs.interleaved(runners, len(prompts), progress, a.repeat)
+        results = configs.interleaved(runners, len(chosen), progress, a.repeat)
     costs = {b: call + per_token * b for b in range(1, 18)}
     return {"results": results, "costs": costs, "draft_s": a.sim_draft[0], "gauges": {},
             "sweep": {}}
 
 
 def main(argv: list[str] | None = None) -> None:
+    from bench.advise import AdviseError
+    from bench.advise import run as advise
     from shared.presets import ModelError
 
     a = parse(argv)
     try:
+        if a.advise:
+            advise(a, progress)
+            return
         data = run_sim(a) if a.sim else run_models(a)
-    except ModelError as exc:
+    except (ModelError, AdviseError) as exc:
         sys.exit(f"python -m bench: error: {exc}")
     out = Path(a.out)
     show(a, data, out)
@@ -227,6 +240,9 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     if not a.sim:
         print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
     print(report.markdown(summaries, base_name))
+    client = report.client_note({s.config: s.tok_s for s in summaries})
+    if client:
+        print(f"\n{client}")
     print("\nPer prompt, against lead alone run next to it:\n")
     print(report.per_prompt(results, base_name, [n for n in results if n != base_name]))
     bounds = show_bounds(a, data, results, summaries, base_name, duo_name)
@@ -236,13 +252,20 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
               "|---|---|---|---|")
         for k_name, (tps, alone) in sweep.items():
             print(f"| {k_name} | {tps:.2f} | {alone:.2f} | {tps / alone:.2f}x |")
-        report.plot_sweep(out / "sweep.png", sweep, f"{a.target} + {a.draft}")
-    report.write_json(out / ("sim.json" if a.sim else "bench.json"), {
+    written = ["sim.json" if a.sim else "bench.json"]
+    if sweep and report.plot_sweep(out / "sweep.png", sweep, f"{a.target} + {a.draft}"):
+        written.append("sweep.png")
+    elif sweep:
+        print("\nno sweep.png: matplotlib is not installed (pip install 'duo[bench]')")
+    report.write_json(out / written[0], {
         "args": vars(a), "summaries": summaries, "costs": data["costs"],
         "draft_s": data["draft_s"], **bounds, "agreement": data.get("agreement", {}),
-        "sweep": sweep, "gauges": data["gauges"],
+        "sweep": sweep, "gauges": data["gauges"], "foreign_cpu": data.get("foreign_cpu"),
         "results": {n: [r.row() for r in rs] for n, rs in results.items()}})
-    print(f"\nwrote {out}/{'sim.json' if a.sim else 'bench.json, sweep.png'}")
+    note = caveat(data.get("foreign_cpu"))
+    if note:
+        print(f"\n{note}")
+    print(f"\nwrote {out}/{', '.join(written)}")
 
 
 def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],

@@ -9,15 +9,12 @@ first accepts more. Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import httpx
 
+from bench import prompts as bench_prompts
 from bench.procs import Back, Lead
-
-PROMPTS = json.loads((Path(__file__).parent / "prompts.json").read_text())
 
 
 def run_mode(lead: Lead, draft: str, send_dists: bool, prompts: list[dict], tokens: int,
@@ -58,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     if a.temperature <= 0 or min(a.tokens, a.prompts, a.draft_len) < 1:
         p.error("--temperature must be above 0; --tokens, --prompts, --draft-len at least 1")
-    prompts = PROMPTS[: a.prompts]
+    prompts = bench_prompts.load()[: a.prompts]
     lead = Lead(a.target, "--draft-len", str(a.draft_len))
     try:
         results = {mode: run_mode(lead, a.draft, mode == "rejection", prompts, a.tokens,

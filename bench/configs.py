@@ -27,6 +27,7 @@ from shared.placement import (
 Runner = Callable[[int], Result]
 LEAD_ALONE = "lead alone"
 LEAD_ALL = "lead alone, every core"
+LEAD_UNSTREAMED = "lead alone, not streamed"  # the raw loop's like: no client per token
 DUO_MODEL = "duo: lead + back (model)"
 DUO_NGRAM = "duo: lead + back (n-gram)"
 RAW = "raw loop"
@@ -87,8 +88,9 @@ def start_lead(a: argparse.Namespace, stack: ExitStack, lead_extra: list[str],
     return lead
 
 
-def via(config: str, lead: Lead, prompts: list[dict], tokens: int) -> Runner:
-    return lambda i: via_lead(config, lead, i, prompts[i]["text"], tokens)
+def via(config: str, lead: Lead, prompts: list[dict], tokens: int, stream: bool = True
+        ) -> Runner:
+    return lambda i: via_lead(config, lead, i, prompts[i]["text"], tokens, stream)
 
 
 def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
@@ -97,7 +99,8 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
     alone = start_lead(a, stack, [])  # no back attached: lead decodes alone
     duo = start_lead(a, stack, [], a.draft)
     ngram = start_lead(a, stack, [], "unused", ["--drafter", "ngram"])
-    runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens)}
+    runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
+               LEAD_UNSTREAMED: via("lead not streamed", alone, prompts, a.tokens, False)}
     if a.lead_cpus:  # the honest rival of a split: lead given the back's cores too
         everything = start_lead(a, stack, [], all_cores=True)
         runners[LEAD_ALL] = via("lead all cores", everything, prompts, a.tokens)

@@ -98,10 +98,28 @@ def write_json(path: Path, payload: dict) -> None:
     path.write_text(json.dumps(payload, indent=1, default=lambda o: o.__dict__))
 
 
-def plot_sweep(path: Path, sweep: dict[str, tuple[float, float]], title: str) -> None:
-    """Speed against lead alone (measured side by side) for each draft length."""
-    import matplotlib
+def client_note(tok_s: dict[str, float]) -> str | None:
+    """Lead alone against the raw loop, like for like (not streamed, lead's own clock: no
+    client works while either decodes) and as streamed to this benchmark's client, which
+    shares the CPU with lead."""
+    from bench.configs import LEAD_ALONE, LEAD_UNSTREAMED, RAW
 
+    raw = tok_s.get(RAW)
+    if not raw or LEAD_UNSTREAMED not in tok_s or LEAD_ALONE not in tok_s:
+        return None
+    return (f"lead alone against the raw loop: {tok_s[LEAD_UNSTREAMED] / raw:.2f}x like for "
+            f"like (not streamed, timed by lead's own clock: no client works while either "
+            f"decodes), {tok_s[LEAD_ALONE] / raw:.2f}x streamed to this benchmark's client, "
+            "which takes CPU beside lead on this machine")
+
+
+def plot_sweep(path: Path, sweep: dict[str, tuple[float, float]], title: str) -> bool:
+    """Speed against lead alone (measured side by side) for each draft length; False where
+    matplotlib is not installed (it is an optional extra: duo[bench])."""
+    try:
+        import matplotlib
+    except ImportError:
+        return False
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -120,3 +138,4 @@ def plot_sweep(path: Path, sweep: dict[str, tuple[float, float]], title: str) ->
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return True

@@ -7,13 +7,13 @@ a draft token: acceptance per token is accepted / (accepted + rejections)), the 
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 
 import httpx
 
 from bench.procs import Lead, metrics
+from shared.web import sse_events
 
 
 @dataclass
@@ -21,7 +21,7 @@ class Result:
     config: str
     prompt: int
     tokens: int
-    decode_s: float
+    decode_s: float  # seconds for the tokens after the first
     ttft_s: float
     drafted: int = 0
     accepted: int = 0
@@ -39,29 +39,50 @@ class Result:
         return {**asdict(self), "tok_s": self.tok_s}
 
 
-def via_lead(config: str, lead: Lead, index: int, text: str, n: int) -> Result:
-    """Stream one chat reply from a lead process; decode time excludes the prompt."""
+def lead_decode_s(sample: dict[str, float]) -> float:
+    """Lead's own decode seconds over every reply so far, from its /metrics."""
+    rate = sample.get("duo_decode_tokens_per_second", 0.0)
+    return sample.get("duo_generated_tokens_total", 0.0) / rate if rate else 0.0
+
+
+def via_lead(config: str, lead: Lead, index: int, text: str, n: int,
+             stream: bool = True) -> Result:
+    """One chat reply from a lead process; decode time excludes the prompt. Streamed, as
+    users get it, timed by the tokens' arrival here; not streamed, timed by lead's own
+    clock, so that no client works while lead decodes (as with the raw loop)."""
     before = metrics(lead)
-    body = {"messages": [{"role": "user", "content": text}], "max_tokens": n, "stream": True}
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": n, "stream": stream}
     t0 = time.perf_counter()
+    if stream:
+        usage, pieces, decode_s, ttft_s = _streamed(lead, body, t0)
+    else:
+        reply = httpx.post(f"{lead.url}/v1/chat/completions", json=body, timeout=900).json()
+        usage, pieces = reply["usage"], [reply["choices"][0]["message"]["content"]]
+    after = metrics(lead)
+    if not stream:  # lead's clock times n tokens, one step each; the raw loop times n - 1
+        lead_s = lead_decode_s(after) - lead_decode_s(before)
+        tokens = usage.get("completion_tokens", 0)
+        decode_s = lead_s * (tokens - 1) / tokens if tokens else 0.0
+        ttft_s = time.perf_counter() - t0 - lead_s
+    counted = {name: int(after[name] - before[name])
+               for name in ("duo_verify_steps_total", "duo_rejecting_steps_total")}
+    return Result(config, index, usage.get("completion_tokens", 0), decode_s, ttft_s,
+                  usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0),
+                  counted["duo_verify_steps_total"], "".join(pieces),
+                  counted["duo_rejecting_steps_total"])
+
+
+def _streamed(lead: Lead, body: dict, t0: float) -> tuple[dict, list[str], float, float]:
+    """(usage, text pieces, seconds from the first token's arrival to the last's, TTFT)."""
     t_first = t_last = None
     pieces: list[str] = []
     usage: dict = {}
     with httpx.stream("POST", f"{lead.url}/v1/chat/completions", json=body, timeout=900) as r:
-        for line in r.iter_lines():
-            if not line.startswith("data: {"):
-                continue
-            event = json.loads(line[6:])
+        for event in sse_events(r.iter_lines()):
             if event["duo"]["tokens"]:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last
             pieces.append(event["choices"][0]["delta"].get("content", ""))
             usage = event.get("usage") or usage
     first = t_first or time.perf_counter()
-    after = metrics(lead)
-    counted = {name: int(after[name] - before[name])
-               for name in ("duo_verify_steps_total", "duo_rejecting_steps_total")}
-    return Result(config, index, usage.get("completion_tokens", 0), (t_last or first) - first,
-                  first - t0, usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0),
-                  counted["duo_verify_steps_total"], "".join(pieces),
-                  counted["duo_rejecting_steps_total"])
+    return usage, pieces, (t_last or first) - first, first - t0

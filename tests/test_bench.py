@@ -1,4 +1,5 @@
-"""The benchmark's --quick mode runs end to end and writes its table, JSON and plot.
+"""The benchmark's --quick mode runs end to end and writes its table, JSON and plot;
+--advise --quick measures every placement and ends with a recommendation.
 
 It asserts on what was produced, never on speed (these machines are shared and noisy).
 """
@@ -6,6 +7,8 @@ It asserts on what was produced, never on speed (these machines are shared and n
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +19,9 @@ from bench.procs import ROOT
 
 pytestmark = pytest.mark.real
 
-CONFIGS = ["raw loop", "lead alone", "duo: lead + back (model)", "duo: lead + back (n-gram)",
-           "peer: prompt lookup (llama-cpp-python)", "peer: synchronous draft loop (k=3)"]
+CONFIGS = ["raw loop", "lead alone", "lead alone, not streamed", "duo: lead + back (model)",
+           "duo: lead + back (n-gram)", "peer: prompt lookup (llama-cpp-python)",
+           "peer: synchronous draft loop (k=3)"]
 
 
 def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
@@ -27,6 +31,7 @@ def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
     for name in CONFIGS:
         assert f"| {name} |" in done.stdout, name
     assert "analytic bound" in done.stdout and "Per prompt" in done.stdout
+    assert "lead alone against the raw loop: " in done.stdout  # like for like, and streamed
     data = json.loads((tmp_path / "bench.json").read_text())
     assert {s["config"] for s in data["summaries"]} == set(CONFIGS)
     assert all(s["tok_s"] > 0 for s in data["summaries"])
@@ -53,3 +58,20 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
     assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time
     rows = data["results"]["SIM duo: lead + back"]
     assert sorted((r["prompt"], r["round"]) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_quick_advice_prices_every_placement_and_recommends_one() -> None:
+    done = subprocess.run([sys.executable, "-m", "bench", "--advise", "--quick"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    names = [line.split(" | ")[0] for line in lines if line.startswith("| ") and "x |" in line]
+    n_cpus = len(os.sched_getaffinity(0))
+    assert names[0] == f"| lead alone, every core ({n_cpus} CPUs)"
+    assert any("free (upper bound)" in name for name in names)
+    assert n_cpus == 1 or any(name.startswith("| duo split: lead on CPU") for name in names)
+    # SmolLM2 drafting for itself: its greedy token is the target's at (nearly) every position
+    agreement = re.search(r"greedy replies \(2 prompts, \d+ tokens\): ([\d.]+)", done.stdout)
+    assert agreement and float(agreement.group(1)) >= 0.9
+    assert any(line.startswith("recommendation: ") for line in lines)
+    assert "every core: target reply 1/2" in done.stderr  # progress, one line per phase

@@ -1,10 +1,18 @@
-"""Bad benchmark arguments end in a one-line error, before any model loads."""
+"""The benchmark without a real model: bad arguments end in a one-line error before any
+model loads; the pieces around the measurements (prompts, plot, timing, load) work."""
 
 from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from bench.__main__ import main, parse
+from bench.procs import SimLead
 
 
 @pytest.mark.parametrize(("argv", "message"), [
@@ -57,3 +65,112 @@ def test_the_pinned_placement_pins_lead_and_leaves_the_back_the_rest() -> None:
     assert a.lead_cpus is not None and a.back_cpus is None  # the back chooses, as in make run
     assert a.loop_threads == len(lead) and not a.back_sits_out
     assert a.draft_cpus is not None and str(cpus[-1]) in a.draft_cpus
+
+
+# --- the pieces around the measurements, without a real model ---
+def test_the_prompts_ship_with_the_package() -> None:
+    import tomllib
+
+    from bench import prompts
+    from bench.procs import ROOT
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    assert "prompts.json" in package_data["bench"]  # so a wheel holds what load() reads
+    loaded = prompts.load()  # through importlib.resources: the package, not the checkout
+    assert len(loaded) == 8 and all(p["text"] and p["kind"] for p in loaded)
+
+
+def _sim_data() -> dict:
+    from bench.runs import Result
+
+    def reply(config: str, seconds: float) -> list[Result]:
+        return [Result(config, 0, 40, seconds, 0.1, text="same")]
+    return {"results": {"SIM lead alone": reply("alone", 1.0),
+                        "SIM duo: lead + back": reply("duo", 0.8)},
+            "costs": {b: 0.03 + 0.0005 * b for b in range(1, 18)}, "draft_s": 0.003,
+            "gauges": {}, "sweep": {"1": (10.0, 9.0), "auto": (11.0, 9.0)}}
+
+
+def test_without_matplotlib_the_run_says_so_and_writes_its_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import show
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` fails
+    show(parse(["--sim", "--out", str(tmp_path)]), _sim_data(), tmp_path)
+    out = capsys.readouterr().out
+    assert "no sweep.png: matplotlib is not installed (pip install 'duo[bench]')" in out
+    assert f"wrote {tmp_path}/sim.json\n" in out and "| 1 | 10.00 | 9.00 | 1.11x |" in out
+    assert json.loads((tmp_path / "sim.json").read_text())["sweep"]["1"] == [10.0, 9.0]
+    assert not (tmp_path / "sweep.png").exists()
+
+
+def test_with_matplotlib_the_sweep_is_plotted(tmp_path: Path) -> None:
+    from bench.report import plot_sweep
+
+    assert plot_sweep(tmp_path / "sweep.png", _sim_data()["sweep"], "fake")
+    assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_raw_loop_is_set_against_lead_like_for_like() -> None:
+    from bench.configs import LEAD_ALONE, LEAD_UNSTREAMED, RAW
+    from bench.report import client_note
+
+    note = client_note({RAW: 100.0, LEAD_UNSTREAMED: 96.0, LEAD_ALONE: 90.0})
+    assert note is not None
+    assert note.startswith("lead alone against the raw loop: 0.96x like for like (not "
+                           "streamed")
+    assert "0.90x streamed to this benchmark's client" in note
+    assert client_note({RAW: 100.0, LEAD_ALONE: 90.0}) is None  # (--sim: no raw loop)
+
+
+def test_lead_decode_seconds_come_from_its_own_counters() -> None:
+    from bench.runs import lead_decode_s
+
+    assert lead_decode_s({"duo_generated_tokens_total": 120,
+                          "duo_decode_tokens_per_second": 40}) == 3.0
+    assert lead_decode_s({"duo_generated_tokens_total": 0,
+                          "duo_decode_tokens_per_second": 0}) == 0.0
+
+
+@pytest.fixture(scope="module")
+def sim_lead() -> Iterator[SimLead]:
+    lead = SimLead(None, "--call-s", "0.002", "--token-s", "0")
+    yield lead
+    lead.stop()
+
+
+def test_a_reply_streamed_and_not_reads_the_same(sim_lead: SimLead) -> None:
+    from bench.runs import via_lead
+
+    streamed = via_lead("streamed", sim_lead, 0, "write a loop", 20)
+    whole = via_lead("whole", sim_lead, 0, "write a loop", 20, stream=False)
+    assert streamed.tokens == whole.tokens == 20 and streamed.text == whole.text != ""
+    assert streamed.steps == whole.steps == 20  # lead's counters, read around each reply
+    assert streamed.decode_s > 0 and whole.decode_s > 0 and whole.ttft_s >= 0
+
+
+def test_other_processes_cpu_time_is_read_from_proc() -> None:
+    from bench.load import caveat, foreign_share, machine_busy_ticks, parse_stat
+
+    parent, ticks = parse_stat("42 (a (b) c) S 7 1 1 0 -1 0 0 0 0 0 11 12 13 14 20 0 1 0")
+    assert parent == 7 and ticks == [11, 12, 13, 14]
+    assert machine_busy_ticks("cpu  10 1 5 100 7 2 3 4 0 0\ncpu0 1 2 3") == 25
+    assert foreign_share(busy_s=3.0, ours_s=1.0, wall_s=2.0, n_cpus=2) == 0.5
+    assert foreign_share(busy_s=1.0, ours_s=3.0, wall_s=2.0, n_cpus=2) == 0.0
+    assert caveat(0.03) is None and caveat(None) is None
+    assert "other processes used 30% of this machine's CPU time" in str(caveat(0.3))
+
+
+def test_a_child_counts_as_ours() -> None:
+    import subprocess
+
+    from bench.load import _our_ticks
+
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
+                             stdin=subprocess.PIPE)
+    try:
+        assert child.pid in _our_ticks() and os.getpid() in _our_ticks()
+    finally:
+        child.communicate(b"")
