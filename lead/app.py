@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import AsyncGenerator, AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -19,8 +20,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from lead import api
+from lead.admission import QueueFull
 from lead.backroutes import back_router
-from lead.engine import Emission, Engine, GenRequest, QueueFull, Session
+from lead.engine import Engine
+from lead.session import Emission, GenRequest, Session
 from lead.settings import LeadSettings
 from shared.model import Model
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
@@ -31,11 +34,13 @@ def lead_placement(settings: LeadSettings) -> Placement:
                        on_gpu=settings.n_gpu_layers < 0)
 
 
-def create_app(settings: LeadSettings, target: Model | None = None) -> FastAPI:
+def create_app(settings: LeadSettings, target: Model | None = None,
+               clock: Callable[[], float] = time.perf_counter) -> FastAPI:
+    """`clock` prices the target's steps: tests give a fake target a virtual one."""
     placement = lead_placement(settings)
     model = target if target is not None else _load_target(settings, placement.threads)
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
-                    max_queue=settings.max_queue, batch=settings.batch_size)
+                    max_queue=settings.max_queue, batch=settings.batch_size, clock=clock)
     if settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
         engine.calibrate()
 
@@ -85,9 +90,8 @@ def _install_error_handlers(app: FastAPI) -> None:
 class _Gate:
     """Body size limit and API key, checked before routing.
 
-    A plain ASGI middleware: FastAPI's @app.middleware("http") and a Depends() guard
-    together cost lead about 0.4 ms of CPU per request, and a back polls and posts
-    several times per token to a lead whose core llama.cpp may be using."""
+    A plain ASGI middleware, the cheapest kind: a back polls and posts several times per
+    token to a lead whose cores llama.cpp may be using."""
 
     OPEN = ("/health", "/docs", "/redoc", "/openapi.json")
 

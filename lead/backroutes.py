@@ -6,7 +6,7 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from lead.drafts import RateLimiter
+from lead.drafts import BACKS_PER_ADDRESS, PostLimiter
 from lead.engine import Engine
 from shared.placement import LeadPlace
 from shared.protocol import DraftPost, Info, State
@@ -18,13 +18,13 @@ MAX_WAIT_S = 30.0
 def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0,
                 max_poll_s: float = MAX_WAIT_S) -> APIRouter:
     router = APIRouter()
-    model = engine.model
-    limiter = RateLimiter(max_posts_per_s)
-    fingerprint = model.fingerprint()  # hashes the token table once, not on the event loop
+    model, feed = engine.model, engine.feed
+    limiter = PostLimiter(max_posts_per_s)
+    fingerprint = model.fingerprint()  # hashed here, before serving: not per request
 
     @router.get("/duo/info")
     async def info() -> Info:
-        return Info(model=model.name, lead_id=engine.lead_id, n_vocab=model.n_vocab,
+        return Info(model=model.name, lead_id=feed.lead_id, n_vocab=model.n_vocab,
                     fingerprint=fingerprint, eos_token_ids=sorted(model.eos_token_ids),
                     n_ctx=model.n_ctx, max_draft=engine.max_draft, max_post=engine.max_post,
                     host=place.host, cpus=sorted(place.cpus), threads=place.threads)
@@ -41,18 +41,20 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                        "session changes or ends (a back sitting out)")
                     ) -> Response:
         if back:
-            engine.backs.seen(back)
-        if wait > 0 and engine.version <= since:
-            await engine.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
+            feed.backs.seen(back)
+        if wait > 0 and feed.version <= since:
+            await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
         engine.metrics.state_polls += 1
-        return _json(engine.state(offset, back))
+        return _json(feed.state(offset, back))
 
     @router.post("/duo/draft", response_model=State)
     async def draft(post: DraftPost, request: Request) -> Response:
-        client = f"{request.client.host if request.client else '?'}/{post.back_id}"
-        if not limiter.allow(client):
+        address = request.client.host if request.client else "?"
+        if not limiter.allow(address, post.back_id):
             raise HTTPException(429, f"more than {max_posts_per_s:g} draft posts per second "
-                                     "from this client", headers={"Retry-After": "1"})
+                                     "from this back, or more than "
+                                     f"{BACKS_PER_ADDRESS} backs' worth from its address",
+                                headers={"Retry-After": "1"})
         if len(post.token_ids) > engine.max_post:
             engine.metrics.drafts_invalid += 1
             raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead takes at "
@@ -64,8 +66,8 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                      f"(0..{model.n_vocab - 1})")
         dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
                  for d in post.dists] if post.dists else None
-        engine.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
-        return _json(engine.state(post.start, post.back_id))
+        feed.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
+        return _json(feed.state(post.start, post.back_id))
 
     @router.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> str:
@@ -75,8 +77,8 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
 
 
 def _json(state: State) -> Response:
-    # Serialised directly: FastAPI would validate the model it was just given again
-    # (a quarter of a millisecond of lead's CPU per poll or post).
+    # Serialised directly: FastAPI would validate the model it was just given again, on
+    # lead's CPU, for every poll and post.
     return Response(state.model_dump_json(), media_type="application/json")
 
 

@@ -109,10 +109,26 @@ class RateLimiter:
 
     def allow(self, client: str, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        tokens, last = self.buckets.get(client, (self.rate, now))
+        tokens, last = self.buckets.pop(client, (self.rate, now))  # re-added last: LRU order
         tokens = min(self.rate, tokens + (now - last) * self.rate)
         allowed = tokens >= 1.0
         self.buckets[client] = (tokens - 1.0 if allowed else tokens, now)
         if len(self.buckets) > 1024:  # bound memory against many clients
             self.buckets.pop(next(iter(self.buckets)))
         return allowed
+
+
+BACKS_PER_ADDRESS = 4
+
+
+class PostLimiter:
+    """Draft posts: `rate` per second per back, and BACKS_PER_ADDRESS backs' worth per
+    address, since a back chooses its own id and could take a new one for every post."""
+
+    def __init__(self, rate: float) -> None:
+        self.per_back = RateLimiter(rate)
+        self.per_address = RateLimiter(rate * BACKS_PER_ADDRESS)
+
+    def allow(self, address: str, back_id: str, now: float | None = None) -> bool:
+        return self.per_back.allow(f"{address}/{back_id}", now) and \
+            self.per_address.allow(address, now)

@@ -62,25 +62,26 @@ class Metrics:
     def prometheus(self, extra: dict[str, float]) -> str:
         acceptance = self.accepted / self.drafted if self.drafted else 0.0
         tps = self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
-        rows: list[tuple[str, str, float]] = [
-            ("duo_requests_total", "counter", self.requests),
-            ("duo_requests_rejected_total", "counter", self.rejected),
-            ("duo_prompt_tokens_total", "counter", self.prompt_tokens),
-            ("duo_prompt_tokens_evaluated_total", "counter", self.prompt_evaluated),
-            ("duo_generated_tokens_total", "counter", self.generated_tokens),
-            ("duo_drafted_tokens_total", "counter", self.drafted),
-            ("duo_accepted_tokens_total", "counter", self.accepted),
-            ("duo_verify_steps_total", "counter", self.steps),
-            ("duo_rejecting_steps_total", "counter", self.rejections),
-            ("duo_draft_posts_total", "counter", self.drafts_posted),
-            ("duo_draft_posts_stale_total", "counter", self.drafts_stale),
-            ("duo_draft_posts_invalid_total", "counter", self.drafts_invalid),
-            ("duo_state_polls_total", "counter", self.state_polls),
-            ("duo_acceptance_rate", "gauge", acceptance),
-            ("duo_decode_tokens_per_second", "gauge", tps),
-        ]
-        rows += [(f"duo_{name}", "gauge", value) for name, value in extra.items()]
-        lines: list[str] = []
-        for name, kind, value in rows:
-            lines += [f"# TYPE {name} {kind}", f"{name} {value:g}"]
-        return "\n".join(lines) + "\n"
+        counters = {name: getattr(self, attr) for attr, name in EXPORTED_COUNTERS}
+        gauges = {"acceptance_rate": acceptance, "decode_tokens_per_second": tps, **extra}
+        return prometheus_text(counters, gauges)
+
+
+EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
+    ("requests", "requests"), ("rejected", "requests_rejected"),
+    ("prompt_tokens", "prompt_tokens"), ("prompt_evaluated", "prompt_tokens_evaluated"),
+    ("generated_tokens", "generated_tokens"), ("drafted", "drafted_tokens"),
+    ("accepted", "accepted_tokens"), ("steps", "verify_steps"),
+    ("rejections", "rejecting_steps"), ("drafts_posted", "draft_posts"),
+    ("drafts_stale", "draft_posts_stale"), ("drafts_invalid", "draft_posts_invalid"),
+    ("state_polls", "state_polls"),
+)
+
+
+def prometheus_text(counters: dict[str, float], gauges: dict[str, float],
+                    prefix: str = "duo_") -> str:
+    """Prometheus exposition text: a TYPE line and a sample per metric; counters are
+    named <prefix><name>_total."""
+    rows = [(f"{prefix}{name}_total", "counter", value) for name, value in counters.items()]
+    rows += [(f"{prefix}{name}", "gauge", value) for name, value in gauges.items()]
+    return "".join(f"# TYPE {name} {kind}\n{name} {value:g}\n" for name, kind, value in rows)

@@ -39,7 +39,8 @@ class LeadSettings(BaseSettings):
     max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
                               "to a back, seconds")
     max_draft_posts: float = Field(500.0, gt=0, description="draft posts per second allowed "
-                                   "from one client (more get 429)")
+                                   "from one back, and four backs' worth from one address "
+                                   "(more get 429)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 

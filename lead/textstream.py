@@ -1,7 +1,8 @@
 """Bytes of tokens -> text, with stop strings that never leak.
 
-UTF-8 characters split across tokens are held until complete; text that could
-still turn out to be the start of a stop string is held until it cannot.
+UTF-8 characters split across tokens are held until complete (and left out if the
+reply ends inside one); text that could still turn out to be the start of a stop
+string is held until it cannot.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ class TextStream:
         return out
 
     def finish(self) -> str:
-        """End of generation: release what was held (no stop string completed)."""
+        """End of generation: release what was held (no stop string completed). The bytes
+        of a character the reply was cut inside are left out, as llama.cpp's server does,
+        rather than ending the reply with U+FFFD."""
         if self.stopped:
             return ""
-        out = self._held + self._decoder.decode(b"", final=True)
-        self._held = ""
+        out, self._held = self._held, ""
+        self._decoder.reset()
         return out
 
     def _first_stop(self) -> int | None:

@@ -22,17 +22,34 @@ SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
 EOS = 0  # token 0 is "<eos>"
 
 
+class VirtualClock:
+    """Seconds that pass only as fake models evaluate, by their nominal cost: prices read
+    on it are exact however loaded the machine is. Call it for the time."""
+
+    def __init__(self) -> None:
+        self._now = 0.0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> float:
+        return self._now
+
+    def advance(self, seconds: float) -> None:
+        with self._lock:
+            self._now += seconds
+
+
 class FakeModel:
     def __init__(self, n_vocab: int = 96, salt: str = "target", order: int = 3,
                  agree: float = 1.0, agree_salt: str = "target", n_ctx: int = 2048,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
-                 name: str = "fake") -> None:
+                 name: str = "fake", clock: VirtualClock | None = None) -> None:
         assert n_vocab >= len(ALPHABET) + 3
         self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
         self.eos_token_ids = frozenset({EOS})
         self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
         self.eos_bias = eos_bias
         self.cost_s = cost_s  # (seconds per call, seconds per token): simulated compute
+        self.clock = clock  # advanced by each evaluation's nominal cost
         self.cached: list[int] = []
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
@@ -86,16 +103,24 @@ class FakeModel:
                 for i in range(len(tokens) - n_logits, len(tokens))]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
+    def cost_of(self, n_tokens: int) -> float:
+        """Nominal seconds to evaluate `n_tokens` in one call."""
+        return self.cost_s[0] + self.cost_s[1] * n_tokens
+
     def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
-        """Simulated compute time (not synchronisation), polling `abort` as llama.cpp does."""
-        end = time.perf_counter() + self.cost_s[0] + self.cost_s[1] * n_tokens
+        """Simulated compute time (not synchronisation), polling `abort` as llama.cpp does:
+        slept in real time, so that lead and backs overlap, and added to `clock` exactly."""
+        seconds = self.cost_of(n_tokens)
+        end = time.perf_counter() + seconds
         while True:
             if abort is not None and abort():
                 raise EvaluationAborted()
             left = end - time.perf_counter()
             if left <= 0:
-                return
+                break
             time.sleep(min(left, 0.001) if abort is not None else left)
+        if self.clock is not None:
+            self.clock.advance(seconds)
 
     def truncate(self, n: int) -> None:
         del self.cached[n:]

@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+from collections.abc import Callable, Sequence
 
 import httpx
+import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
 from lead.app import create_app
 from shared.fake import ALPHABET, FakeModel
-from tests.conftest import ScriptedModel, chat_body, make_settings
+from tests.conftest import ScriptedModel, async_wait_until, chat_body, make_settings
 
 
 def sse_events(text: str) -> list[dict]:
@@ -31,6 +33,22 @@ def ask(client: TestClient, model: ScriptedModel, **body: object) -> httpx.Respo
     prompt = model.tokenize(model.format_chat([{"role": "user", "content": "q"}]))
     model.prompt_len = len(prompt)
     return client.post("/v1/chat/completions", json=chat_body("q", **body))
+
+
+def reply_of(r: httpx.Response, stream: bool) -> tuple[str, str]:
+    """(text, finish_reason) of a chat reply, streamed or not."""
+    if stream:
+        events = sse_events(r.text)
+        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+        return text, events[-1]["choices"][0]["finish_reason"]
+    choice = r.json()["choices"][0]
+    return choice["message"]["content"], choice["finish_reason"]
+
+
+def is_error_body(r: httpx.Response) -> bool:
+    body = r.json()
+    return set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"} \
+        and bool(body["error"]["message"]) and bool(body["error"]["type"])
 
 
 def test_chat_completion_shape_and_usage(client: TestClient, fake_target: FakeModel) -> None:
@@ -80,14 +98,7 @@ def test_eos_finishes_with_stop() -> None:
 def test_stop_string_never_leaks(stream: bool) -> None:
     client, model = scripted_client("one two END three")
     r = ask(client, model, stop=["END", "zzz"], stream=stream)
-    if stream:
-        events = sse_events(r.text)
-        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
-        finish = events[-1]["choices"][0]["finish_reason"]
-    else:
-        text, finish = r.json()["choices"][0]["message"]["content"], \
-            r.json()["choices"][0]["finish_reason"]
-    assert text == "one two " and finish == "stop"
+    assert reply_of(r, stream) == ("one two ", "stop")
 
 
 def test_utf8_split_across_tokens_streams_intact() -> None:
@@ -98,6 +109,16 @@ def test_utf8_split_across_tokens_streams_intact() -> None:
     events = sse_events(ask(client, model, stream=True).text)
     pieces = [e["choices"][0]["delta"].get("content", "") for e in events]
     assert "".join(pieces) == "café!" and "é" in pieces and "\ufffd" not in "".join(pieces)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_reply_cut_inside_a_character_leaves_its_bytes_out(stream: bool) -> None:
+    model = ScriptedModel([])
+    e1, e2 = len(ALPHABET) + 1, len(ALPHABET) + 2  # the two halves of "é"
+    model.script = model.tokenize("caf") + [e1, e2] + [0]
+    client = TestClient(create_app(make_settings(), model))
+    assert reply_of(ask(client, model, max_tokens=4, stream=stream), stream) == ("caf", "length")
+    assert reply_of(ask(client, model, max_tokens=5, stream=stream), stream) == ("café", "length")
 
 
 def test_prefix_reuse_second_turn_evaluates_only_new_tokens(client: TestClient,
@@ -223,22 +244,47 @@ def test_api_key_required_everywhere_but_health() -> None:
     assert ok.status_code == 200
 
 
+class GatedModel(FakeModel):
+    """A fake target whose evaluations wait until `gate` opens."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = threading.Event()
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int,
+                 abort: Callable[[], bool] | None = None) -> np.ndarray:
+        if not self.gate.wait(30):
+            raise RuntimeError("the test never opened the gate")
+        return super().evaluate(tokens, n_logits, abort)
+
+
 def test_32_concurrent_requests_each_complete_or_get_429() -> None:
-    model = FakeModel(cost_s=(0.002, 0.0))
-    app = create_app(make_settings(max_queue=8), model)
+    model = GatedModel()  # the first request runs, and holds, until all 32 have been answered
+    app = create_app(make_settings(max_queue=8, calibrate=False), model)
+    engine = app.state.engine
 
     async def run() -> list[httpx.Response]:
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
-            bodies = [chat_body(f"q{i}", max_tokens=15) for i in range(32)]
-            return await asyncio.gather(*(http.post("/v1/chat/completions", json=b)
-                                          for b in bodies))
+            tasks = [asyncio.create_task(http.post("/v1/chat/completions",
+                                                   json=chat_body(f"q{i}", max_tokens=15)))
+                     for i in range(32)]
+            try:
+                await async_wait_until(lambda: sum(t.done() for t in tasks) == 23
+                                       and engine.admission.waiting == 8,
+                                       what="23 refused and 8 queued")
+                assert engine.admission.running
+            finally:
+                model.gate.set()
+            return await asyncio.gather(*tasks)
 
     responses = asyncio.run(run())
     codes = sorted(r.status_code for r in responses)
     # one runs, eight wait, the rest are told to come back: none lost, none mixed
     assert codes.count(200) == 9 and codes.count(429) == 23, codes
-    assert all(r.headers.get("retry-after") for r in responses if r.status_code == 429)
+    refused = [r for r in responses if r.status_code == 429]
+    assert all(r.headers.get("retry-after") and is_error_body(r) for r in refused)
+    assert engine.metrics.rejected == 23 and engine.metrics.requests == 9
     for i, r in enumerate(responses):
         if r.status_code == 200:  # each completed request got its own reply
             prompt = model.tokenize(model.format_chat([{"role": "user", "content": f"q{i}"}]))
@@ -253,6 +299,49 @@ def test_draft_posts_over_the_rate_get_429(fake_target: FakeModel) -> None:
     codes = [client.post("/duo/draft", json=body).status_code for _ in range(6)]
     assert codes[:3] == [200] * 3 and 429 in codes[3:]
     assert client.get("/health").status_code == 200
+
+
+def test_a_client_cycling_back_ids_still_gets_429(fake_target: FakeModel) -> None:
+    client = TestClient(create_app(make_settings(max_draft_posts=3), fake_target))
+    codes = [client.post("/duo/draft", json={"session_id": "none", "start": 0, "token_ids": [1],
+                                             "back_id": f"b{i}"}).status_code for i in range(60)]
+    assert codes[:12] == [200] * 12  # four backs' worth from one address...
+    assert 429 in codes  # ...and no more, whatever ids it posts under
+
+
+def test_every_refusal_has_the_error_shape() -> None:
+    client = TestClient(create_app(make_settings(api_key="k", max_body_kb=1, max_draft_posts=1),
+                                   FakeModel()))
+    key = {"Authorization": "Bearer k"}
+    draft = {"session_id": "none", "start": 0, "token_ids": [1], "back_id": "b"}
+    refusals = {
+        "invalid body": client.post("/v1/chat/completions", json={"messages": []}, headers=key),
+        "empty prompt": client.post("/v1/completions", json={"prompt": ""}, headers=key),
+        "no key": client.get("/v1/models"),
+        "no such path": client.get("/v2/nothing", headers=key),
+        "wrong method": client.get("/v1/completions", headers=key),
+        "body too large": client.post("/v1/completions", json={"prompt": "z" * 5000},
+                                      headers=key),
+        "too many posts": [client.post("/duo/draft", json=draft, headers=key)
+                           for _ in range(3)][-1],
+    }
+    for name, r in refusals.items():
+        assert 400 <= r.status_code < 500 and is_error_body(r), (name, r.status_code, r.text)
+
+
+def test_the_model_hash_is_computed_once_before_serving() -> None:
+    class Counted(FakeModel):
+        hashed = 0
+
+        def fingerprint(self) -> str:
+            self.hashed += 1
+            return super().fingerprint()
+
+    model = Counted()
+    client = TestClient(create_app(make_settings(), model))
+    assert model.hashed == 1
+    infos = [client.get("/duo/info").json()["fingerprint"] for _ in range(3)]
+    assert infos == [FakeModel().fingerprint()] * 3 and model.hashed == 1
 
 
 def test_draft_post_errors(client: TestClient) -> None:

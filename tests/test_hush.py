@@ -3,7 +3,6 @@ In process, over httpx.ASGITransport, with fake models (some of which really con
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 import httpx
@@ -12,7 +11,7 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
 from lead.app import create_app
-from shared.fake import FakeModel
+from shared.fake import FakeModel, VirtualClock
 from shared.placement import Placement
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import ask, model_worker, new_lead, run, with_workers
@@ -39,14 +38,16 @@ class Contended(FakeModel):
         super().__init__(**kw)  # type: ignore[arg-type]
         self.draft = draft
 
-    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None = None) -> None:
-        time.sleep((3.0 if self.draft.busy else 1.0) * (0.001 + 0.003 * n_tokens))
+    def cost_of(self, n_tokens: int) -> float:
+        return (3.0 if self.draft.busy else 1.0) * (0.001 + 0.003 * n_tokens)
 
 
 def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing() -> None:
     async def body() -> None:
         draft = BusyDraft(salt="draft", agree=0.0, cost_s=(0.01, 0.0))  # slow, always wrong
-        app = create_app(make_settings(max_tokens=120), Contended(draft, eos_bias=-100.0))
+        clock = VirtualClock()  # steps priced at their nominal cost, however loaded the machine
+        target = Contended(draft, eos_bias=-100.0, clock=clock)
+        app = create_app(make_settings(max_tokens=120), target, clock=clock)
         transport = httpx.ASGITransport(app=app)
         engine = app.state.engine  # type: ignore[attr-defined]
         client = LeadClient("http://lead", transport=transport, poll_wait=1.0)

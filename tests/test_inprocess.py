@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 
 import httpx
@@ -13,7 +12,7 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter, NgramDrafter
 from back.worker import IncompatibleModel, Worker
 from lead.app import create_app
-from shared.fake import FakeModel
+from shared.fake import FakeModel, VirtualClock
 from tests.conftest import async_wait_until, make_settings
 
 TARGET_COST = (0.003, 0.0005)  # seconds per call, per token: slow enough to overlap with backs
@@ -31,10 +30,12 @@ class SwitchableTransport(httpx.AsyncBaseTransport):
         return await httpx.ASGITransport(app=self.app).handle_async_request(request)
 
 
-def new_lead(cost_s: tuple[float, float] = TARGET_COST, **settings: object
-             ) -> tuple[object, FakeModel]:
-    target = FakeModel(cost_s=cost_s, eos_bias=-100.0)  # long replies: no early EOS
-    return create_app(make_settings(max_tokens=120, **settings), target), target
+def new_lead(cost_s: tuple[float, float] = TARGET_COST, kind: type[FakeModel] = FakeModel,
+             **settings: object) -> tuple[object, FakeModel]:
+    """A lead over a fake target that prices its steps at their nominal cost, exactly."""
+    clock = VirtualClock()
+    target = kind(cost_s=cost_s, eos_bias=-100.0, clock=clock)  # long replies: no early EOS
+    return create_app(make_settings(max_tokens=120, **settings), target, clock=clock), target
 
 
 def model_worker(transport: httpx.AsyncBaseTransport, agree: float = 0.8,
@@ -172,15 +173,14 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
 class FourIsCheap(FakeModel):
     """A target whose kernels evaluate 4 tokens faster than 2 or 3 (as on one Xeon)."""
 
-    def _spend(self, n_tokens: int, abort: object = None) -> None:  # lead never aborts
-        time.sleep(0.003 * {2: 2.0, 3: 3.0, 4: 1.2}.get(n_tokens, n_tokens))
+    def cost_of(self, n_tokens: int) -> float:
+        return 0.003 * {2: 2.0, 3: 3.0, 4: 1.2}.get(n_tokens, n_tokens)
 
 
 def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
     async def body() -> None:
         alone = await reference()
-        target = FourIsCheap(eos_bias=-100.0)
-        app = create_app(make_settings(max_tokens=120), target)
+        app, target = new_lead(kind=FourIsCheap)
         transport = httpx.ASGITransport(app=app)
         worker = model_worker(transport, agree=0.9)
 
@@ -198,19 +198,33 @@ def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
     run(body())
 
 
+class SharedCpu(FakeModel):
+    """A target whose every evaluation costs `factor` times its price (the test raises it
+    while a back drafts beside it)."""
+
+    factor = 1.0
+
+    def cost_of(self, n_tokens: int) -> float:
+        return self.factor * super().cost_of(n_tokens)
+
+
 def test_steps_while_a_back_drafts_are_priced_apart() -> None:
     async def body() -> None:
-        app, _ = new_lead()
+        app, target = new_lead(kind=SharedCpu)
         transport = httpx.ASGITransport(app=app)
         engine = app.state.engine  # type: ignore[attr-defined]
+        quiet = target.cost_of(1)
         await ask(transport)  # lead alone: every step is quiet
-        assert engine.cost.slowdown == 1.0 and engine.cost.plain_s is not None
-        worker = model_worker(transport, agree=1.0)
+        assert engine.cost.slowdown == 1.0 and engine.cost.plain_s == pytest.approx(quiet)
+        worker = model_worker(transport, agree=1.0)  # perfect drafts: wanted at every step
 
         async def check() -> None:
             await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            target.factor = 1.5  # type: ignore[attr-defined]
             assert (await ask(transport))["usage"]["accepted_tokens"] > 0
-            assert engine.cost.slowdown != 1.0  # verify steps, taken while it drafted
+            # busy steps leave the quiet price alone and show how much slower they are
+            assert engine.cost.plain_s == pytest.approx(quiet)
+            assert engine.cost.slowdown == pytest.approx(1.5, abs=0.1)
 
         await with_workers([worker], check)
     run(body())
@@ -276,7 +290,7 @@ def test_ngram_back_and_model_back_together() -> None:
             reply = await ask(transport, text)
             assert text_of(reply) == alone
             engine = app.state.engine  # type: ignore[attr-defined]
-            assert engine.backs.active() == 2
+            assert engine.feed.backs.active() == 2
 
         await with_workers(workers, check)
     run(body())
@@ -348,13 +362,13 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
         transport = httpx.ASGITransport(app=app)
         engine = app.state.engine  # type: ignore[attr-defined]
         posted_dists: list[bool] = []
-        original = engine.post_draft
+        original = engine.feed.post_draft
 
         def spy(session_id, start, token_ids, dists, back_id):  # type: ignore[no-untyped-def]
             posted_dists.append(dists is not None)
             return original(session_id, start, token_ids, dists, back_id)
 
-        engine.post_draft = spy
+        engine.feed.post_draft = spy
 
         async def sampled(seed: int) -> dict:
             async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:

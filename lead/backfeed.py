@@ -1,0 +1,120 @@
+"""The back feed: what backs see of the session, when their long-polls wake, and where
+their drafts go. Lives on the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from lead.cost import CostModel
+from lead.drafts import BackRegistry, Candidate, DraftBoard
+from lead.metrics import Metrics
+from lead.session import Session
+from shared.protocol import State
+from shared.sampling import Dist
+
+log = logging.getLogger("lead")
+
+
+def wakes(session: Session | None, quiet_session: str | None, idle: bool,
+          wanted: Callable[[], int]) -> bool:
+    """Whether a change of state wakes a long-poll. A back that may not draft passes its
+    session as `quiet_session`: it wakes only when drafts are wanted (never, if `idle`: a
+    back sitting out) or that session changes or ends, so it costs lead no request per
+    token. `wanted`: the draft length asked for (asked only when it matters)."""
+    if quiet_session is None or session is None or session.id != quiet_session or session.done:
+        return True
+    return not idle and wanted() > 0
+
+
+class BackFeed:
+    def __init__(self, cost: CostModel, metrics: Metrics) -> None:
+        self.cost, self.metrics = cost, metrics
+        self.board = DraftBoard()
+        self.backs = BackRegistry()
+        self.session: Session | None = None
+        self.version = 0
+        self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
+        # Replaced on every change: waiters hold no lock a cancellation could leave held.
+        self._news = asyncio.Event()
+        self._hushed = False  # as last logged
+
+    def wanted(self, session: Session) -> int:
+        """The draft length backs are asked for now."""
+        return self.cost.wanted(first=session.n_generated == 0)
+
+    def back_drafting(self, session: Session) -> bool:
+        return self.backs.active() > 0 and self.wanted(session) > 0
+
+    def start(self, session: Session) -> None:
+        self.board.clear()
+        self.session = session
+        self.notify()
+
+    def end(self) -> None:
+        self.board.clear()
+        self.notify()
+
+    def notify(self) -> None:
+        self.version += 1
+        news, self._news = self._news, asyncio.Event()
+        news.set()
+
+    def state(self, offset: int = 0, back_id: str = "") -> State:
+        s = self.session
+        if s is None:
+            return State(version=self.version, lead_id=self.lead_id)
+        offset = min(max(offset, 0), len(s.tokens))
+        return State(version=self.version, lead_id=self.lead_id, session_id=s.id, offset=offset,
+                     token_ids=s.tokens[offset:], n_tokens=len(s.tokens), n_prompt=s.n_prompt,
+                     done=s.done, draft_len=0 if s.done else self.wanted(s),
+                     hush=self.cost.hush,
+                     sampling=s.params, your_accepted=s.accepted_by_back.get(back_id, 0))
+
+    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,
+                         idle: bool = False) -> None:
+        """Long-poll: return once the version passes `since` with news that `wakes` this
+        waiter, or at timeout."""
+        deadline = time.monotonic() + timeout
+        while not (self.version > since and self._wakes(quiet_session, idle)):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation that lands as its event is set.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(remaining):
+                    await self._news.wait()
+
+    def _wakes(self, quiet_session: str | None, idle: bool) -> bool:
+        s = self.session
+        return wakes(s, quiet_session, idle, lambda: self.wanted(s) if s is not None else 0)
+
+    def post_draft(self, session_id: str, start: int, token_ids: list[int],
+                   dists: list[Dist] | None, back_id: str) -> bool:
+        """Put a back's draft on the board; False if it is stale (or the session is)."""
+        self.backs.seen(back_id)
+        s = self.session
+        self.metrics.drafts_posted += 1
+        if s is None or s.done or s.id != session_id:
+            self.metrics.drafts_stale += 1
+            return False
+        useful = self.board.post(s.tokens, Candidate(back_id, start, tuple(token_ids),
+                                                     tuple(dists) if dists else None))
+        self.metrics.drafts_stale += 0 if useful else 1
+        return useful
+
+    def log_hush(self) -> None:
+        """Say when lead starts or stops hushing backs."""
+        if self.cost.hush == self._hushed:
+            return
+        self._hushed = self.cost.hush
+        if self._hushed:
+            log.info("backs hushed: lead's steps take %.2fx their quiet time while a back "
+                     "works, more than even perfect drafts could make up", self.cost.slowdown)
+        else:
+            log.info("backs asked again: a probe measures what they cost and give")

@@ -1,0 +1,59 @@
+"""What one generation holds: its request, its tokens and counts, and what a step yields."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lead.verify import Verdict
+from shared.protocol import SamplingParams
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Emission:
+    text: str
+    n_tokens: int
+    n_from_draft: int
+    session: Session | None = None  # set on the last emission of a generation
+
+
+@dataclass
+class Session:
+    id: str
+    tokens: list[int]
+    n_prompt: int
+    params: SamplingParams
+    rng: np.random.Generator
+    done: bool = False
+    finish_reason: str | None = None
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # verify steps that rejected a draft token
+    steps: int = 0
+    accepted_by_back: dict[str, int] = field(default_factory=dict)
+    prompt_evaluated: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    t_decode: float = 0.0
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass
+class StepResult:
+    verdict: Verdict
+    batch: int
+    seconds: float
+    back_id: str
+    evaluated: int  # batch size evaluated: `batch` and any padding

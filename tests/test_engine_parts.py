@@ -1,0 +1,240 @@
+"""The engine's jobs one at a time: admission, the decoder's step, offer accounting and
+the back feed, each without the others (fake model, virtual clock, no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from lead.admission import Admission, QueueFull
+from lead.backfeed import BackFeed, wakes
+from lead.cost import CostModel
+from lead.decoder import Decoder
+from lead.drafts import Draft
+from lead.metrics import Metrics
+from lead.offers import OfferLedger
+from lead.session import Session, StepResult
+from lead.verify import Verdict
+from shared.fake import EOS, FakeModel, VirtualClock
+from shared.modelthread import ModelThread
+from shared.protocol import SamplingParams
+from tests.conftest import async_wait_until
+
+
+def session(prompt: list[int], sid: str = "s1", generated: list[int] | None = None) -> Session:
+    return Session(id=sid, tokens=[*prompt, *(generated or [])], n_prompt=len(prompt),
+                   params=SamplingParams(), rng=np.random.default_rng(0))
+
+
+# --- admission ---
+
+
+def test_one_runs_max_queue_wait_in_order_and_the_rest_are_refused() -> None:
+    async def body() -> None:
+        admission = Admission(max_queue=2)
+        order: list[int] = []
+        release = asyncio.Event()
+
+        async def request(i: int) -> None:
+            async with admission.turn():
+                order.append(i)
+                await release.wait()
+
+        tasks = [asyncio.create_task(request(i)) for i in range(3)]
+        await async_wait_until(lambda: order == [0] and admission.waiting == 2, what="queue")
+        with pytest.raises(QueueFull):  # at once, not after a wait
+            await asyncio.wait_for(admission.turn().__aenter__(), 1)
+        release.set()
+        await asyncio.gather(*tasks)
+        assert order == [0, 1, 2] and admission.waiting == 0 and not admission.running
+    asyncio.run(body())
+
+
+def test_a_cancelled_waiter_gives_its_place_back() -> None:
+    async def body() -> None:
+        admission = Admission(max_queue=1)
+        release = asyncio.Event()
+
+        async def hold() -> None:
+            async with admission.turn():
+                await release.wait()
+
+        running = asyncio.create_task(hold())
+        waiter = asyncio.create_task(hold())
+        await async_wait_until(lambda: admission.waiting == 1, what="a waiter")
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        assert admission.waiting == 0
+        second = asyncio.create_task(hold())  # the freed place is taken, not refused
+        await async_wait_until(lambda: admission.waiting == 1, what="the next waiter")
+        release.set()
+        await asyncio.gather(running, second)
+    asyncio.run(body())
+
+
+# --- offer accounting ---
+
+
+def ledger() -> tuple[OfferLedger, list[tuple[int, bool, bool]]]:
+    outcomes: list[tuple[int, bool, bool]] = []
+    return OfferLedger(lambda m, missed, first: outcomes.append((m, missed, first)), 8), outcomes
+
+
+def test_an_offer_is_recorded_once_lead_contradicts_it() -> None:
+    offers, outcomes = ledger()
+    offers.offered([1, 2], [7, 8, 9], first=True)
+    offers.settle([1, 2, 7])  # one token, agreeing: not settled yet
+    assert outcomes == []
+    offers.settle([1, 2, 7, 5])
+    assert outcomes == [(1, True, True)] and offers.watch is None
+
+
+def test_an_offer_that_continues_the_watched_one_extends_it() -> None:
+    offers, outcomes = ledger()
+    offers.offered([1], [7], first=False)
+    offers.settle([1, 7])  # used up, not settled: 1 match of a 1-token draft
+    offers.offered([1, 7], [8, 9], first=False)  # the same back's draft goes on
+    offers.settle([1, 7, 8, 9], final=True)
+    assert outcomes == [(3, False, False)]
+
+
+def test_a_used_up_offer_is_recorded_when_a_later_one_comes() -> None:
+    offers, outcomes = ledger()
+    offers.offered([1], [7], first=False)
+    offers.settle([1, 7, 3])  # a step emitted 7 and 3: one match, nothing contradicted
+    assert outcomes == []
+    offers.offered([1, 7, 3], [4], first=False)  # past the watched draft: a new offer
+    assert outcomes == [(1, False, False)]
+    offers.settle([1, 7, 3, 5])
+    assert outcomes == [(1, False, False), (0, True, False)]
+
+
+def test_the_end_of_a_reply_settles_the_watched_offer() -> None:
+    offers, outcomes = ledger()
+    offers.offered([1], [7, 8, 9], first=False)
+    offers.settle([1, 7, 8], final=True)
+    assert outcomes == [(2, False, False)]
+    offers.settle([1, 7, 8], final=True)  # nothing left to settle
+    assert len(outcomes) == 1
+
+
+# --- back feed ---
+
+
+@pytest.mark.parametrize(("quiet", "idle", "wanted", "done", "woken"), [
+    (None, False, 0, False, True),  # a back that may draft: every change
+    ("s1", False, 3, False, True),  # drafts wanted of its quiet session
+    ("s1", False, 0, False, False),  # quiet, nothing wanted: stays asleep
+    ("s1", True, 3, False, False),  # sitting out: not even for drafts
+    ("s1", True, 0, True, True),  # its session ended
+    ("s0", True, 0, False, True),  # another session began
+])
+def test_which_change_wakes_which_waiter(quiet: str | None, idle: bool, wanted: int, done: bool,
+                                         woken: bool) -> None:
+    s = session([1, 2])
+    s.done = done
+    assert wakes(s, quiet, idle, lambda: wanted) is woken
+    assert wakes(None, quiet, idle, lambda: wanted)  # no session yet
+
+
+def test_a_long_poll_wakes_on_news_that_concerns_it() -> None:
+    async def body() -> None:
+        feed = BackFeed(CostModel(max_draft=8, fixed=0), Metrics())  # drafts never wanted
+        s = session([1, 2])
+        feed.start(s)
+        since = feed.version
+        plain = asyncio.create_task(feed.wait_state(since, 10.0))
+        quiet = asyncio.create_task(feed.wait_state(since, 10.0, quiet_session=s.id))
+        feed.notify()  # a step: news for a back that drafts, none for the quiet one
+        await asyncio.wait_for(plain, 5)
+        await asyncio.sleep(0)
+        assert not quiet.done()
+        s.done = True
+        feed.end()
+        await asyncio.wait_for(quiet, 5)
+    asyncio.run(body())
+
+
+def test_a_long_poll_times_out_without_news() -> None:
+    async def body() -> None:
+        feed = BackFeed(CostModel(max_draft=8), Metrics())
+        await asyncio.wait_for(feed.wait_state(feed.version, 0.01), 5)
+    asyncio.run(body())
+
+
+def test_posts_reach_the_board_only_for_the_live_session() -> None:
+    metrics = Metrics()
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), metrics)
+    assert not feed.post_draft("s1", 2, [5], None, "b")  # no session yet
+    s = session([1, 2])
+    feed.start(s)
+    assert feed.post_draft("s1", 2, [5, 6], None, "b")
+    assert not feed.post_draft("other", 2, [5], None, "b")
+    assert not feed.post_draft("s1", 0, [9, 9, 9], None, "b")  # disagrees with lead's tokens
+    assert (metrics.drafts_posted, metrics.drafts_stale) == (4, 3)
+    best = feed.board.best(s.tokens, 8)
+    assert best is not None and best.token_ids == [5, 6]
+    state = feed.state(1, "b")
+    assert state.session_id == "s1" and state.token_ids == [2] and state.draft_len == 4
+
+
+# --- decoder ---
+
+
+def decoder(model: FakeModel, clock: VirtualClock, fixed: int | None = 4) -> Decoder:
+    return Decoder(model, CostModel(max_draft=8, fixed=fixed), ModelThread("t"), clock)
+
+
+def test_a_step_verifies_the_draft_and_is_timed_on_the_clock() -> None:
+    clock = VirtualClock()
+    model = FakeModel(cost_s=(0.01, 0.001), clock=clock)
+    prompt = [5, 6, 7]
+    right = model.greedy_continuation(prompt, 3)
+    wrong = next(t for t in range(1, 10) if t != right[2])
+    dec = decoder(model, clock)
+    s = session(prompt)
+
+    async def body() -> StepResult:
+        await dec.prefill(s)
+        return await dec.step(s, Draft("b", [right[0], right[1], wrong], None))
+
+    result = asyncio.run(body())
+    dec.thread.shutdown()
+    assert result.verdict.emitted == right  # two accepted, the third corrected
+    assert result.seconds == pytest.approx(0.01 + 0.001 * 4)  # exact: the virtual clock
+    assert model.cached == prompt + right[:2]  # the rejected rows are cut from the cache
+    assert s.prompt_evaluated == 2 and s.t_decode == pytest.approx(0.01 + 0.001 * 2)
+
+
+def test_a_plan_fits_the_draft_to_the_reply_and_the_context() -> None:
+    model = FakeModel(n_ctx=12)
+    dec = decoder(model, VirtualClock(), fixed=8)
+    offered = Draft("b", [1, 2, 3, 4, 5, 6], None)
+    plan = dec.plan(session([1, 2, 3]), offered, max_tokens=4)
+    assert plan is not None and plan.token_ids == [1, 2, 3]  # with its own token: 4
+    plan = dec.plan(session(list(range(1, 10))), offered, max_tokens=100)
+    assert plan is not None and plan.token_ids == [1, 2, 3]  # the context holds 3 more
+    assert dec.plan(session([1, 2]), offered, max_tokens=1) is None
+    assert dec.plan(session([1, 2]), None, max_tokens=10) is None
+
+
+def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
+    return StepResult(Verdict(accepted, next_token), drafted + 1, 0.01, "b", drafted + 1)
+
+
+def test_apply_cuts_at_max_tokens_and_counts_only_what_was_emitted() -> None:
+    dec = decoder(FakeModel(), VirtualClock())
+    s = session([1, 2], generated=[3])
+    emitted = dec.apply(s, result([4, 5, 6], 7, drafted=3), max_tokens=3, busy=True)
+    assert emitted == [4, 5] and s.finish_reason == "length"
+    assert (s.drafted, s.accepted, s.accepted_by_back, s.steps) == (3, 2, {"b": 2}, 1)
+
+
+def test_apply_stops_at_an_eos() -> None:
+    dec = decoder(FakeModel(), VirtualClock())
+    s = session([1, 2])
+    emitted = dec.apply(s, result([4, EOS, 6], 7, drafted=4), max_tokens=50, busy=True)
+    assert emitted == [4, EOS] and s.finish_reason == "stop"
+    assert (s.accepted, s.rejections) == (2, 1)  # none counted past the EOS

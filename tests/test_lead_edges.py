@@ -1,0 +1,45 @@
+"""Lead's small pure pieces at its edges: the draft-post limit, Prometheus text, and text
+cut inside a character."""
+
+from __future__ import annotations
+
+from lead.drafts import BACKS_PER_ADDRESS, PostLimiter
+from lead.metrics import Metrics, prometheus_text
+from lead.textstream import TextStream
+
+
+def test_one_address_gets_a_few_backs_worth_of_posts_whatever_ids_it_uses() -> None:
+    limiter = PostLimiter(rate=5)
+    cycling = [limiter.allow("10.0.0.1", f"b{i}", now=0.0) for i in range(40)]
+    assert cycling == [True] * (5 * BACKS_PER_ADDRESS) + [False] * (40 - 5 * BACKS_PER_ADDRESS)
+    assert limiter.allow("10.0.0.2", "b0", now=0.0)  # another address: its own allowance
+    assert limiter.allow("10.0.0.1", "b0", now=1.0)  # a second refills both
+
+
+def test_one_back_gets_its_rate_and_no_more() -> None:
+    limiter = PostLimiter(rate=5)
+    one = [limiter.allow("10.0.0.1", "b", now=0.0) for _ in range(8)]
+    assert one == [True] * 5 + [False] * 3
+    assert limiter.allow("10.0.0.1", "other", now=0.0)  # a second back on that address
+
+
+def test_prometheus_text_types_every_sample() -> None:
+    text = prometheus_text({"posts": 3}, {"alpha": 0.25})
+    assert text == ("# TYPE duo_posts_total counter\nduo_posts_total 3\n"
+                    "# TYPE duo_alpha gauge\nduo_alpha 0.25\n")
+
+
+def test_lead_metrics_export_each_counter_and_gauge() -> None:
+    metrics = Metrics(requests=2, drafted=10, accepted=4, state_polls=7)
+    lines = metrics.prometheus({"backs_active": 1}).splitlines()
+    samples = dict(line.split() for line in lines if not line.startswith("#"))
+    assert samples["duo_requests_total"] == "2" and samples["duo_state_polls_total"] == "7"
+    assert samples["duo_acceptance_rate"] == "0.4" and samples["duo_backs_active"] == "1"
+    assert len([line for line in lines if line.startswith("# TYPE")]) == len(samples) == 16
+
+
+def test_a_reply_cut_inside_a_character_ends_before_it() -> None:
+    stream = TextStream()
+    assert stream.push(b"caf") + stream.push(b"\xc3") + stream.finish() == "caf"
+    held = TextStream(["café"])  # held as a possible stop string, then cut
+    assert held.push(b"caf") + held.push(b"\xc3") + held.finish() == "caf"
