@@ -15,6 +15,8 @@ from lead.app import create_app
 from lead.settings import LeadSettings
 from shared.fake import FakeModel
 
+pytest_plugins = ("tests.tiers",)  # unit / process / real: see tests/tiers.py
+
 
 async def async_wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
                            what: str = "condition") -> None:

@@ -19,6 +19,8 @@ import pytest
 
 from bench.procs import ROOT, wait_until
 
+pytestmark = pytest.mark.process
+
 TAG = f"{os.getpid() % 100000}"
 NS_LEAD, NS_BACK = f"duo-lead-{TAG}", f"duo-back-{TAG}"
 LEAD_IP, BACK_IP = "10.199.0.1", "10.199.0.2"
@@ -61,8 +63,6 @@ def in_ns(ns: str, args: list[str], **kw: object) -> subprocess.Popen[str]:
 
 CLIENT = """
 import httpx, json, sys
-
-pytestmark = pytest.mark.process
 url, key = sys.argv[1], sys.argv[2]
 h = {"Authorization": f"Bearer {key}"}
 body = {"messages": [{"role": "user", "content": "across the wire"}], "max_tokens": 60}
