@@ -7,7 +7,6 @@ checked exactly. The figures are printed (pytest -s, or the report in the summar
 
 from __future__ import annotations
 
-import json
 import signal
 from collections.abc import Iterator
 
@@ -15,6 +14,7 @@ import httpx
 import pytest
 
 from bench.procs import SIM_DRAFT, SIM_TARGET, SimBack, SimLead, wait_until
+from shared.web import sse_events
 
 pytestmark = pytest.mark.process
 
@@ -29,14 +29,12 @@ def stream(url: str, prompt: str, on_event=None) -> tuple[str, int, str | None]:
             "stream": True}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: {"):
-                event = json.loads(line[6:])
-                text.append(event["choices"][0]["delta"].get("content", ""))
-                accepted += event["duo"]["accepted"]
-                finish = event["choices"][0]["finish_reason"] or finish
-                if on_event:
-                    on_event(accepted, len(text))
+        for event in sse_events(r.iter_lines()):
+            text.append(event["choices"][0]["delta"].get("content", ""))
+            accepted += event["duo"]["accepted"]
+            finish = event["choices"][0]["finish_reason"] or finish
+            if on_event:
+                on_event(accepted, len(text))
     return "".join(text), accepted, finish
 
 

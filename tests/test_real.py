@@ -1,12 +1,11 @@
 """Real-model tier: SmolLM2-135M in real lead and back processes.
 
-Batched and single-token evaluation differ at near-ties (../shared/perf-notes.md),
+Batched and single-token evaluation differ at near-ties (README, *Limitations*),
 so exact equality of output is tested with fakes; here we test what holds exactly.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Iterator
 
@@ -14,6 +13,7 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
+from shared.web import sse_events
 
 pytestmark = pytest.mark.real
 
@@ -40,9 +40,7 @@ def stream_chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> Iterator
     with httpx.stream("POST", f"{lead.url}/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": text}], "stream": True, **body}) as r:
         assert r.status_code == 200
-        for line in r.iter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                yield json.loads(line[6:])
+        yield from sse_events(r.iter_lines())
 
 
 def state(lead: Lead, offset: int = 0, since: int = -1, wait: float = 0) -> dict:
