@@ -70,17 +70,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--back-cpus", help="back's --cpus (default: from --placement)")
     p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
-    p.add_argument("--tokens", type=int, default=64, help="tokens decoded per prompt")
+    p.add_argument("--tokens", type=int, help="tokens decoded per prompt (default: 64; "
+                   "--quick: 24)")
     p.add_argument("--prompts", type=int, help="use N prompts of bench/prompts.json (default: "
                    "all, in file order; --advise: 4, taken from each kind in turn)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds over the prompts; per-prompt figures pool the rounds")
     p.add_argument("--sync-k", type=int, default=3,
                    help="draft length of the synchronous loop")
-    p.add_argument("--sweep", default="1,2,3,4,6,8,12,16", type=_draft_lengths,
-                   help="fixed draft lengths to sweep ('' for none); auto is always added")
-    p.add_argument("--sweep-prompts", type=int, default=3,
-                   help="the sweep uses the first N prompts")
+    p.add_argument("--sweep", type=_draft_lengths,
+                   help="fixed draft lengths to sweep ('' for none; default: "
+                   "1,2,3,4,6,8,12,16, --quick: 1,4); auto is always added")
+    p.add_argument("--sweep-prompts", type=int,
+                   help="the sweep uses the first N prompts (default: 3; --quick: 1)")
     p.add_argument("--no-peers", action="store_true", help="skip the llama-cpp-python peers")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--quick", action="store_true",
@@ -96,8 +98,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sim-agree", type=float, default=0.8,
                    help="simulated draft agreement")
     a = p.parse_args(argv)
-    if a.prompts is None:
-        a.prompts = ADVISE_PROMPTS if a.advise else len(prompts.load())
+    _fill_defaults(a)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
         p.error("--repeat, --prompts and --sweep-prompts must be at least 1, --tokens at "
                 "least 2")
@@ -106,14 +107,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "--sim-agree a share in [0, 1]")
     if a.advise and a.sim:
         p.error("--advise measures real models; it does not take --sim")
-    if a.quick:
-        a.target = a.draft = "smollm2-135m"
-        a.prompts, a.tokens, a.sweep, a.sweep_prompts = 2, 24, "1,4", 1
     try:
         configs.resolve_placement(a)
     except PlacementError as exc:
         p.error(str(exc))
     return a
+
+
+def _fill_defaults(a: argparse.Namespace) -> None:
+    """Defaults that depend on the mode; what the user set explicitly stays."""
+    if a.quick:
+        a.target = a.draft = "smollm2-135m"
+    if a.sweep_prompts is None:
+        a.sweep_prompts = 1 if a.quick else 3
+    if a.prompts is None:
+        a.prompts = 2 if a.quick else ADVISE_PROMPTS if a.advise else len(prompts.load())
+    if a.tokens is None:
+        a.tokens = 24 if a.quick else 64
+    if a.sweep is None:
+        a.sweep = "1,4" if a.quick else "1,2,3,4,6,8,12,16"
 
 
 def run_models(a: argparse.Namespace) -> dict:
@@ -276,7 +288,8 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
 
     costs: dict[int, float] = data["costs"]
     drafting = [n for n in results if n == duo_name or n.startswith("peer: synchronous")]
-    alpha = report.alpha([r for n in drafting for r in results[n]]) or 0.0
+    measured = report.alpha([r for n in drafting for r in results[n]])
+    alpha = measured or 0.0
     tok_s = {s.config: s.tok_s for s in summaries}
     speedup = tok_s[duo_name] / tok_s[base_name] if tok_s[base_name] else 0.0
     cost = padded(costs)
@@ -288,7 +301,8 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
         if b in (2, 3, 4, 5, 8, 16, 17)) + f"; draft {data['draft_s'] * 1e3:.1f} ms/token, "
         f"target {costs[1] * 1e3:.1f} ms/token")
     print(f"acceptance per draft token (accepted / (accepted + rejections), {', '.join(drafting)}"
-          f"): {alpha:.2f}")
+          "): " + (f"{measured:.2f}" if measured is not None else
+                   "- (no draft was verified: the back sat out, or lead asked for none)"))
     print(f"analytic bound with free drafts: {free:.2f}x (k={free_k}); ideal async back at "
           f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
     print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "

@@ -69,6 +69,9 @@ class ChatClient:
             raise ChatError(f"lead at {self.base} stopped answering (timeout)") from None
         except httpx.TransportError as exc:
             raise ChatError(f"connection to lead lost: {exc}") from None
+        except (ValueError, LookupError, TypeError, AttributeError) as exc:
+            raise ChatError(f"lead at {self.base} sent a stream this chat cannot read "
+                            f"({type(exc).__name__}: {exc}); is it a duo lead?") from None
         finally:
             stats.t_end = time.perf_counter()
 

@@ -40,6 +40,15 @@ def test_defaults_parse_to_usable_values() -> None:
     assert a.sim_draft == [0.003] and parse(["--sweep", ""]).sweep == ""
 
 
+def test_quick_sets_its_own_defaults_but_keeps_what_the_user_gave() -> None:
+    quick = parse(["--quick"])
+    assert (quick.target, quick.prompts, quick.tokens, quick.sweep, quick.sweep_prompts) == \
+        ("smollm2-135m", 2, 24, "1,4", 1)
+    given = parse(["--quick", "--sweep", "", "--tokens", "40", "--prompts", "3",
+                   "--sweep-prompts", "2"])
+    assert (given.sweep, given.tokens, given.prompts, given.sweep_prompts) == ("", 40, 3, 2)
+
+
 def test_unknown_model_is_a_one_line_error() -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--target", "no-such-model", "--no-peers"])
