@@ -10,7 +10,8 @@ COPY back back
 COPY chat chat
 COPY shared shared
 COPY bench bench
-RUN pip install --no-cache-dir .
+# RPC on, as make install builds it: --rpc and python -m shared.rpc work in the image.
+RUN CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir .
 # Model presets are downloaded, assembled and verified into this volume on first start.
 ENV DUO_CACHE=/models PYTHONUNBUFFERED=1
 VOLUME /models

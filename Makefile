@@ -7,20 +7,38 @@ DRAFT  ?= qwen2.5-coder-0.5b
 
 .PHONY: install models run test test-fast test-process lint bench advise clean
 
-$(VENV)/.installed: pyproject.toml
+# llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
+# shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
+# ~/.cache/duo/wheels, so a fresh venv or a clean clone does not compile again.
+GPU    ?= cpu
+GGML_cpu    := -DGGML_RPC=on
+GGML_cuda   := -DGGML_RPC=on -DGGML_CUDA=on
+GGML_metal  := -DGGML_RPC=on -DGGML_METAL=on
+GGML_vulkan := -DGGML_RPC=on -DGGML_VULKAN=on
+LLAMA  := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
+WHEELS ?= $(HOME)/.cache/duo/wheels/$(subst ==,-,$(LLAMA))-$(GPU)
+STAMP  := $(VENV)/.installed-$(GPU)
+
+$(STAMP): pyproject.toml
+	@[ -n "$(GGML_$(GPU))" ] || { echo "GPU=$(GPU): choose cpu, cuda, metal or vulkan"; exit 2; }
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	@echo "installing duo and llama-cpp-python (a fresh machine compiles llama.cpp: ~10 min)"
+	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
+	  echo "building $(LLAMA) with $(GGML_$(GPU)) (compiles llama.cpp: ~10 min on 2 cores)"; \
+	  CMAKE_ARGS="$(GGML_$(GPU))" $(PY) -m pip wheel --no-deps --no-cache-dir \
+	    --no-binary llama-cpp-python -w $(WHEELS) "$(LLAMA)"; }
+	$(PY) -m pip install --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
 	$(PY) -m pip install -e '.[test]'
+	rm -f $(VENV)/.installed-*
 	touch $@
 
-install: $(VENV)/.installed
+install: $(STAMP)
 
 models: install  ## download, assemble and verify the GGUF presets (cached, reused)
 	$(PY) -m shared.presets smollm2-135m $(TARGET) $(DRAFT)
 
-run: models  ## lead + back on the default pair, then the chat REPL
-	TARGET=$(TARGET) DRAFT=$(DRAFT) PY=$(PY) scripts/run.sh
+run: models  ## lead + back on the default pair, then the chat REPL (GPU=cuda: target on it)
+	TARGET=$(TARGET) DRAFT=$(DRAFT) PY=$(PY) GPU=$(GPU) scripts/run.sh
 
 test: models  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest

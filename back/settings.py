@@ -9,6 +9,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
 from shared.placement import parse_cpus
+from shared.rpcwire import parse_endpoints, parse_weights
 
 
 class BackSettings(BaseSettings):
@@ -24,7 +25,12 @@ class BackSettings(BaseSettings):
     cpus: str = Field("auto", description="auto: on lead's host, the CPUs lead does not use, "
                       "or idle priority on one thread where it uses them all; elsewhere every "
                       "CPU. 'all': every CPU. Or a list, e.g. 2-3")
-    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to GPUs and --rpc "
+                              "servers (-1: all)")
+    rpc: str | None = Field(None, description="llama.cpp RPC servers host:port[,host:port] "
+                            "(python -m shared.rpc) that take the draft's --n-gpu-layers")
+    tensor_split: str | None = Field(None, description="weights of the offloaded layers per "
+                                     "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
     ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens")
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
     max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
@@ -38,6 +44,20 @@ class BackSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("rpc")
+    @classmethod
+    def _endpoints(cls, value: str | None) -> str | None:
+        if value:
+            parse_endpoints(value)
+        return value
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _weights(cls, value: str | None) -> str | None:
+        if value:
+            parse_weights(value)
+        return value
 
     @field_validator("cpus")
     @classmethod

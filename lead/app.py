@@ -69,7 +69,8 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
     from shared.llm import load_model  # the llama.cpp edge, imported only when needed
 
     return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
-                      n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc)
+                      n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
+                      tensor_split=settings.tensor_split)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

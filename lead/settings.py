@@ -7,6 +7,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
 from shared.placement import parse_cpus
+from shared.rpcwire import parse_endpoints, parse_weights
 
 
 class LeadSettings(BaseSettings):
@@ -21,7 +22,12 @@ class LeadSettings(BaseSettings):
                          "lead runs on)")
     cpus: str = Field("all", description="CPUs to run on, e.g. 0-3 ('all': every CPU this "
                       "process may use); a back on this host drafts on the others")
-    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to the GPU (-1: all)")
+    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to GPUs and --rpc "
+                              "servers (-1: all)")
+    rpc: str | None = Field(None, description="llama.cpp RPC servers host:port[,host:port] "
+                            "(python -m shared.rpc) that take the target's --n-gpu-layers")
+    tensor_split: str | None = Field(None, description="weights of the offloaded layers per "
+                                     "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
     ctx_size: int = Field(4096, ge=64, description="context size in tokens")
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
@@ -33,8 +39,6 @@ class LeadSettings(BaseSettings):
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
-    rpc: str | None = Field(None, description="llama.cpp RPC servers host:port,host:port "
-                            "to offload target layers to")
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
     max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
                               "to a back, seconds")
@@ -44,6 +48,20 @@ class LeadSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("rpc")
+    @classmethod
+    def _endpoints(cls, value: str | None) -> str | None:
+        if value:
+            parse_endpoints(value)
+        return value
+
+    @field_validator("tensor_split")
+    @classmethod
+    def _weights(cls, value: str | None) -> str | None:
+        if value:
+            parse_weights(value)
+        return value
 
     @field_validator("cpus")
     @classmethod

@@ -8,7 +8,11 @@ PORT=${LEAD_PORT:-5555}
 # CPU lead takes it and the back sits out.
 first=$("$PY" -c "import os; print(min(os.sched_getaffinity(0)))" 2>/dev/null || echo 0)
 half=$(( $(nproc) / 2 )); [ "$half" -ge 1 ] || half=1
-export LEAD_CPUS=${LEAD_CPUS:-$first-$(( first + half - 1 ))}
+if [ "${GPU:-cpu}" = cpu ]; then
+  export LEAD_CPUS=${LEAD_CPUS:-$first-$(( first + half - 1 ))}
+else  # the target on the GPU (lead keeps one CPU); the back drafts on the other CPUs
+  export LEAD_N_GPU_LAYERS=${LEAD_N_GPU_LAYERS:--1} LEAD_CPUS=${LEAD_CPUS:-all}
+fi
 mkdir -p logs
 "$PY" -m lead -m "${TARGET:-qwen2.5-coder-1.5b}" --host 127.0.0.1 --port "$PORT" \
     >logs/lead.log 2>&1 &
@@ -24,6 +28,6 @@ for _ in $(seq 1 240); do
 done
 "$PY" -m back --lead "127.0.0.1:$PORT" -m "${DRAFT:-qwen2.5-coder-0.5b}" >logs/back.log 2>&1 &
 back=$!
-echo "lead on CPUs $LEAD_CPUS, back on the rest (logs/lead.log, logs/back.log)."
+echo "lead on CPUs $LEAD_CPUS${LEAD_N_GPU_LAYERS:+ and the GPU}, back on the rest (logs/lead.log, logs/back.log)."
 echo "Tokens from accepted drafts show in green."
 "$PY" chat.py --lead "127.0.0.1:$PORT"

@@ -32,13 +32,13 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 
 class LlamaModel:
     def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
-                 n_batch: int = 512) -> None:
+                 n_batch: int = 512, tensor_split: list[float] | None = None) -> None:
         threads = threads or os.cpu_count() or 1
         try:
             self._llm = llama_cpp.Llama(
                 model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
                 n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers,
-                logits_all=False, verbose=False)
+                tensor_split=tensor_split, logits_all=False, verbose=False)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load {path}: {exc} (is it a GGUF file?)") from None
         self.name = path.stem
@@ -199,19 +199,40 @@ def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) ->
         llama_logger.llama_log_callback(level, text, user_data)
 
 
-def check_rpc(rpc: str | None) -> None:
-    """--rpc needs a llama.cpp built with GGML_RPC, and an API to register the servers."""
-    if not rpc:
-        return
-    if not llama_cpp.llama_supports_rpc():
-        raise ModelError("--rpc: this llama-cpp-python build has no RPC support; reinstall with "
-                         "CMAKE_ARGS='-DGGML_RPC=on' pip install --force-reinstall "
-                         "--no-cache-dir llama-cpp-python==0.3.36")
-    raise ModelError("--rpc: llama-cpp-python 0.3.36 exposes no call to register RPC servers; "
-                     "run llama.cpp's llama-server with --rpc for the target instead")
+def attach_rpc(spec: str | None) -> list[str]:
+    """Register --rpc servers before a model loads: its GPU layers then go to them."""
+    if not spec:
+        return []
+    from shared import ggml
+    from shared.rpcwire import RpcError, hello, parse_endpoints
+
+    if not ggml.rpc_supported():
+        raise ModelError(f"--rpc: this llama-cpp-python has no RPC backend; {ggml.REBUILD}")
+    try:
+        endpoints = parse_endpoints(spec)
+        for endpoint in endpoints:
+            hello(endpoint)
+    except RpcError as exc:
+        raise ModelError(str(exc)) from None
+    for endpoint in endpoints:
+        if ggml.add_rpc_server(str(endpoint)) == 0:
+            raise ModelError(f"RPC server {endpoint} offers no device")
+    ggml.exit_on_abort(f"RPC {spec}")  # a server lost mid-decode aborts llama.cpp
+    return [str(e) for e in endpoints]
 
 
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
-               n_batch: int = 512, rpc: str | None = None) -> LlamaModel:
-    check_rpc(rpc)
-    return LlamaModel(resolve_model(spec), threads, n_gpu_layers, n_ctx, n_batch)
+               n_batch: int = 512, rpc: str | None = None,
+               tensor_split: str | None = None) -> LlamaModel:
+    """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split."""
+    from shared.rpcwire import parse_weights
+
+    path = resolve_model(spec)
+    servers = attach_rpc(rpc)
+    if servers and n_gpu_layers == 0:
+        log.warning("--rpc without --n-gpu-layers: every layer stays local (-1 sends all)")
+    elif servers:
+        log.info("%s: %s layers on RPC servers %s", path.stem,
+                 "all" if n_gpu_layers < 0 else f"up to {n_gpu_layers}", ", ".join(servers))
+    weights = parse_weights(tensor_split) if tensor_split else None
+    return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights)

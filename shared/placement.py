@@ -82,7 +82,7 @@ def choose_lead(flag: str, threads: int, allowed: frozenset[int], on_gpu: bool =
     offloaded): one CPU for its own work, the rest left to backs."""
     if flag in ("", "all") and on_gpu:
         return Placement(frozenset({min(allowed)}), threads or 1, reason=(
-            "the model is on the GPU; the other CPUs are left to backs"))
+            "every layer is offloaded (GPU or --rpc); the other CPUs are left to backs"))
     if flag in ("", "all") and 0 < threads < len(allowed):
         return Placement(frozenset(sorted(allowed)[:threads]), threads, reason=(
             f"--threads {threads}: that many CPUs, the rest left to backs"))
