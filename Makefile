@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models run test test-fast test-process lint bench advise clean
+.PHONY: install models browser run test test-fast test-process lint bench advise clean
 
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml
 	  CMAKE_ARGS="$(GGML_$(GPU))" $(PY) -m pip wheel --no-deps --no-cache-dir \
 	    --no-binary llama-cpp-python -w $(WHEELS) "$(LLAMA)"; }
 	$(PY) -m pip install --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test,web]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 
@@ -37,16 +37,27 @@ install: $(STAMP)
 models: install  ## download, assemble and verify the GGUF presets (cached, reused)
 	$(PY) -m shared.presets smollm2-135m $(TARGET) $(DRAFT)
 
+# The web page's browser tests drive Debian's chromium through Playwright (no browser
+# download): installed here where apt-get and root allow, else those tests skip and say why.
+browser:
+	@[ -x /usr/bin/chromium ] || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's chromium for the web page's browser tests"; \
+	    (apt-get install -y -q chromium >/dev/null 2>&1 || \
+	     { apt-get update -q >/dev/null && apt-get install -y -q chromium >/dev/null; }) || \
+	    echo "could not install chromium: the browser tests will skip"; \
+	  else echo "no /usr/bin/chromium (apt-get install chromium as root): the browser tests will skip"; fi; }
+
 run: models  ## lead + back on the default pair, then the chat REPL (GPU=cuda: target on it)
 	TARGET=$(TARGET) DRAFT=$(DRAFT) PY=$(PY) GPU=$(GPU) scripts/run.sh
 
-test: models  ## everything: unit, in-process, PTY chat and real-model tiers
+test: models browser  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest
 
 test-fast: install  ## the unit tier: one process, fake models (about a minute)
 	$(PY) -m pytest -m unit
 
-test-process: install  ## the unit and process tiers: no real models
+test-process: install browser  ## the unit and process tiers: no real models
 	$(PY) -m pytest -m "not real"
 
 lint: install

@@ -22,7 +22,8 @@ log = logging.getLogger("back")
 
 
 def build_worker(settings: BackSettings) -> Worker:
-    client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait)
+    client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait,
+                        kind=settings.drafter)
     drafter: Drafter
     fingerprint = n_vocab = None
     set_threads = None

@@ -19,8 +19,9 @@ class LeadError(Exception):
 class LeadClient:
     def __init__(self, address: str, api_key: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 poll_wait: float = 10.0) -> None:
-        self.poll_wait = poll_wait
+                 poll_wait: float = 10.0, kind: str = "") -> None:
+        """`kind`: the drafter (model, ngram), sent with polls for lead's page."""
+        self.poll_wait, self.kind = poll_wait, kind
         self._http = httpx.AsyncClient(base_url=lead_url(address), headers=auth_headers(api_key),
                                        transport=transport,
                                        timeout=httpx.Timeout(5.0, read=poll_wait + 10.0))
@@ -42,6 +43,8 @@ class LeadClient:
         params: dict[str, float | str] = {
             "since": since, "offset": offset, "back": back_id, "quiet": quiet,
             "wait": self.poll_wait if wait is None else wait}
+        if self.kind:
+            params["kind"] = self.kind
         if idle:
             params["idle"] = 1
         return State.model_validate(await self._get("/duo/state", params))

@@ -1,7 +1,8 @@
 """create_app(settings, target=None): the lead's HTTP surface.
 
 OpenAI-compatible chat/completions (streaming as SSE), the back protocol under
-/duo, /metrics and /health. Tests inject a fake target; production loads GGUF.
+/duo, /metrics, /health, and a web page at / (lead/webroutes.py). Tests inject a fake
+target; production loads GGUF.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lead.backroutes import back_router
 from lead.engine import Engine
 from lead.session import Emission, GenRequest, Session
 from lead.settings import LeadSettings
+from lead.webroutes import STATIC_PREFIX, mount_web
 from shared.model import Model
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
 
@@ -51,16 +53,21 @@ def create_app(settings: LeadSettings, target: Model | None = None,
 
     app = FastAPI(title="duo lead", version="0.1.0", lifespan=lifespan)
     app.state.engine, app.state.settings = engine, settings
+    # For lead/serve.py to call as a signal starts the shutdown: uvicorn drains requests
+    # before the lifespan ends, and the page's live stream would never end by itself.
+    app.state.on_exit = engine.live.close
     _install_error_handlers(app)
     app.add_middleware(_Gate, limit=settings.max_body_kb * 1024, api_key=settings.api_key)
     app.include_router(_openai_router(engine, settings))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s))
+    mount_web(app, engine)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
+        # api_key: whether a key is needed, so that the page asks for one before any 401
         return {"status": "ok", "model": model.name, "busy": engine.session is not None
-                and not engine.session.done}
+                and not engine.session.done, "api_key": settings.api_key is not None}
 
     return app
 
@@ -94,7 +101,7 @@ class _Gate:
     A plain ASGI middleware, the cheapest kind: a back polls and posts several times per
     token to a lead whose cores llama.cpp may be using."""
 
-    OPEN = ("/health", "/docs", "/redoc", "/openapi.json")
+    OPEN = ("/health", "/docs", "/redoc", "/openapi.json", "/")  # and the page's files
 
     def __init__(self, app: ASGIApp, limit: int, api_key: str | None) -> None:
         self.app, self.limit = app, limit
@@ -127,7 +134,8 @@ class _Gate:
         if not length.isdigit() or int(length) > self.limit:
             return JSONResponse(api.error_body(f"request body over {self.limit} bytes"),
                                 status_code=413)
-        if self.expected is None or scope["path"] in self.OPEN or \
+        path = scope["path"]
+        if self.expected is None or path in self.OPEN or path.startswith(STATIC_PREFIX) or \
                 hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
             return None
         return JSONResponse(api.error_body("missing or wrong API key (Authorization: Bearer "
@@ -205,11 +213,13 @@ async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emiss
     head = api.envelope(chunk_kind, rid, engine.model.name)
 
     def event(text: str, finish: str | None, n: int, from_draft: int, opening: bool = False,
-              **extra: Any) -> str:
+              back: str = "", **extra: Any) -> str:
         choice = api.chat_choice(text, finish, True, opening) if chat else \
             api.text_choice(text, finish)
-        payload = {**head, "choices": [choice], "duo": {"tokens": n, "accepted": from_draft},
-                   **extra}
+        duo: dict[str, Any] = {"tokens": n, "accepted": from_draft}
+        if from_draft:
+            duo["back"] = back  # which back drafted them (the page shows it on hover)
+        payload = {**head, "choices": [choice], "duo": duo, **extra}
         return f"data: {json.dumps(payload)}\n\n"
 
     try:
@@ -217,8 +227,8 @@ async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emiss
             yield event("", None, 0, 0, opening=True)
         last = first
         async for e in _chain(first, gen):
-            if e.text:
-                yield event(e.text, None, e.n_tokens, e.n_from_draft)
+            if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
+                yield event(e.text, None, e.n_tokens, e.n_from_draft, back=e.back)
             last = e
         session = last.session
         assert session is not None, "the last emission carries the session"

@@ -32,8 +32,10 @@ def wakes(session: Session | None, quiet_session: str | None, idle: bool,
 
 
 class BackFeed:
-    def __init__(self, cost: CostModel, metrics: Metrics) -> None:
-        self.cost, self.metrics = cost, metrics
+    def __init__(self, cost: CostModel, metrics: Metrics,
+                 on_arrival: Callable[[], None] = lambda: None) -> None:
+        """`on_arrival`: called when a back not heard from recently speaks."""
+        self.cost, self.metrics, self.on_arrival = cost, metrics, on_arrival
         self.board = DraftBoard()
         self.backs = BackRegistry()
         self.session: Session | None = None
@@ -94,10 +96,14 @@ class BackFeed:
         s = self.session
         return wakes(s, quiet_session, idle, lambda: self.wanted(s) if s is not None else 0)
 
+    def back_seen(self, back_id: str, address: str = "", kind: str = "") -> None:
+        if self.backs.seen(back_id, address=address, kind=kind):
+            self.on_arrival()
+
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str) -> bool:
         """Put a back's draft on the board; False if it is stale (or the session is)."""
-        self.backs.seen(back_id)
+        self.back_seen(back_id)
         s = self.session
         self.metrics.drafts_posted += 1
         if s is None or s.done or s.id != session_id:

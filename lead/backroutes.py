@@ -30,7 +30,8 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                     host=place.host, cpus=sorted(place.cpus), threads=place.threads)
 
     @router.get("/duo/state", response_model=State)
-    async def state(since: int = Query(-1, description="return once version > since"),
+    async def state(request: Request,
+                    since: int = Query(-1, description="return once version > since"),
                     offset: int = Query(0, ge=0, description="first token to return"),
                     wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S,
                                         description="seconds to wait for news"),
@@ -38,10 +39,12 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                     quiet: str = Query("", max_length=64, description="a session id: wake "
                                        "only when it wants drafts, changes or ends"),
                     idle: bool = Query(False, description="with quiet: wake only when the "
-                                       "session changes or ends (a back sitting out)")
+                                       "session changes or ends (a back sitting out)"),
+                    kind: str = Query("", max_length=16, description="the asking back's "
+                                      "drafter (model, ngram), shown on lead's page"),
                     ) -> Response:
         if back:
-            feed.backs.seen(back)
+            feed.back_seen(back, _address(request), kind)
         if wait > 0 and feed.version <= since:
             await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
         engine.metrics.state_polls += 1
@@ -49,7 +52,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
 
     @router.post("/duo/draft", response_model=State)
     async def draft(post: DraftPost, request: Request) -> Response:
-        address = request.client.host if request.client else "?"
+        address = _address(request)
         if not limiter.allow(address, post.back_id):
             raise HTTPException(429, f"more than {max_posts_per_s:g} draft posts per second "
                                      "from this back, or more than "
@@ -66,6 +69,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                      f"(0..{model.n_vocab - 1})")
         dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
                  for d in post.dists] if post.dists else None
+        feed.back_seen(post.back_id, address)
         feed.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
         return _json(feed.state(post.start, post.back_id))
 
@@ -74,6 +78,10 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
         return engine.metrics.prometheus(engine.gauges())
 
     return router
+
+
+def _address(request: Request) -> str:
+    return request.client.host if request.client else "?"
 
 
 def _json(state: State) -> Response:

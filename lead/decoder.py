@@ -91,8 +91,8 @@ class Decoder:
         session.rejections += int(len(verdict.accepted) < drafted)
         session.accepted += accepted
         if drafted:
-            by_back = session.accepted_by_back
-            by_back[result.back_id] = by_back.get(result.back_id, 0) + accepted
+            _add(session.accepted_by_back, result.back_id, accepted)
+            _add(session.drafted_by_back, result.back_id, drafted)
         session.steps += 1
         session.tokens.extend(emitted)
         if session.finish_reason is None and (session.n_generated >= max_tokens
@@ -119,3 +119,7 @@ class Decoder:
         self.model.truncate(0)
         self.cost.calibrate(best)
         log.info("%s", self.cost.describe())
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n

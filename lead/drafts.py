@@ -83,21 +83,61 @@ class DraftBoard:
         self.candidates.clear()
 
 
+ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last <= 30 s)
+
+
+@dataclass
+class BackRecord:
+    """One back as lead knows it: when and where from it last spoke, the drafter it names,
+    and its draft tokens verified and accepted over lead's life."""
+
+    last_seen: float
+    address: str = ""
+    kind: str = ""
+    drafted: int = 0
+    accepted: int = 0
+
+
 @dataclass
 class BackRegistry:
-    """When each back was last heard from (for metrics: backs seen recently)."""
+    """The backs lead has heard from (backs seen recently, and the live panel)."""
 
-    last_seen: dict[str, float] = field(default_factory=dict)
+    records: dict[str, BackRecord] = field(default_factory=dict)
 
-    def seen(self, back_id: str, now: float | None = None) -> None:
-        self.last_seen[back_id] = time.monotonic() if now is None else now
-        if len(self.last_seen) > 1024:  # bound memory against many ids
-            oldest = min(self.last_seen, key=self.last_seen.__getitem__)
-            del self.last_seen[oldest]
-
-    def active(self, window_s: float = 60.0, now: float | None = None) -> int:
+    def seen(self, back_id: str, now: float | None = None, address: str = "",
+             kind: str = "", window_s: float = ACTIVE_S) -> bool:
+        """Note a back's request; True if it was not active (new, or back after a silence)."""
         now = time.monotonic() if now is None else now
-        return sum(1 for t in self.last_seen.values() if now - t <= window_s)
+        record = self.records.get(back_id)
+        arrived = record is None or now - record.last_seen > window_s
+        if record is None:
+            record = self.records[back_id] = BackRecord(now)
+            self._bound()
+        record.last_seen = now
+        record.address = address or record.address
+        record.kind = kind or record.kind
+        return arrived
+
+    def _bound(self) -> None:
+        if len(self.records) > 1024:  # bound memory against many ids
+            oldest = min(self.records, key=lambda k: self.records[k].last_seen)
+            del self.records[oldest]
+
+    def credit(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
+        """Add one reply's verified and accepted draft tokens per back."""
+        for back_id, n in drafted.items():
+            if back_id in self.records:
+                self.records[back_id].drafted += n
+                self.records[back_id].accepted += accepted.get(back_id, 0)
+
+    def connected(self, window_s: float = ACTIVE_S, now: float | None = None
+                  ) -> dict[str, BackRecord]:
+        now = time.monotonic() if now is None else now
+        return {k: r for k, r in self.records.items() if now - r.last_seen <= window_s}
+
+    def active(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+        now = time.monotonic() if now is None else now
+        return sum(1 for r in self.records.values() if now - r.last_seen <= window_s)
 
 
 @dataclass

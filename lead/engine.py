@@ -20,6 +20,7 @@ from lead.backfeed import BackFeed
 from lead.cost import CostModel
 from lead.decoder import Clock, Decoder
 from lead.drafts import Draft
+from lead.live import LiveNews
 from lead.metrics import Metrics
 from lead.offers import OfferLedger
 from lead.session import Emission, GenRequest, Session, StepResult
@@ -45,7 +46,8 @@ class Engine:
         self.admission = Admission(max_queue)
         self.model_thread = ModelThread("model")  # every model call, calibration too
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch)
-        self.feed = BackFeed(self.cost, self.metrics)
+        self.live = LiveNews()  # what the web page's live panel is woken by
+        self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self._ids = itertools.count(1)
 
     @property
@@ -74,6 +76,7 @@ class Engine:
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
                           params=req.params, rng=make_rng(req.params.seed), t_start=self.clock())
         self.feed.start(session)
+        self.live.bump()
         await self.decoder.prefill(session)
         text = TextStream(req.stop)
         offers = OfferLedger(self.cost.record_outcome, max(self.max_draft, 1))
@@ -96,7 +99,8 @@ class Engine:
             for i, token in enumerate(emitted):
                 chunk = "" if token in self.model.eos_token_ids else \
                     text.push(self.model.token_bytes(token))
-                yield Emission(chunk, 1, int(i < len(result.verdict.accepted)))
+                drafted = i < len(result.verdict.accepted)
+                yield Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "")
             if text.stopped:
                 session.finish_reason = "stop"
         offers.settle(session.tokens, final=True)  # a stop string may end a watched offer
@@ -112,7 +116,9 @@ class Engine:
         now = self.clock()
         self.metrics.record_session(session, now)
         log.info("%s", self.metrics.session_line(session, now))
+        self.feed.backs.credit(session.drafted_by_back, session.accepted_by_back)
         self.feed.end()
+        self.live.add_reply(session, now)
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
         cost = self.cost
@@ -132,4 +138,5 @@ class Engine:
                 "queue_waiting": self.admission.waiting, **self.cost.snapshot()}
 
     def shutdown(self) -> None:
+        self.live.close()
         self.model_thread.shutdown()

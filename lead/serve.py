@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import signal
 from types import FrameType
 
@@ -17,6 +19,11 @@ class _Server(uvicorn.Server):
         self._captured_signals.clear()
         if sig == signal.SIGINT and self.force_exit:
             self._captured_signals.append(sig)  # a second Ctrl-C still kills at once
+        # Endless streams (the page's live feed) end now, not at the drain timeout.
+        on_exit = getattr(self.config.app.state, "on_exit", None)
+        if on_exit is not None:
+            with contextlib.suppress(RuntimeError):  # no loop running: nothing to end
+                asyncio.get_running_loop().call_soon_threadsafe(on_exit)
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",

@@ -25,6 +25,7 @@ class Emission:
     n_tokens: int
     n_from_draft: int
     session: Session | None = None  # set on the last emission of a generation
+    back: str = ""  # the back whose draft gave its accepted tokens
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Session:
     rejections: int = 0  # verify steps that rejected a draft token
     steps: int = 0
     accepted_by_back: dict[str, int] = field(default_factory=dict)
+    drafted_by_back: dict[str, int] = field(default_factory=dict)  # draft tokens verified
     prompt_evaluated: int = 0
     t_start: float = field(default_factory=time.perf_counter)
     t_decode: float = 0.0
