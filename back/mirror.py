@@ -49,8 +49,10 @@ class LeadMirror:
         return state.lead_id != self.lead_id
 
     def take(self, state: State) -> Taken | None:
-        """Take `state` (its tokens from `state.offset` on); None: it is older than ours."""
-        if state.version < max(self.state.version, self._floor):
+        """Take `state` (its tokens from `state.offset` on); None: it is older than ours, or
+        from a lead this back no longer follows (a post's reply from before a restart: its
+        version, high, would hold off the new lead's states until they passed it)."""
+        if self.other_lead(state) or state.version < max(self.state.version, self._floor):
             return None
         new_session = state.session_id != self.state.session_id
         if new_session:
@@ -94,8 +96,9 @@ class LeadMirror:
 
     def draft_past(self, local: Sequence[int]) -> list[int] | None:
         """What `local` (a drafter's sequence) holds past lead's tokens; None where it does
-        not hold them: what lies past them was drafted on a path lead left."""
+        not hold them (what lies past them was drafted on a path lead left), or where no
+        live session is followed: past no tokens, anything would read as a draft."""
         n = len(self.tokens)
-        if len(local) < n or tuple(local[:n]) != self.tokens:
+        if not self.following or len(local) < n or tuple(local[:n]) != self.tokens:
             return None
         return list(local[n:])

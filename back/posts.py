@@ -13,12 +13,16 @@ class PostBook:
         self._dists: dict[int, DraftDist] = {}  # drafter position -> its draft distribution
 
     def new_session(self) -> None:
-        self._last = (0, ())
+        # Another session may share the drafter's path (the same prompt again): the tokens
+        # there are then the last session's, not guesses drawn from these distributions.
+        self._last, self._dists = (0, ()), {}
 
-    def drafted(self, kept: int, dists: Mapping[int, DraftDist]) -> None:
-        """A draft job's result: the drafter's positions from `kept` on were redrafted,
-        and `dists` holds the distributions of the new guesses that have one."""
-        self._dists = {p: d for p, d in self._dists.items() if p < kept}
+    def drafted(self, n_lead: int, kept: int, dists: Mapping[int, DraftDist]) -> None:
+        """A draft job's result: lead held `n_lead` tokens, the drafter's positions from
+        `kept` on were redrafted, and `dists` holds the distributions of the new guesses
+        that have one. Below `n_lead` the tokens are lead's (maybe its correction of a
+        guess): their distributions no longer say how those tokens were drawn."""
+        self._dists = {p: d for p, d in self._dists.items() if n_lead <= p < kept}
         self._dists.update(dists)
 
     def next_post(self, session_id: str, start: int, draft: Sequence[int], back_id: str,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
+import httpx
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
 from shared.placement import parse_cpus
 from shared.rpcwire import parse_endpoints, parse_weights
+from shared.web import lead_url
 
 
 class BackSettings(BaseSettings):
@@ -44,6 +46,20 @@ class BackSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("lead")
+    @classmethod
+    def _lead_address(cls, value: str) -> str:
+        """Refused here, an address no retry could reach is a one-line error at startup."""
+        try:
+            url = httpx.URL(lead_url(value))
+            port_ok = url.port is None or 0 < url.port < 65536
+        except httpx.InvalidURL as exc:
+            raise ValueError(f"not an address: {value!r} ({exc})") from None
+        if url.scheme not in ("http", "https") or not url.host or not port_ok:
+            raise ValueError(f"not an address: {value!r} (expected host:port or "
+                             "http(s)://host:port)")
+        return value
 
     @field_validator("rpc")
     @classmethod

@@ -99,15 +99,27 @@ class Worker:
                 if (down := self.backoff.reached(time.monotonic())) is not None:
                     log.info("lead is back after %.1f s", down)
                 await self.follow()
-            except (httpx.TransportError, LeadError) as exc:
-                if isinstance(exc, LeadError) and exc.status == 401:
-                    raise BackFatal("lead refused the API key: pass --api-key "
-                                    "(or BACK_API_KEY)") from None
+            except (httpx.TransportError, httpx.InvalidURL, LeadError) as exc:
+                if (fatal := self._fatal(exc)) is not None:
+                    raise fatal from None
                 began, wait = self.backoff.failed(time.monotonic())
                 if began:
                     log.warning("lead unreachable (%s); retrying with backoff", _brief(exc))
                 await self._sleep(wait)
         self.close()
+
+    def _fatal(self, exc: Exception) -> BackFatal | None:
+        """The error to stop with, where retrying cannot help (a refused connection can:
+        lead may start later)."""
+        if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+            return BackFatal(f"cannot reach lead at {self.client.base_url}: {_brief(exc)}")
+        if isinstance(exc, LeadError) and exc.status == 401:
+            return BackFatal("lead refused the API key: pass --api-key (or BACK_API_KEY)")
+        # Once attached, a 404 may come from a proxy while lead restarts: retried then.
+        if isinstance(exc, LeadError) and exc.status == 404 and not self.mirror.lead_id:
+            return BackFatal(f"{self.client.base_url} is not a duo lead (it answered 404 to "
+                             "/duo/info): check --lead")
+        return None
 
     def close(self) -> None:
         self._end_session()  # a back stopped mid-session still reports it
@@ -119,7 +131,11 @@ class Worker:
                 await self._stop.wait()
 
     async def handshake(self) -> Info:
-        info = await self.client.info()
+        try:
+            info = await self.client.info()
+        except ValueError as exc:  # an answer, but no Info: another server, or another duo
+            raise BackFatal(f"{self.client.base_url}/duo/info is not a duo lead's answer: "
+                            f"{_brief(exc).splitlines()[0]}") from None
         if self.n_vocab is not None and (info.n_vocab != self.n_vocab
                                          or info.fingerprint != self.fingerprint):
             raise IncompatibleModel(
@@ -235,10 +251,11 @@ class Worker:
         stats, state = self.sessions.current, self.state
         job = DraftJob(self.mirror.tokens, state.sampling,
                        ahead_for(state.draft_len, self.max_post), self.burst,
-                       self.eos_token_ids, self.sessions.rng, self._latest)
+                       self.eos_token_ids, self.sessions.rng, self._latest,
+                       n_prompt=state.n_prompt)
         drafted = await self.model_thread.run(jobs.extend, self.drafter, job)
         self.sessions.add(stats, drafted.work)  # dropped if that session ended meanwhile
-        self.posts.drafted(drafted.kept, drafted.dists)
+        self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists)
         return drafted
 
     def _launch_post(self, local: Sequence[int]) -> asyncio.Task[State | None] | None:

@@ -50,7 +50,9 @@ class BackFeed:
         return self.cost.wanted(first=session.n_generated == 0)
 
     def back_drafting(self, session: Session) -> bool:
-        return self.backs.active() > 0 and self.wanted(session) > 0
+        """Whether a back drafts during this step, so that its price counts as busy (a back
+        sitting out slows nothing: its steps are quiet ones)."""
+        return self.backs.drafting() > 0 and self.wanted(session) > 0
 
     def start(self, session: Session) -> None:
         self.board.clear()
@@ -96,8 +98,9 @@ class BackFeed:
         s = self.session
         return wakes(s, quiet_session, idle, lambda: self.wanted(s) if s is not None else 0)
 
-    def back_seen(self, back_id: str, address: str = "", kind: str = "") -> None:
-        if self.backs.seen(back_id, address=address, kind=kind):
+    def back_seen(self, back_id: str, address: str = "", kind: str = "",
+                  sits_out: bool = False) -> None:
+        if self.backs.seen(back_id, address=address, kind=kind, sits_out=sits_out):
             self.on_arrival()
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],

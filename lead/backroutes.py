@@ -44,7 +44,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                       "drafter (model, ngram), shown on lead's page"),
                     ) -> Response:
         if back:
-            feed.back_seen(back, _address(request), kind)
+            feed.back_seen(back, _address(request), kind, sits_out=idle)
         if wait > 0 and feed.version <= since:
             await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
         engine.metrics.state_polls += 1

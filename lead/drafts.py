@@ -89,13 +89,14 @@ ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last 
 @dataclass
 class BackRecord:
     """One back as lead knows it: when and where from it last spoke, the drafter it names,
-    and its draft tokens verified and accepted over lead's life."""
+    whether it sits out, and its draft tokens verified and accepted over lead's life."""
 
     last_seen: float
     address: str = ""
     kind: str = ""
     drafted: int = 0
     accepted: int = 0
+    sits_out: bool = False  # its last request was a poll with idle=1: it drafts nothing
 
 
 @dataclass
@@ -105,8 +106,9 @@ class BackRegistry:
     records: dict[str, BackRecord] = field(default_factory=dict)
 
     def seen(self, back_id: str, now: float | None = None, address: str = "",
-             kind: str = "", window_s: float = ACTIVE_S) -> bool:
-        """Note a back's request; True if it was not active (new, or back after a silence)."""
+             kind: str = "", window_s: float = ACTIVE_S, sits_out: bool = False) -> bool:
+        """Note a back's request (`sits_out`: a poll saying it drafts nothing for now);
+        True if it was not active (new, or back after a silence)."""
         now = time.monotonic() if now is None else now
         record = self.records.get(back_id)
         arrived = record is None or now - record.last_seen > window_s
@@ -116,6 +118,7 @@ class BackRegistry:
         record.last_seen = now
         record.address = address or record.address
         record.kind = kind or record.kind
+        record.sits_out = sits_out
         return arrived
 
     def _bound(self) -> None:
@@ -136,21 +139,27 @@ class BackRegistry:
         return {k: r for k, r in self.records.items() if now - r.last_seen <= window_s}
 
     def active(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
-        now = time.monotonic() if now is None else now
-        return sum(1 for r in self.records.values() if now - r.last_seen <= window_s)
+        """Backs connected, whether or not they draft."""
+        return len(self.connected(window_s, now))
+
+    def drafting(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+        """Connected backs that draft when asked (not sitting out)."""
+        return sum(1 for r in self.connected(window_s, now).values() if not r.sits_out)
 
 
 @dataclass
 class RateLimiter:
-    """Token bucket per client: `rate` posts per second, bursts up to one second's worth."""
+    """Token bucket per client: `rate` posts per second, bursts up to one second's worth
+    (or one post, where a second's worth is less: a bucket capped below one never admits)."""
 
     rate: float
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, time
 
     def allow(self, client: str, now: float | None = None) -> bool:
         now = time.monotonic() if now is None else now
-        tokens, last = self.buckets.pop(client, (self.rate, now))  # re-added last: LRU order
-        tokens = min(self.rate, tokens + (now - last) * self.rate)
+        cap = max(self.rate, 1.0)
+        tokens, last = self.buckets.pop(client, (cap, now))  # re-added last: LRU order
+        tokens = min(cap, tokens + (now - last) * self.rate)
         allowed = tokens >= 1.0
         self.buckets[client] = (tokens - 1.0 if allowed else tokens, now)
         if len(self.buckets) > 1024:  # bound memory against many clients

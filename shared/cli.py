@@ -30,6 +30,14 @@ def _flag_type(annotation: Any) -> Any:
     return annotation if annotation in (int, float, str) else str
 
 
+def _help(description: str, default: Any) -> str:
+    """A flag's description and its default, unless it has none to show, or the
+    description says what it means in its own words."""
+    if default in (None, "") or "(default:" in description:
+        return description
+    return f"{description} (default: {default})"
+
+
 def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse.ArgumentParser:
     prefix = settings_cls.model_config.get("env_prefix", "")
     parser = argparse.ArgumentParser(
@@ -41,8 +49,9 @@ def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse
             field.json_schema_extra, dict) else None
         if short:
             flags.insert(0, f"-{short}")
-        help_text = f"{field.description or ''} (default: {field.default}) " \
+        help_text = f"{_help(field.description or '', field.default)} " \
                     f"[env {prefix}{name.upper()}]"
+        help_text = help_text.replace("%", "%%")  # argparse %-formats help: keep a % as is
         if field.annotation is bool:
             parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
                                 default=argparse.SUPPRESS, help=help_text)

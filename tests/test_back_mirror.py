@@ -127,3 +127,27 @@ def test_parted_compares_where_both_have_tokens() -> None:
     assert not parted([1, 2], (1, 2, 3))
     assert parted((1, 2, 4), (1, 2, 3))
     assert not parted((), (1,))
+
+
+def test_nothing_is_a_draft_past_lead_unless_a_live_session_is_followed() -> None:
+    mirror = attached()
+    assert mirror.draft_past((1, 2, 3)) is None  # no session: no tokens to continue
+    mirror.take(live(1, [1, 2, 3]))
+    mirror.take(live(2, [8, 9], offset=4, session="t"))  # the next session: a gap
+    assert mirror.tokens == () and mirror.draft_past((1, 2, 3, 4)) is None
+    mirror.take(live(3, [8, 9], session="t"))
+    assert mirror.draft_past((8, 9, 5)) == [5]
+    mirror.take(live(4, [], offset=2, session="t").model_copy(update={"done": True}))
+    assert mirror.draft_past((8, 9, 5)) is None  # over: a post would be stale
+
+
+def test_a_state_from_a_lead_no_longer_followed_is_not_taken() -> None:
+    # e.g. a post's reply from the old lead, landing after the handshake with its successor
+    mirror = attached()
+    mirror.take(live(40, [1, 2, 3]))
+    mirror.attach("M")
+    assert mirror.take(live(41, [1, 2, 3, 4])) is None  # lead_id "L"
+    assert mirror.state.version == -1 and mirror.tokens == ()
+    taken = mirror.take(State(version=2, lead_id="M", session_id="m", token_ids=[5],
+                              n_tokens=1, done=False, draft_len=2))
+    assert taken is not None and mirror.tokens == (5,) and mirror.should_draft()

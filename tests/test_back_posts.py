@@ -40,7 +40,7 @@ def test_a_new_session_forgets_what_was_posted() -> None:
 
 def test_distributions_go_with_a_post_only_when_every_token_has_one() -> None:
     book = PostBook()
-    book.drafted(kept=3, dists={3: dist(4), 4: dist(5)})
+    book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5)})
     made = book.next_post("s", 3, [4, 5], "b")
     assert made is not None and made[0].dists == [dist(4), dist(5)]
     made = book.next_post("s", 3, [4, 5, 6], "b")  # 6 has none (a greedy guess)
@@ -52,10 +52,28 @@ def test_distributions_go_with_a_post_only_when_every_token_has_one() -> None:
 
 def test_redrafted_positions_drop_their_old_distributions() -> None:
     book = PostBook()
-    book.drafted(kept=3, dists={3: dist(4), 4: dist(5), 5: dist(6)})
-    book.drafted(kept=4, dists={})  # catching up cut the drafter back to 4 tokens
+    book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5), 5: dist(6)})
+    book.drafted(n_lead=3, kept=4, dists={})  # catching up cut the drafter back to 4 tokens
     made = book.next_post("s", 3, [4, 5], "b")  # 5 at position 4 is another guess now
     assert made is not None and made[0].dists is None
-    book.drafted(kept=4, dists={4: dist(7)})
+    book.drafted(n_lead=3, kept=4, dists={4: dist(7)})
     made = book.next_post("s", 3, [4, 7], "b")
     assert made is not None and made[0].dists == [dist(4), dist(7)]
+
+
+def test_a_new_session_posts_no_distribution_of_the_last() -> None:
+    # The same prompt again: the drafter's path still holds the last session's tokens
+    book = PostBook()
+    book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5)})
+    book.new_session()
+    made = book.next_post("t", 3, [4, 5], "b")
+    assert made is not None and made[0].dists is None
+
+
+def test_a_guess_lead_replaced_keeps_no_distribution() -> None:
+    book = PostBook()
+    book.drafted(n_lead=3, kept=3, dists={3: dist(4)})
+    # lead rejected 4 at position 3 and took 9 there; the drafter caught up to 4 tokens
+    book.drafted(n_lead=4, kept=4, dists={4: dist(5)})
+    made = book.next_post("s", 3, [9, 5], "b")  # (a post from lead's old length)
+    assert made is not None and made[0].dists is None

@@ -12,7 +12,7 @@ from lead.admission import Admission, QueueFull
 from lead.backfeed import BackFeed, wakes
 from lead.cost import CostModel
 from lead.decoder import Decoder
-from lead.drafts import Draft
+from lead.drafts import Draft, PostLimiter
 from lead.metrics import Metrics
 from lead.offers import OfferLedger
 from lead.session import Session, StepResult
@@ -178,6 +178,26 @@ def test_posts_reach_the_board_only_for_the_live_session() -> None:
     assert best is not None and best.token_ids == [5, 6]
     state = feed.state(1, "b")
     assert state.session_id == "s1" and state.token_ids == [2] and state.draft_len == 4
+
+
+def test_only_a_back_that_drafts_makes_a_step_busy() -> None:
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
+    s = session([1, 2])
+    feed.start(s)
+    feed.back_seen("b", sits_out=True)  # its poll said idle: it sits out
+    assert feed.backs.active() == 1 and not feed.back_drafting(s)
+    feed.back_seen("b")  # it polls as one that drafts when asked
+    assert feed.back_drafting(s)
+    feed.back_seen("b", sits_out=True)
+    feed.post_draft("s1", 2, [5], None, "b")  # a post: it drafts after all
+    assert feed.back_drafting(s)
+
+
+@pytest.mark.parametrize("rate", [0.25, 0.5, 3.0])
+def test_any_positive_post_rate_admits_posts_at_that_rate(rate: float) -> None:
+    limiter = PostLimiter(rate)
+    allowed = sum(limiter.allow("10.0.0.1", "b", now=t / 100) for t in range(2000))
+    assert allowed == pytest.approx(20 * rate, abs=max(rate, 1.0))  # 20 s, one burst
 
 
 # --- decoder ---

@@ -1,4 +1,5 @@
-"""The back's Worker as a whole, with a scripted lead (no lead app): how it wires its pieces.
+"""The back's Worker as a whole, with a scripted lead: how it wires its pieces; lead's app
+in-process where what lead makes of the back is the point.
 
 The pieces have their own tests: tests/test_back_mirror.py (lead's state),
 test_back_jobs.py (model-thread work), test_back_posts.py, test_back_sessions.py and
@@ -11,13 +12,22 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 
+import httpx
 import numpy as np
+import pytest
 
-from back.worker import Worker
+from back.backoff import Backoff
+from back.client import LeadClient
+from back.drafter import ModelDrafter
+from back.worker import BackFatal, Worker
+from lead.app import create_app
+from lead.session import Session
+from shared.fake import FakeModel
 from shared.model import common_prefix
+from shared.placement import Placement
 from shared.protocol import DraftPost, Info, SamplingParams, State
 from shared.sampling import make_draft_rng
-from tests.conftest import async_wait_until
+from tests.conftest import async_wait_until, make_settings
 
 SEED_A, SEED_B = 11, 22
 
@@ -56,7 +66,8 @@ class GatedDrafter:
         return len(lead_tokens) - keep
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None) -> tuple[int, None]:
+                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
+                   ) -> tuple[int, None]:
         self.draws.append((tuple(self.local), int(rng.integers(1 << 30))))
         self.local.append(7)
         return 7, None
@@ -156,3 +167,151 @@ def test_a_stale_state_is_not_taken_for_a_restart_but_another_lead_is() -> None:
     # state did, and the poll after it asks from scratch.
     assert lead.asked == [(-1, 1), (3, 1), (3, 1), (4, 1), (-1, 2)]
     assert worker.mirror.lead_id == "M"
+
+
+PROMPT = [1, 2, 3]
+
+
+class RepeatedPromptLead:
+    """Session A samples (temperature 1) after PROMPT: lead rejects the back's first guess
+    and takes a correction; at the back's next post A ends and B starts on the same prompt.
+    Records every post it receives."""
+
+    def __init__(self) -> None:
+        self.posts: list[DraftPost] = []
+        self.current = live(1, "A", PROMPT, seed=5)
+        self.correction = -1
+        self._news = asyncio.Event()
+
+    async def info(self) -> Info:
+        return info()
+
+    async def state(self, since: int, offset: int, **_: object) -> State:
+        while self.current.version <= since:
+            await self._news.wait()
+        return self.current
+
+    async def post_draft(self, post: DraftPost) -> State:
+        self.posts.append(post)
+        if post.session_id == "A" and post.start == len(PROMPT):
+            self.correction = 1 if post.token_ids[0] != 1 else 2
+            self._move(live(2, "A", [*PROMPT, self.correction], seed=5))
+        elif post.session_id == "A":
+            self._move(live(3, "B", PROMPT, seed=6))
+        return self.current
+
+    def _move(self, state: State) -> None:
+        self.current = state
+        news, self._news = self._news, asyncio.Event()
+        news.set()
+
+
+def test_a_repeated_prompt_posts_no_distribution_of_the_last_session() -> None:
+    # B's prompt is A's: the drafter keeps A's path, where lead's correction now stands in
+    # the place of A's rejected guess. B's first post carries that path; a distribution
+    # left from A would tell lead the correction was drawn from the rejected guess's q.
+    lead = RepeatedPromptLead()
+    drafter = ModelDrafter(FakeModel(salt="draft", eos_bias=-100.0))
+    worker = Worker(lead, drafter, None, None)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await async_wait_until(lambda: any(p.session_id == "B" for p in lead.posts),
+                               what="a post for session B")
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert lead.posts[0].dists is not None  # A's guesses went with their distributions
+    first_b = next(p for p in lead.posts if p.session_id == "B")
+    assert first_b.start == len(PROMPT) and first_b.token_ids[0] == lead.correction
+    assert first_b.dists is None
+
+
+class ScriptedHttpLead:
+    """Lead's /duo routes answered from a script of responses (or errors), in order; past
+    its end, no answer comes (a long-poll with no news) until the worker stops."""
+
+    def __init__(self, *script: httpx.Response | Exception) -> None:
+        self.script, self.asked = list(script), 0
+
+    async def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.asked += 1
+        if not self.script:
+            await asyncio.Event().wait()
+        answer = self.script.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def info_response() -> httpx.Response:
+    return httpx.Response(200, json=info().model_dump())
+
+
+def http_worker(address: str, lead: ScriptedHttpLead | None = None) -> Worker:
+    transport = httpx.MockTransport(lead) if lead is not None else None
+    worker = Worker(LeadClient(address, transport=transport, poll_wait=1.0), ModelDrafter(
+        FakeModel(salt="draft")), None, None)
+    worker.backoff = Backoff(first=0.001, most=0.001)
+    return worker
+
+
+def run_until(worker: Worker, done: Callable[[], bool]) -> None:
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await async_wait_until(lambda: done() or task.done(), what="the scenario")
+        worker.stop()  # (it ends a follow; a handshake left waiting is cancelled)
+        if not (await asyncio.wait([task], timeout=5))[0]:
+            task.cancel()
+        await task
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+@pytest.mark.parametrize("answer", [
+    httpx.Response(404, text="Not Found"),  # not a duo lead
+    httpx.Response(401, json={"error": {"message": "invalid API key"}}),
+    httpx.Response(200, text="<html>hello</html>"),  # not a duo lead either
+])
+def test_a_lead_that_is_not_one_or_refuses_the_key_stops_the_back(
+        answer: httpx.Response) -> None:
+    lead = ScriptedHttpLead(answer, answer)
+    with pytest.raises(BackFatal) as fatal:
+        run_until(http_worker("http://lead", lead), lambda: lead.asked > 1)  # retried
+    assert "\n" not in str(fatal.value)  # the one line the back stops with
+
+
+def test_an_address_no_retry_can_reach_stops_the_back() -> None:
+    with pytest.raises(BackFatal, match="ftp://"):
+        run_until(http_worker("ftp://lead:5555"), lambda: False)
+
+
+def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
+    # Connection refused, then a proxy's 404 between lead's restarts: only a back that has
+    # never reached a lead at this address takes a 404 to mean it is pointed elsewhere.
+    refused = httpx.ConnectError("connection refused")
+    lead = ScriptedHttpLead(refused, refused, info_response(), httpx.Response(404),
+                            httpx.Response(404), info_response(),
+                            httpx.Response(200, json=State(lead_id="L").model_dump()))
+    worker = http_worker("http://lead", lead)
+    run_until(worker, lambda: not lead.script)
+    assert worker.outages == 2 and worker.mirror.lead_id == "L"
+
+
+def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:
+    # Lead prices its steps apart while a back drafts; a back that sits out slows nothing.
+    app = create_app(make_settings(draft_len=4), FakeModel())
+    transport = httpx.ASGITransport(app=app)
+    feed = app.state.engine.feed  # type: ignore[attr-defined]
+    session = Session(id="s", tokens=PROMPT, n_prompt=3, params=SamplingParams(),
+                      rng=np.random.default_rng(0))
+    worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=0.01),
+                    ModelDrafter(FakeModel(salt="draft")), None, None, back_id="sitter")
+
+    async def sit_out(_: Info) -> Placement:
+        return Placement(None, 1, sit_out=True, reason="lead uses every CPU")
+    worker.on_attach = sit_out
+    run_until(worker, lambda: "sitter" in feed.backs.records)
+    assert not feed.back_drafting(session)
+    feed.back_seen("drafter")  # a back that drafts when asked
+    assert feed.back_drafting(session)

@@ -1,0 +1,55 @@
+"""The CLI made from a settings class: its help, and the values it refuses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from back.settings import BackSettings
+from lead.settings import LeadSettings
+from shared.cli import build_parser, parse_settings
+from shared.rpc import RpcSettings
+
+
+def flag_helps(settings_cls: type[BaseSettings]) -> dict[str, str]:
+    """Each flag's help as `--help` prints it, on one line."""
+    text = " ".join(build_parser(settings_cls, "prog", "").format_help().split())
+    text = text.partition("-h, --help show this help message and exit")[2]  # (past usage)
+    flag = r"(--[a-z][a-z-]*)(?:, --no-[a-z-]+)?(?: [A-Z_]+)?"
+    return dict(re.findall(flag + r" (.*?\[env \w+\])", text))
+
+@pytest.mark.parametrize("settings_cls", [BackSettings, LeadSettings, RpcSettings])
+def test_help_gives_each_flags_default_once(settings_cls: type[BaseSettings]) -> None:
+    helps = flag_helps(settings_cls)
+    assert sorted(helps) == sorted(f"--{name.replace('_', '-')}"
+                                   for name in settings_cls.model_fields)
+    for flag, text in helps.items():
+        assert text.count("(default:") <= 1, f"{flag}: {text}"
+        assert "(default: )" not in text and "(default: None)" not in text, f"{flag}: {text}"
+
+def test_help_shows_a_default_the_description_gives_in_its_place() -> None:
+    back, lead = flag_helps(BackSettings), flag_helps(LeadSettings)
+    assert "(default: host-pid)" in back["--back-id"]
+    assert "(default: cost-aware, measured)" in lead["--draft-len"]
+    assert "(default: 16)" in back["--max-ahead"] and "(default: True)" in back["--send-dists"]
+
+class Percent(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="P_")
+    share: float = Field(0.5, description="share of the CPUs, in % (e.g. 50 %)")
+
+def test_a_percent_sign_in_a_description_does_not_break_help() -> None:
+    assert "in % (e.g. 50 %) (default: 0.5)" in flag_helps(Percent)["--share"]
+
+@pytest.mark.parametrize("address", ["ftp://lead:5555", "lead:port", ":5555", "lead:99999"])
+def test_a_lead_address_no_retry_can_reach_is_refused_at_startup(address: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(BackSettings, "back", "", ["--lead", address])
+    assert exit_.value.code == 2
+
+@pytest.mark.parametrize("address", ["lead:5555", "127.0.0.1:5555", "https://duo.example/",
+                                     "http://[::1]:5555"])
+def test_lead_addresses_are_taken_as_given(address: str) -> None:
+    assert parse_settings(BackSettings, "back", "", ["--lead", address]).lead == address
