@@ -2,7 +2,9 @@
 
 `catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead
 has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
-only what is missing is evaluated. `next_token` proposes one more token.
+only what is missing is evaluated. `next_token` proposes one more token, drawn from
+the draft's logits adjusted by the request's penalties and bias as lead adjusts the
+target's (shared/penalties.py), so that greedy drafts follow lead's choices.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import numpy as np
 
 from back.ngram import ngram_draft
 from shared.model import EvaluationAborted, Model, common_prefix, sync_cache
+from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, is_greedy, sample
 
@@ -30,9 +33,10 @@ class Drafter(Protocol):
         ...
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None
+                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
                    ) -> tuple[int, Dist | None] | None:
-        """One more guess, or None: nothing to guess, or `abort` said stop midway."""
+        """One more guess, or None: nothing to guess, or `abort` said stop midway.
+        `n_prompt`: how many of lead's tokens are the prompt (the penalties need it)."""
         ...
 
 
@@ -67,7 +71,7 @@ class ModelDrafter:
         return evaluated + 1
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None
+                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
                    ) -> tuple[int, Dist | None] | None:
         if self._logits is None or len(self.local) >= self.model.n_ctx:
             return None
@@ -77,7 +81,9 @@ class ModelDrafter:
             except EvaluationAborted:
                 return None  # the guess stays pending: local is unchanged
             self._pending = []
-        dist = distribution(self._logits, params, MAX_SUPPORT)
+        # q is what the guess is drawn from: the adjusted logits, as lead's p
+        dist = distribution(adjust(self._logits, params, self.local, n_prompt), params,
+                            MAX_SUPPORT)
         token = sample(dist, rng)
         self._pending = [token]
         return token, None if is_greedy(params) else dist
@@ -98,7 +104,7 @@ class NgramDrafter:
         return len(lead_tokens) - keep
 
     def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None
+                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
                    ) -> tuple[int, Dist | None] | None:
         guess = ngram_draft(self.local, self.n_max, 1)
         if not guess:

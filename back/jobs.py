@@ -61,6 +61,7 @@ class DraftJob:
     eos_token_ids: frozenset[int]
     rng: np.random.Generator  # the generator of the session the job is for
     latest: LatestTokens
+    n_prompt: int = 0  # lead's tokens that are the prompt (frequency/presence penalties)
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
     grown = cut_short = 0
     while grown < min(job.burst, room):
         left = job.latest.left(tuple(drafter.local))
-        got = drafter.next_token(job.sampling, job.rng, left)
+        got = drafter.next_token(job.sampling, job.rng, left, n_prompt=job.n_prompt)
         if got is None:
             cut_short = int(left())
             break

@@ -7,12 +7,13 @@ target; production loads GGUF.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import APIRouter, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
@@ -29,6 +30,8 @@ from lead.settings import LeadSettings
 from lead.webroutes import STATIC_PREFIX, mount_web
 from shared.model import Model
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
+
+T = TypeVar("T")
 
 
 def lead_placement(settings: LeadSettings) -> Placement:
@@ -86,12 +89,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        return JSONResponse(api.error_body(message), status_code=400)
+        return JSONResponse(api.error_body(message, param=where or None), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
-        return JSONResponse(api.error_body(str(exc.detail), kind), status_code=exc.status_code,
+        body = api.error_body(str(exc.detail), kind, param=getattr(exc, "param", None))
+        return JSONResponse(body, status_code=exc.status_code,
                             headers=getattr(exc, "headers", None))
 
 
@@ -156,15 +160,26 @@ def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:
                                             "owned_by": "duo", "n_ctx": model.n_ctx}]}
 
     @router.post("/v1/chat/completions", response_model=None)
-    async def chat(body: api.ChatRequest) -> Response:
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        prompt_ids = model.tokenize(model.format_chat(messages), special=True, add_bos=False)
-        return await _serve(engine, settings, body, prompt_ids, chat=True)
+    async def chat(body: api.ChatRequest, request: Request) -> Response:
+        api.check_served(body)
+        try:
+            prompt = model.format_chat([m.for_template() for m in body.messages])
+        except ValueError as exc:  # the model's template refuses these messages
+            raise HTTPException(400, f"messages: the chat template refuses them: {exc}") \
+                from None
+        prompt_ids = model.tokenize(prompt, special=True, add_bos=False)
+        shape = api.ReplyShape(chat=True, token_bytes=model.token_bytes,
+                               logprobs=body.top_logprobs_wanted() is not None)
+        return await _serve(engine, settings, body, prompt_ids, shape, request)
 
     @router.post("/v1/completions", response_model=None)
-    async def completions(body: api.CompletionRequest) -> Response:
+    async def completions(body: api.CompletionRequest, request: Request) -> Response:
+        api.check_served(body)
         prompt_ids = model.tokenize(body.prompt, special=False, add_bos=True)
-        return await _serve(engine, settings, body, prompt_ids, chat=False)
+        logprobs = None if body.logprobs is None else \
+            api.CompletionLogprobs(body.prompt, model.token_bytes)
+        shape = api.ReplyShape(chat=False, token_bytes=model.token_bytes, completion=logprobs)
+        return await _serve(engine, settings, body, prompt_ids, shape, request)
 
     return router
 
@@ -180,59 +195,103 @@ def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest
     wanted = body.wanted_tokens()
     if wanted is not None and wanted > n_ctx:
         raise HTTPException(400, f"max_tokens {wanted} exceeds the context size {n_ctx}")
-    return GenRequest(prompt_ids, wanted or settings.max_tokens, body.sampling(0.0), body.stops())
+    outside = [t for t in body.logit_bias or {} if t >= engine.model.n_vocab]
+    if outside:
+        raise api.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
+                                             f"the vocabulary (0-{engine.model.n_vocab - 1})")
+    return GenRequest(prompt_ids, wanted or settings.max_tokens, body.sampling(0.0), body.stops(),
+                      body.top_logprobs_wanted())
 
 
 async def _serve(engine: Engine, settings: LeadSettings, body: api.CommonRequest,
-                 prompt_ids: list[int], chat: bool) -> Response:
+                 prompt_ids: list[int], shape: api.ReplyShape, request: Request) -> Response:
     gen = engine.generate(_gen_request(engine, settings, body, prompt_ids))
-    try:
-        first = await anext(gen)  # waits its turn in the queue; 429 before any header
-    except QueueFull:
-        raise HTTPException(429, "lead is busy: the queue is full; retry shortly",
-                            headers={"Retry-After": "1"}) from None
-    kind = "chat.completion" if chat else "text_completion"
-    rid = api.new_id("chatcmpl" if chat else "cmpl")
+    first = await _unless_gone(request, gen, _first(gen))  # its turn in the queue
+    if first is None:
+        return Response(status_code=499)  # the client left while it waited: nobody reads it
+    rid = api.new_id("chatcmpl" if shape.chat else "cmpl")
     if body.stream:
-        return StreamingResponse(_sse(engine, gen, first, rid, kind, chat),
+        return StreamingResponse(_sse(engine, gen, first, rid, shape),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
-    emissions = [first, *[e async for e in gen]]
+    emissions = await _unless_gone(request, gen, _rest(first, gen))
+    if emissions is None:
+        return Response(status_code=499)
     text = "".join(e.text for e in emissions)
     session = emissions[-1].session
     assert session is not None, "the last emission carries the session"
-    choice = api.chat_choice(text, session.finish_reason, False) if chat else \
-        api.text_choice(text, session.finish_reason)
-    return JSONResponse({**api.envelope(kind, rid, engine.model.name), "choices": [choice],
-                         "usage": _usage(session)})
+    entries = [lp for e in emissions for lp in e.logprobs]
+    choice = shape.choice(text, session.finish_reason, entries)
+    return JSONResponse({**api.envelope(shape.kind, rid, engine.model.name),
+                         "choices": [choice], "usage": _usage(session)})
+
+
+async def _first(gen: AsyncGenerator[Emission, None]) -> Emission:
+    try:
+        return await anext(gen)  # 429 before any header
+    except QueueFull:
+        raise HTTPException(429, "lead is busy: the queue is full; retry shortly",
+                            headers={"Retry-After": "1"}) from None
+
+
+async def _rest(first: Emission, gen: AsyncGenerator[Emission, None]) -> list[Emission]:
+    return [first, *[e async for e in gen]]
+
+
+async def _unless_gone(request: Request, gen: AsyncGenerator[Emission, None],
+                       work: Coroutine[Any, Any, T]) -> T | None:
+    """`work`'s result, or None if the client disconnects first: then the generation
+    ends at once, as a stream's does (Starlette watches a stream; nothing else does)."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(_disconnect(request))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+            await gen.aclose()
+    return task.result() if not task.cancelled() else None
+
+
+async def _disconnect(request: Request) -> None:
+    """Returns when the client disconnects (the body is read: nothing else comes); never
+    where the server cannot tell, and the reply then runs to its end."""
+    try:
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        await asyncio.get_running_loop().create_future()  # until cancelled
 
 
 async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emission, rid: str,
-               kind: str, chat: bool) -> AsyncIterator[str]:
-    chunk_kind = f"{kind}.chunk" if chat else kind
-    head = api.envelope(chunk_kind, rid, engine.model.name)
+               shape: api.ReplyShape) -> AsyncIterator[str]:
+    head = api.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid,
+                        engine.model.name)
 
-    def event(text: str, finish: str | None, n: int, from_draft: int, opening: bool = False,
-              back: str = "", **extra: Any) -> str:
-        choice = api.chat_choice(text, finish, True, opening) if chat else \
-            api.text_choice(text, finish)
-        duo: dict[str, Any] = {"tokens": n, "accepted": from_draft}
-        if from_draft:
-            duo["back"] = back  # which back drafted them (the page shows it on hover)
+    def event(e: Emission | None, finish: str | None = None, opening: bool = False,
+              **extra: Any) -> str:
+        choice = shape.choice(e.text if e else "", finish, e.logprobs if e else None,
+                              delta=True, opening=opening)
+        duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
+                               "accepted": e.n_from_draft if e else 0}
+        if e and e.n_from_draft:
+            duo["back"] = e.back  # which back drafted them (the page shows it on hover)
         payload = {**head, "choices": [choice], "duo": duo, **extra}
         return f"data: {json.dumps(payload)}\n\n"
 
     try:
-        if chat:
-            yield event("", None, 0, 0, opening=True)
+        if shape.chat:
+            yield event(None, opening=True)
         last = first
         async for e in _chain(first, gen):
             if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
-                yield event(e.text, None, e.n_tokens, e.n_from_draft, back=e.back)
+                yield event(e)
             last = e
         session = last.session
         assert session is not None, "the last emission carries the session"
-        yield event("", session.finish_reason, 0, 0, usage=_usage(session))
+        yield event(None, session.finish_reason, usage=_usage(session))
         yield "data: [DONE]\n\n"
     finally:
         await gen.aclose()  # a client gone mid-stream ends its generation here

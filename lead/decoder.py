@@ -15,7 +15,8 @@ import numpy as np
 from lead.cost import CostModel
 from lead.drafts import Draft
 from lead.session import Session, StepResult
-from lead.verify import verify
+from lead.verify import Verdict, verify
+from shared.logprobs import TokenLogprob, token_logprob
 from shared.model import Model, sync_cache
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
@@ -52,27 +53,33 @@ class Decoder:
         dists = offered.dists[:usable] if offered.dists else None
         return Draft(offered.back_id, offered.token_ids[:usable], dists)
 
-    async def step(self, session: Session, draft: Draft | None) -> StepResult:
+    async def step(self, session: Session, draft: Draft | None,
+                   top_logprobs: int | None = None) -> StepResult:
         """Evaluate the session's last token and `draft` in the batch size the cost model
-        prices best, and verify the draft."""
+        prices best, and verify the draft; logprobs of what it emits if `top_logprobs`
+        is not None."""
         size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
         size = min(size, self.model.n_ctx - len(session.tokens) + 1)
-        return await self.thread.run(self._score, len(session.tokens), session.tokens[-1],
-                                     draft, session.params, session.rng, size)
+        return await self.thread.run(self._score, tuple(session.tokens), session.n_prompt,
+                                     draft, session.params, session.rng, size, top_logprobs)
 
-    def _score(self, tokens_before: int, last: int, draft: Draft | None,
-               params: SamplingParams, rng: np.random.Generator, size: int) -> StepResult:
-        if len(self.model.cached) != tokens_before - 1:  # e.g. after a cancelled request
+    def _score(self, tokens: tuple[int, ...], n_prompt: int, draft: Draft | None,
+               params: SamplingParams, rng: np.random.Generator, size: int,
+               top_logprobs: int | None) -> StepResult:
+        if len(self.model.cached) != len(tokens) - 1:  # e.g. after a cancelled request
             raise RuntimeError("model cache out of step with the session")
         draft_ids = draft.token_ids if draft else []
         n_rows = len(draft_ids) + 1
-        padding = [last] * (size - n_rows)  # their rows are not read; truncate drops them
+        padding = [tokens[-1]] * (size - n_rows)  # their rows are not read; truncate drops them
         t0 = self.clock()
-        rows = self.model.evaluate([last, *draft_ids, *padding], size)[:n_rows]
+        rows = self.model.evaluate([tokens[-1], *draft_ids, *padding], size)[:n_rows]
         seconds = self.clock() - t0
-        verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None)
-        self.model.truncate(tokens_before + len(verdict.accepted))
-        return StepResult(verdict, n_rows, seconds, draft.back_id if draft else "", size)
+        verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None,
+                         tokens, n_prompt)
+        self.model.truncate(len(tokens) + len(verdict.accepted))
+        logprobs = None if top_logprobs is None else _logprobs(verdict, top_logprobs)
+        return StepResult(verdict, n_rows, seconds, draft.back_id if draft else "", size,
+                          logprobs)
 
     def apply(self, session: Session, result: StepResult, max_tokens: int, busy: bool
               ) -> list[int]:
@@ -100,6 +107,14 @@ class Decoder:
             session.finish_reason = "length"
         return emitted
 
+    @staticmethod
+    def cut(session: Session, n: int) -> None:
+        """Drop the last `n` tokens of the step just applied (a stop string ended the reply
+        before them), so that the reply and its usage are those of decoding without drafts.
+        Their acceptance still counts: verification accepted them."""
+        if n > 0:
+            del session.tokens[-n:]
+
     def calibrate(self, max_draft: int, passes: int = 2) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`) before
         serving, so lead need not explore batch sizes on live replies. Blocking."""
@@ -119,6 +134,11 @@ class Decoder:
         self.model.truncate(0)
         self.cost.calibrate(best)
         log.info("%s", self.cost.describe())
+
+
+def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
+    assert verdict.rows is not None, "verify keeps the rows it verified"
+    return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:

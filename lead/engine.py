@@ -87,24 +87,42 @@ class Engine:
             busy = self.feed.back_drafting(session)
             first = session.n_generated == 0
             draft = self.decoder.plan(session, offered, req.max_tokens)
-            result = await self.decoder.step(session, draft)
+            result = await self.decoder.step(session, draft, req.top_logprobs)
             if offered is not None:  # verified or not, an offer shows what drafts are worth
                 offers.offered(session.tokens, offered.token_ids, first)
             emitted = self.decoder.apply(session, result, req.max_tokens, busy)
+            chunks = self._texts(emitted, text)
+            if text.stopped:  # tokens past a stop string are no part of the reply
+                self.decoder.cut(session, len(emitted) - len(chunks))
+                session.finish_reason = "stop"
             offers.settle(session.tokens, final=session.finish_reason is not None)
             self.feed.log_hush()
             if log.isEnabledFor(logging.DEBUG):
                 self._trace(session, offered, result)
             self.feed.notify()
-            for i, token in enumerate(emitted):
-                chunk = "" if token in self.model.eos_token_ids else \
-                    text.push(self.model.token_bytes(token))
-                drafted = i < len(result.verdict.accepted)
-                yield Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "")
-            if text.stopped:
-                session.finish_reason = "stop"
+            for i, chunk in enumerate(chunks):
+                yield self._emission(result, i, emitted[i], chunk)
         offers.settle(session.tokens, final=True)  # a stop string may end a watched offer
         yield Emission(text.finish(), 0, 0, session=session)
+
+    def _texts(self, emitted: list[int], text: TextStream) -> list[str]:
+        """The text each token releases, up to the one that completes a stop string."""
+        chunks: list[str] = []
+        for token in emitted:
+            eos = token in self.model.eos_token_ids
+            chunks.append("" if eos else text.push(self.model.token_bytes(token)))
+            if text.stopped:
+                break
+        return chunks
+
+    def _emission(self, result: StepResult, i: int, token: int, chunk: str) -> Emission:
+        """The step's i-th token, `token`, releasing `chunk`."""
+        drafted = i < len(result.verdict.accepted)
+        # An end-of-generation token has no logprob entry: its text is no part of the reply.
+        logprobs = [] if result.logprobs is None or token in self.model.eos_token_ids else \
+            [result.logprobs[i]]
+        return Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "",
+                        logprobs=logprobs)
 
     def _finish(self) -> None:
         session = self.feed.session

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lead.verify import Verdict
+from shared.logprobs import TokenLogprob
 from shared.protocol import SamplingParams
 
 
@@ -17,6 +18,7 @@ class GenRequest:
     max_tokens: int
     params: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's and the n likeliest
 
 
 @dataclass
@@ -26,6 +28,7 @@ class Emission:
     n_from_draft: int
     session: Session | None = None  # set on the last emission of a generation
     back: str = ""  # the back whose draft gave its accepted tokens
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
 
 
 @dataclass
@@ -59,3 +62,4 @@ class StepResult:
     seconds: float
     back_id: str
     evaluated: int  # batch size evaluated: `batch` and any padding
+    logprobs: list[TokenLogprob] | None = None  # of verdict.emitted, if the request asks

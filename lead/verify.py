@@ -10,15 +10,20 @@ extended by draft[:i]; so there is one row per draft token plus one (bonus).
 - sampling with draft probabilities q_i (Leviathan et al. 2023, Chen et al. 2023):
   accept draft[i] with probability min(1, p_i(x)/q_i(x)); on rejection draw from
   norm(max(0, p_i - q_i)) and stop; if all pass, draw the bonus from p_k.
+
+Penalties and logit bias (shared/penalties.py) adjust each row first, with the history
+that row follows: the context and draft[:i]. p is that adjusted distribution, so each
+emitted token is what decoding without drafts would have drawn.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
+from shared.penalties import adjust_rows
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, greedy, is_greedy, sample
 
@@ -27,6 +32,8 @@ from shared.sampling import Dist, distribution, greedy, is_greedy, sample
 class Verdict:
     accepted: list[int]  # the draft's accepted prefix
     next_token: int  # bonus (all accepted) or the target's correction
+    # the rows verified, penalised: row i emitted emitted[i] (logprobs are read from them)
+    rows: np.ndarray | None = field(default=None, compare=False, repr=False)
 
     @property
     def emitted(self) -> list[int]:
@@ -34,13 +41,19 @@ class Verdict:
 
 
 def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: SamplingParams,
-           rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None) -> Verdict:
+           rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
+           context: Sequence[int] = (), n_prompt: int = 0) -> Verdict:
+    """`context`: the tokens row 0 follows (the first `n_prompt` of them the prompt), for
+    the penalties."""
     assert target_logits.shape[0] == len(draft_token_ids) + 1, "one row per draft token + 1"
+    rows = adjust_rows(target_logits, params, context, n_prompt, draft_token_ids)
     if is_greedy(params):
-        return _verify_greedy(draft_token_ids, target_logits)
-    if draft_dists is None:
-        return _verify_sample_compare(draft_token_ids, target_logits, params, rng)
-    return _verify_rejection(draft_token_ids, draft_dists, target_logits, params, rng)
+        verdict = _verify_greedy(draft_token_ids, rows)
+    elif draft_dists is None:
+        verdict = _verify_sample_compare(draft_token_ids, rows, params, rng)
+    else:
+        verdict = _verify_rejection(draft_token_ids, draft_dists, rows, params, rng)
+    return Verdict(verdict.accepted, verdict.next_token, rows)
 
 
 def _verify_greedy(draft: Sequence[int], rows: np.ndarray) -> Verdict:

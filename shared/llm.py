@@ -77,7 +77,7 @@ class LlamaModel:
         return self._piece.raw[:max(n, 0)]
 
     def format_chat(self, messages: list[dict[str, str]]) -> str:
-        return self._chat(messages=messages).prompt
+        return render_chat(self._chat, messages)
 
     def _chat_formatter(self) -> Jinja2ChatFormatter:
         meta = self._llm.metadata
@@ -197,6 +197,15 @@ def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) ->
     # draft that is routine. All else goes to llama-cpp-python's own logger, as before.
     if not getattr(_aborting, "now", False):
         llama_logger.llama_log_callback(level, text, user_data)
+
+
+def render_chat(formatter: Jinja2ChatFormatter, messages: list[dict[str, str]]) -> str:
+    """The prompt for `messages`; ValueError with the template's own message when it
+    refuses them (many raise on a role they do not know, or on roles out of turn)."""
+    try:
+        return formatter(messages=messages).prompt
+    except Exception as exc:  # a template is the model's code: any error is about the input
+        raise ValueError(str(exc) or type(exc).__name__) from None
 
 
 def attach_rpc(spec: str | None) -> list[str]:

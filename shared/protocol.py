@@ -9,15 +9,27 @@ The whole protocol, with the meaning of each field: docs/protocol.md.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Hard wire limit; lead applies its own, smaller `max_draft` on top.
 MAX_DRAFT_WIRE = 64
 MAX_SUPPORT_WIRE = 256
+MAX_LOGIT_BIAS = 1024  # entries; each costs a little on every verified row
+
+# The ranges OpenAI (frequency/presence, logit_bias) and llama.cpp (repeat) accept.
+OpenAIPenalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
+RepeatPenalty = Annotated[float, Field(ge=0.01, le=100.0, allow_inf_nan=False)]  # float32-safe
+RepeatLastN = Annotated[int, Field(ge=-1, le=1 << 20)]
+Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]
+LogitBias = Annotated[dict[Annotated[int, Field(ge=0)], Bias],
+                      Field(max_length=MAX_LOGIT_BIAS)]
 
 
 class SamplingParams(BaseModel):
-    """Sampling settings of a request; temperature 0 means greedy."""
+    """Sampling settings of a request; temperature 0 means greedy. The penalties and the
+    bias change each row of logits before anything else (shared/penalties.py)."""
 
     model_config = ConfigDict(extra="forbid")
     temperature: float = Field(0.0, ge=0.0, le=100.0)
@@ -25,6 +37,17 @@ class SamplingParams(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     seed: int | None = None
+    frequency_penalty: OpenAIPenalty = Field(0.0, description="times each earlier occurrence "
+                                             "in the reply, subtracted from a token's logit")
+    presence_penalty: OpenAIPenalty = Field(0.0, description="subtracted from the logit of "
+                                            "each token the reply already holds")
+    repeat_penalty: RepeatPenalty = Field(1.0, description="llama.cpp's: logits of tokens in "
+                                          "the last repeat_last_n of the context, prompt "
+                                          "included, divided (if > 0) or multiplied by it")
+    repeat_last_n: RepeatLastN = Field(64, description="repeat_penalty's window; -1 = the "
+                                       "whole context, 0 = off")
+    logit_bias: LogitBias = Field(default_factory=dict, description="token id -> added to "
+                                  "its logit")
 
 
 LEAD_ID = Field("", description="this lead process's id: a new one means lead restarted")

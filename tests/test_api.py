@@ -47,7 +47,8 @@ def reply_of(r: httpx.Response, stream: bool) -> tuple[str, str]:
 
 def is_error_body(r: httpx.Response) -> bool:
     body = r.json()
-    return set(body) == {"error"} and set(body["error"]) == {"message", "type", "code"} \
+    return set(body) == {"error"} and \
+        set(body["error"]) == {"message", "type", "param", "code"} \
         and bool(body["error"]["message"]) and bool(body["error"]["type"])
 
 
@@ -376,3 +377,68 @@ def test_calibration_and_decoding_evaluate_on_one_thread() -> None:
     assert len(target.calls) > 8  # calibration's batches and the reply's steps
     assert len(target.threads) == 1
     assert threading.get_ident() not in target.threads
+
+
+class HeldModel(FakeModel):
+    """A fake target whose evaluations after the first `free` wait until `gate` opens."""
+
+    def __init__(self, free: int) -> None:
+        super().__init__()
+        self.free = free
+        self.gate, self.held = threading.Event(), threading.Event()
+
+    def evaluate(self, tokens: Sequence[int], n_logits: int,
+                 abort: Callable[[], bool] | None = None) -> np.ndarray:
+        if len(self.calls) >= self.free:
+            self.held.set()
+            if not self.gate.wait(30):
+                raise RuntimeError("the test never opened the gate")
+        return super().evaluate(tokens, n_logits, abort)
+
+
+def test_a_non_streamed_reply_stops_when_its_client_leaves() -> None:
+    model = HeldModel(free=4)  # the prompt and three steps; the fourth waits
+    app = create_app(make_settings(calibrate=False), model)
+    engine = app.state.engine
+    body = json.dumps(chat_body(max_tokens=500)).encode()
+
+    async def run() -> None:
+        # Called as a server calls it: the app runs on while its client is gone, and
+        # learns of it only from an http.disconnect message.
+        gone = asyncio.Event()
+        request_messages = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict:
+            if request_messages:
+                return request_messages.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(_: dict) -> None:
+            pass
+
+        scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
+                 "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
+                 "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
+                 "headers": [(b"content-type", b"application/json"),
+                             (b"content-length", str(len(body)).encode())],
+                 "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
+        served = asyncio.create_task(app(scope, receive, send))
+        await async_wait_until(model.held.is_set, what="the reply under way")
+        session = engine.session
+        gone.set()
+        try:  # the model is still held: only the disconnect can end the generation
+            await async_wait_until(lambda: session.done, what="the generation to stop")
+        finally:
+            model.gate.set()
+        await served
+        assert session.finish_reason == "cancelled" and session.n_generated <= 4
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
+            r = await http.post("/v1/chat/completions", json=chat_body(max_tokens=3))
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+    try:
+        asyncio.run(asyncio.wait_for(run(), 60))
+    finally:
+        engine.shutdown()

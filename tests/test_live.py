@@ -11,6 +11,7 @@ import httpx
 import numpy as np
 import pytest
 
+from lead import api
 from lead.app import _sse, create_app
 from lead.cost import CostModel
 from lead.drafts import BackRecord, BackRegistry
@@ -253,8 +254,9 @@ def test_every_token_is_an_event_even_before_its_text_is() -> None:
         async def gen() -> Any:
             for e in rest:
                 yield e
+        shape = api.ReplyShape(chat=True, token_bytes=app.state.engine.model.token_bytes)
         chunks = [c async for c in _sse(app.state.engine, gen(), Emission("a", 1, 1, back="x"),
-                                        "id", "chat.completion", chat=True)]
+                                        "id", shape)]
         return list(sse_events("".join(chunks).splitlines()))
 
     events = asyncio.run(body())

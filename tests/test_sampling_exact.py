@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from lead.verify import Verdict, verify
+from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, make_draft_rng, make_rng, sample
 
@@ -168,3 +169,56 @@ def test_low_temperature_approaches_greedy() -> None:
     cold = distribution(logits, SamplingParams(temperature=1e-4))
     assert cold.token_ids[np.argmax(cold.probs)] == 1 and cold.probs.max() > 0.999
     assert np.isfinite(cold.probs).all()
+
+
+# --- with penalties and bias: p is the adjusted distribution, and stays exact ---
+
+PENALISED = SamplingParams(temperature=1.0, frequency_penalty=1.5, presence_penalty=0.5,
+                           repeat_penalty=2.0, logit_bias={1: 1.0})
+PROMPT = [2, 3]  # in the repeat window; only the reply counts for frequency and presence
+
+
+def p_penalised(out: list[int], params: SamplingParams = PENALISED) -> np.ndarray:
+    context = PROMPT + out
+    row = adjust(target_logits(context), params, context, len(PROMPT))
+    return distribution(row, params).dense(V)
+
+
+def penalised_joint() -> dict[tuple[int, int], float]:
+    first = p_penalised([])
+    return {(a, b): first[a] * p_penalised([a])[b] for a in range(V) for b in range(V)}
+
+
+def penalised_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator,
+                   params: SamplingParams) -> tuple[int, int]:
+    out: list[int] = []
+    while len(out) < 2:
+        draft, dists = draft_three(q_of, out, rng)
+        context = PROMPT + out
+        rows = np.stack([target_logits(context + draft[:i]) for i in range(4)])
+        out += verify(draft, rows, params, rng, dists, context, len(PROMPT)).emitted
+    return out[0], out[1]
+
+
+PENALISED_DRAFTS: dict[str, Callable[[list[int]], Dist]] = {
+    "close": lambda out: _dist(0.85 * p_penalised(out) + 0.15 * np.r_[np.full(4, 0.25), 0, 0]),
+    "unpenalised": lambda out: DRAFTS["close"](PROMPT + out),  # a back blind to penalties
+}
+
+
+@pytest.mark.parametrize("draft", list(PENALISED_DRAFTS))
+def test_with_penalties_emitted_tokens_follow_the_adjusted_distribution(draft: str) -> None:
+    rng = np.random.default_rng(20261124)
+    counts = Counter(penalised_pair(PENALISED_DRAFTS[draft], rng, PENALISED)
+                     for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, penalised_joint(), TRIALS)
+    assert ok, f"{draft}: chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_the_check_catches_a_verifier_that_ignores_penalties() -> None:
+    rng = np.random.default_rng(8)
+    plain = SamplingParams(temperature=1.0)
+    counts = Counter(penalised_pair(PENALISED_DRAFTS["close"], rng, plain)
+                     for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, penalised_joint(), TRIALS)
+    assert not ok, f"penalties ignored, yet chi2 {stat:.1f} <= {critical:.1f}"

@@ -1,0 +1,179 @@
+"""Every request field is honoured, harmless by definition, or a 400 that names it; chat
+roles and templates."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from lead import api
+from lead.app import create_app
+from shared.fake import FakeModel
+from tests.conftest import chat_body, make_settings
+
+CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    return TestClient(create_app(make_settings(max_tokens=4), FakeModel()))
+
+
+def post(client: TestClient, path: str, **fields: object) -> tuple[int, dict]:
+    base = chat_body(max_tokens=2) if path == CHAT else {"prompt": "ab", "max_tokens": 2}
+    r = client.post(path, json={**base, **fields})
+    return r.status_code, r.json()
+
+
+REFUSED = [
+    (CHAT, {"response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+     "response_format"),
+    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"tool_choice": "auto"}, "tool_choice"),
+    (CHAT, {"functions": [{"name": "f"}]}, "functions"),
+    (CHAT, {"function_call": "auto"}, "function_call"),
+    (CHAT, {"grammar": "root ::= \"a\""}, "grammar"),
+    (CHAT, {"audio": {"voice": "alloy"}}, "audio"),
+    (CHAT, {"modalities": ["text", "audio"]}, "modalities"),
+    (CHAT, {"prediction": {"type": "content", "content": "x"}}, "prediction"),
+    (CHAT, {"n": 2}, "n"),
+    (CHAT, {"mirostat": 2}, "mirostat"),  # llama.cpp's, not served
+    (CHAT, {"no_such_field": 1}, "no_such_field"),
+    (COMPLETIONS, {"echo": True}, "echo"),
+    (COMPLETIONS, {"best_of": 3}, "best_of"),
+    (COMPLETIONS, {"suffix": "return x"}, "suffix"),
+    (CHAT, {"messages": [{"role": "assistant", "content": "",
+                          "tool_calls": [{"id": "1", "type": "function"}]}]},
+     "messages[0].tool_calls"),
+    (CHAT, {"messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is this?"},
+        {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages[0].content[1].type"),
+]
+
+
+@pytest.mark.parametrize(("path", "fields", "param"), REFUSED, ids=[r[2] for r in REFUSED])
+def test_a_field_lead_cannot_honour_is_a_400_naming_it(client: TestClient, path: str,
+                                                       fields: dict, param: str) -> None:
+    status, body = post(client, path, **fields)
+    assert status == 400, body
+    assert body["error"]["param"] == param and body["error"]["message"].startswith(param)
+    assert body["error"]["type"] == "invalid_request_error"
+
+
+HARMLESS = [
+    (CHAT, {"user": "u-1", "metadata": {"k": "v"}, "store": False, "service_tier": "auto"}),
+    (CHAT, {"stream": True, "stream_options": {"include_usage": True}}),
+    (CHAT, {"n": 1, "parallel_tool_calls": False, "tool_choice": "none"}),
+    (CHAT, {"response_format": {"type": "text"}, "modalities": ["text"]}),
+    (COMPLETIONS, {"echo": False, "best_of": 1, "suffix": ""}),
+    (CHAT, {"tools": None, "functions": None, "no_such_field": None}),  # null: not set
+    (CHAT, {"messages": [{"role": "user", "content": "hi", "name": "ann"},
+                         {"role": "assistant", "content": "yes", "refusal": None,
+                          "tool_calls": []}, {"role": "user", "content": "go on"}]}),
+]
+
+
+@pytest.mark.parametrize(("path", "fields"), HARMLESS)
+def test_harmless_fields_are_accepted(client: TestClient, path: str, fields: dict) -> None:
+    status, body = post(client, path, **fields) if not fields.get("stream") else \
+        (client.post(path, json={**chat_body(max_tokens=2), **fields}).status_code, {})
+    assert status == 200, body
+
+
+def test_each_harmless_field_is_tested() -> None:
+    tested = {name for _, fields in HARMLESS for name in fields}
+    assert set(api.HARMLESS) <= tested, set(api.HARMLESS) - tested
+
+
+# What duo's own clients send (chat/client.py, lead/web/app.js, bench/runs.py,
+# bench/acceptance.py) stays accepted.
+OWN_CLIENTS = [
+    {"stream": True, "max_tokens": 3, "temperature": 0.0},
+    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "x"}],
+     "stream": True, "temperature": 0.7, "top_p": 0.9, "top_k": 40, "min_p": 0.05,
+     "max_tokens": 3, "seed": 4},
+    {"max_tokens": 3, "stream": False, "temperature": 0.5, "seed": 1000},
+]
+
+
+@pytest.mark.parametrize("fields", OWN_CLIENTS)
+def test_what_duos_own_clients_send_is_accepted(client: TestClient, fields: dict) -> None:
+    assert client.post(CHAT, json={**chat_body(), **fields}).status_code == 200
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"logit_bias": {"96": 1.0}}, "logit_bias"),  # the fake's vocabulary is 96 tokens
+    ({"logit_bias": {"word": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"5": 101}}, "logit_bias"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"repeat_last_n": -2}, "repeat_last_n"),
+])
+def test_penalties_and_bias_out_of_range_are_400(client: TestClient, fields: dict,
+                                                 param: str) -> None:
+    status, body = post(client, CHAT, **fields)
+    assert status == 400 and body["error"]["param"].startswith(param), body
+
+
+def test_penalties_and_bias_in_range_are_served(client: TestClient) -> None:
+    status, body = post(client, CHAT, frequency_penalty=-2, presence_penalty=2,
+                        repeat_penalty=1.3, repeat_last_n=-1, logit_bias={"95": -100, "3": 100})
+    assert status == 200, body
+
+
+# --- roles and chat templates ---
+
+class StrictTemplate(FakeModel):
+    """A chat template as strict as many in GGUF files: system, user and assistant only,
+    user and assistant in turn. It raises ValueError, as shared/llm.py's templates do."""
+
+    def format_chat(self, messages: list[dict[str, str]]) -> str:
+        turns = [m["role"] for m in messages if m["role"] != "system"]
+        unknown = set(turns) - {"user", "assistant"}
+        if unknown:
+            raise ValueError(f"unknown role {unknown.pop()}")
+        if any(a == b for a, b in zip(turns, turns[1:], strict=False)):
+            raise ValueError("Conversation roles must alternate user/assistant/user/assistant")
+        return super().format_chat(messages)
+
+
+@pytest.fixture(scope="module")
+def strict() -> TestClient:
+    return TestClient(create_app(make_settings(max_tokens=6), StrictTemplate()))
+
+
+def test_the_developer_role_is_the_system_role(strict: TestClient) -> None:
+    def reply(role: str) -> dict:
+        r = strict.post(CHAT, json={"messages": [{"role": role, "content": "be brief"},
+                                                 {"role": "user", "content": "hi"}]})
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    developer, system = reply("developer"), reply("system")
+    assert developer["choices"] == system["choices"] and developer["usage"] == system["usage"]
+
+
+def test_a_template_refusing_the_messages_is_a_400_with_its_message(strict: TestClient) -> None:
+    r = strict.post(CHAT, json={"messages": [{"role": "user", "content": "a"},
+                                             {"role": "user", "content": "b"}]})
+    assert r.status_code == 400 and "must alternate" in r.json()["error"]["message"], r.text
+    assert strict.post(CHAT, json=chat_body()).status_code == 200
+
+
+@pytest.mark.parametrize(("template", "fragment"), [
+    ("{% if messages[0].role != 'user' %}{{ raise_exception('user first, please') }}"
+     "{% endif %}{{ messages[0].content }}", "user first, please"),
+    ("{{ messages[0].content.nope() }}", "nope"),  # a template bug: jinja2's UndefinedError
+    ("{% for m in messages %}{{ m.content + 1 }}{% endfor %}", "str"),  # a TypeError
+])
+def test_a_gguf_templates_errors_become_value_errors(template: str, fragment: str) -> None:
+    pytest.importorskip("llama_cpp")
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    from shared.llm import render_chat
+
+    formatter = Jinja2ChatFormatter(template, eos_token="", bos_token="")
+    with pytest.raises(ValueError, match=fragment):
+        render_chat(formatter, [{"role": "system", "content": "x"}])
