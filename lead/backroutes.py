@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response
@@ -20,6 +22,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
     router = APIRouter()
     model, feed = engine.model, engine.feed
     limiter = PostLimiter(max_posts_per_s)
+    retry_after = str(max(1, math.ceil(1 / max_posts_per_s)))  # seconds until one refills
     fingerprint = model.fingerprint()  # hashed here, before serving: not per request
 
     @router.get("/duo/info")
@@ -57,7 +60,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
             raise HTTPException(429, f"more than {max_posts_per_s:g} draft posts per second "
                                      "from this back, or more than "
                                      f"{BACKS_PER_ADDRESS} backs' worth from its address",
-                                headers={"Retry-After": "1"})
+                                headers={"Retry-After": retry_after})
         if len(post.token_ids) > engine.max_post:
             engine.metrics.drafts_invalid += 1
             raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead takes at "

@@ -108,7 +108,7 @@ def _prices_view(prices: Prices) -> dict[str, Any]:
 
 
 def _back_view(back_id: str, r: BackRecord, generated: int, now: float) -> dict[str, Any]:
-    return {"id": back_id, "address": r.address, "kind": r.kind,
+    return {"id": back_id, "address": r.address, "kind": r.kind, "sits_out": r.sits_out,
             "seen_ago_s": round(max(now - r.last_seen, 0.0), 1), "drafted": r.drafted,
             "accepted": r.accepted, "acceptance": _ratio(r.accepted, r.drafted),
             "share": _ratio(r.accepted, generated)}

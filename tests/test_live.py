@@ -43,7 +43,7 @@ def test_snapshot_shows_backs_prices_draft_length_and_replies() -> None:
     cost.calibrate({1: 0.010, 2: 0.012, 4: 0.015})
     metrics = Metrics(requests=2, generated_tokens=200, drafted=120, accepted=90,
                       decode_seconds=4.0)
-    backs = {"b": BackRecord(95.0, "10.0.0.2", "ngram", 20, 10),
+    backs = {"b": BackRecord(95.0, "10.0.0.2", "ngram", 20, 10, sits_out=True),
              "a": BackRecord(99.5, "10.0.0.1", "model", 100, 80)}
     replies = [ReplyRecord(1, 100, 2.0, 0, 0, "length"), ReplyRecord(2, 100, 1.0, 120, 90, "stop")]
     snap = snapshot(model="m", busy=False, cost=cost, metrics=metrics, backs=backs,
@@ -56,6 +56,7 @@ def test_snapshot_shows_backs_prices_draft_length_and_replies() -> None:
     a = snap["backs"][0]
     assert (a["address"], a["kind"], a["seen_ago_s"]) == ("10.0.0.1", "model", 0.5)
     assert (a["acceptance"], a["share"]) == (0.8, 0.4)  # 80 of 100 drafted; 80 of 200 emitted
+    assert [b["sits_out"] for b in snap["backs"]] == [False, True]
     assert [(r["tok_s"], r["acceptance"]) for r in snap["replies"]] == [(50.0, None), (100.0, 0.75)]
     json.dumps(snap)  # all of it goes on the wire
 

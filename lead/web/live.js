@@ -65,7 +65,7 @@ function backCell(row, b) {
   swatch.setAttribute("aria-hidden", "true");
   const where = document.createElement("small");
   where.className = "muted";
-  where.textContent = [b.address, b.kind].filter(Boolean).join(" · ");
+  where.textContent = [b.address, b.kind, b.sits_out && "sitting out"].filter(Boolean).join(" · ");
   td.append(swatch, b.id, document.createElement("br"), where);
 }
 

@@ -1,0 +1,20 @@
+"""A back told to slow down is told for how long: Retry-After covers one post's refill."""
+
+from __future__ import annotations
+
+import pytest
+from fastapi.testclient import TestClient
+
+from lead.app import create_app
+from shared.fake import FakeModel
+from tests.conftest import make_settings
+
+
+@pytest.mark.parametrize(("rate", "retry_after"), [(0.25, "4"), (0.4, "3"), (5.0, "1")])
+def test_retry_after_is_the_wait_for_one_post(rate: float, retry_after: str) -> None:
+    client = TestClient(create_app(make_settings(max_draft_posts=rate), FakeModel()))
+    body = {"session_id": "none", "start": 0, "token_ids": [1], "back_id": "b"}
+    responses = [client.post("/duo/draft", json=body) for _ in range(20)]
+    assert responses[0].status_code == 200  # a rate below one post a second still admits
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused and refused[0].headers["retry-after"] == retry_after
