@@ -38,7 +38,7 @@ def build_worker(settings: BackSettings) -> Worker:
                            settings.tensor_split)
         set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
-        drafter = ModelDrafter(model, settings.batch_size, _progress)
+        drafter = ModelDrafter(model, settings.batch_size, _progress, blind=settings.blind)
         log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
     worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
     worker.send_dists = settings.send_dists

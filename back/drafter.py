@@ -4,23 +4,29 @@
 has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
 only what is missing is evaluated. `next_token` proposes one more token, drawn from
 the draft's logits adjusted by the request's penalties and bias as lead adjusts the
-target's (shared/penalties.py), so that greedy drafts follow lead's choices.
+target's (shared/penalties.py), then masked by the request's grammar in the state after
+the reply's tokens so far, lead's and its own (shared/constraint.py), so that greedy
+drafts follow lead's choices.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 
 from back.ngram import ngram_draft
+from shared.constraint import Constraint, Track, best, masked
 from shared.model import EvaluationAborted, Model, common_prefix, sync_cache
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, is_greedy, sample
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
+MAX_GRAMMARS = 8  # parsed grammars kept, by text
+log = logging.getLogger("back")
 
 
 class Drafter(Protocol):
@@ -47,10 +53,15 @@ class ModelDrafter:
     rejection."""
 
     def __init__(self, model: Model, batch: int = 512,
-                 progress: Callable[[int, int], None] | None = None) -> None:
-        self.model, self.batch, self.progress = model, batch, progress
+                 progress: Callable[[int, int], None] | None = None, blind: bool = False
+                 ) -> None:
+        """`blind`: draft without the request's grammar (benchmarks compare the two)."""
+        self.model, self.batch, self.progress, self.blind = model, batch, progress, blind
         self._logits: np.ndarray | None = None  # next-token logits after model.cached
         self._pending: list[int] = []  # a guess handed out, not yet evaluated
+        self._grammars: dict[str, Constraint | None] = {}  # text -> start state (None: bad)
+        self._track: Track | None = None  # the grammar's state along `local`
+        self._track_key: tuple[str, int] | None = None  # (grammar, n_prompt) it follows
 
     @property
     def local(self) -> list[int]:
@@ -81,12 +92,39 @@ class ModelDrafter:
             except EvaluationAborted:
                 return None  # the guess stays pending: local is unchanged
             self._pending = []
-        # q is what the guess is drawn from: the adjusted logits, as lead's p
-        dist = distribution(adjust(self._logits, params, self.local, n_prompt), params,
-                            MAX_SUPPORT)
-        token = sample(dist, rng)
+        # q is what the guess is drawn from: the adjusted, masked logits, as lead's p
+        row = adjust(self._logits, params, self.local, n_prompt)
+        state = self._grammar_state(params.grammar, n_prompt)
+        if is_greedy(params):
+            token, dist = best(row, state), None
+        else:
+            dist = distribution(masked(row, state), params, MAX_SUPPORT)
+            token = sample(dist, rng)
         self._pending = [token]
-        return token, None if is_greedy(params) else dist
+        return token, dist
+
+    def _grammar_state(self, grammar: str | None, n_prompt: int) -> Constraint | None:
+        """The grammar's state after `local` (None: no grammar, or drafting blind)."""
+        if not grammar or self.blind:
+            return None
+        if self._track_key != (grammar, n_prompt):
+            root = self._parsed(grammar)
+            self._track = None if root is None else Track(root, n_prompt)
+            self._track_key = (grammar, n_prompt)
+        # None if lead's tokens leave the grammar (they cannot): then drafted blind
+        return self._track.at(self.local) if self._track is not None else None
+
+    def _parsed(self, grammar: str) -> Constraint | None:
+        if grammar not in self._grammars:
+            if len(self._grammars) >= MAX_GRAMMARS:
+                self._grammars.clear()
+            try:
+                self._grammars[grammar] = self.model.constraint(grammar)
+            except ValueError as exc:  # lead parsed it: another llama.cpp may not
+                log.warning("the request's grammar does not parse here (%s); drafting "
+                            "without it", exc)
+                self._grammars[grammar] = None
+        return self._grammars[grammar]
 
 
 class NgramDrafter:

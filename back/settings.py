@@ -40,6 +40,9 @@ class BackSettings(BaseSettings):
     send_dists: bool = Field(True, description="post each draft token's sampling distribution "
                              "(exact rejection sampling at temperature > 0; off: lead "
                              "verifies by sample-and-compare)")
+    blind: bool = Field(False, description="for benchmarks: draft without the request's "
+                        "grammar (lead still enforces it), to measure what drafting under it "
+                        "gains")
     api_key: ApiKey = Field(None, description="lead's API key, if it requires one")
     poll_wait: float = Field(10.0, gt=0, le=30, description="long-poll wait, seconds")
     back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")

@@ -57,6 +57,27 @@ class ChatMessage(BaseModel):
         return {"role": role, "content": self.text(), **named}
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema. The schema is always enforced; `strict`:
+    false lets through keywords the grammar cannot enforce (ignored), else they are a 400."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: str = Field("", max_length=64)
+    description: str | None = None
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @property
+    def structured(self) -> bool:
+        return self.type != "text"
+
+
 class CommonRequest(BaseModel):
     # Fields not declared here are kept in model_extra for check_served to judge.
     model_config = ConfigDict(extra="allow")
@@ -75,6 +96,8 @@ class CommonRequest(BaseModel):
     repeat_penalty: RepeatPenalty = 1.0
     repeat_last_n: RepeatLastN = 64
     logit_bias: LogitBias | None = None
+    response_format: ResponseFormat | None = None
+    grammar: str | None = None  # GBNF, as llama.cpp's server takes it; "" is none
 
     @field_validator("stop")
     @classmethod
@@ -148,7 +171,6 @@ HARMLESS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "echo": (lambda v: v is False, "false"),
     "suffix": (lambda v: v == "", "empty"),
     "tool_choice": (lambda v: v == "none", '"none"'),
-    "response_format": (lambda v: v == {"type": "text"}, '{"type": "text"}'),
     "modalities": (lambda v: v == ["text"], '["text"]'),
 }
 
@@ -162,9 +184,8 @@ UNSERVED: dict[str, str] = {
     "tool_choice": "tool calling is not served",
     "functions": "function calling is not served",
     "function_call": "function calling is not served",
-    "response_format": "structured output (json_object, json_schema) is not served",
-    "grammar": "grammars are not served",
-    "json_schema": "structured output is not served",
+    "json_schema": 'give it as response_format: {"type": "json_schema", "json_schema": '
+                   '{"name": ..., "schema": ...}}',
     "audio": "audio is not served",
     "modalities": "only text is served",
     "prediction": "predicted outputs are not served",

@@ -21,7 +21,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lead import api
+from lead import api, structured
 from lead.admission import QueueFull
 from lead.backroutes import back_router
 from lead.engine import Engine
@@ -199,8 +199,11 @@ def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest
     if outside:
         raise api.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
                                              f"the vocabulary (0-{engine.model.n_vocab - 1})")
-    return GenRequest(prompt_ids, wanted or settings.max_tokens, body.sampling(0.0), body.stops(),
-                      body.top_logprobs_wanted())
+    params, constrained = body.sampling(0.0), structured.constraint_of(body, engine.model)
+    if constrained is not None:
+        params = params.model_copy(update={"grammar": constrained[0]})
+    return GenRequest(prompt_ids, wanted or settings.max_tokens, params, body.stops(),
+                      body.top_logprobs_wanted(), constrained[1] if constrained else None)
 
 
 async def _serve(engine: Engine, settings: LeadSettings, body: api.CommonRequest,

@@ -1,7 +1,8 @@
 """The decode loop's model side: prefill, one verify step, and what its verdict does.
 
 Every evaluation runs on the one model thread, which gets what it needs as arguments
-and gives back a StepResult; the session itself stays on the event loop. The model's
+(the grammar's state among them) and gives back a StepResult (with the grammar's next
+state); the session itself stays on the event loop, which installs that state. The model's
 own `cached` list is the truth about its KV cache.
 """
 
@@ -16,6 +17,7 @@ from lead.cost import CostModel
 from lead.drafts import Draft
 from lead.session import Session, StepResult
 from lead.verify import Verdict, verify
+from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob, token_logprob
 from shared.model import Model, sync_cache
 from shared.modelthread import ModelThread
@@ -61,11 +63,12 @@ class Decoder:
         size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
         size = min(size, self.model.n_ctx - len(session.tokens) + 1)
         return await self.thread.run(self._score, tuple(session.tokens), session.n_prompt,
-                                     draft, session.params, session.rng, size, top_logprobs)
+                                     draft, session.params, session.rng, size, top_logprobs,
+                                     session.constraint)
 
     def _score(self, tokens: tuple[int, ...], n_prompt: int, draft: Draft | None,
                params: SamplingParams, rng: np.random.Generator, size: int,
-               top_logprobs: int | None) -> StepResult:
+               top_logprobs: int | None, constraint: Constraint | None) -> StepResult:
         if len(self.model.cached) != len(tokens) - 1:  # e.g. after a cancelled request
             raise RuntimeError("model cache out of step with the session")
         draft_ids = draft.token_ids if draft else []
@@ -75,7 +78,7 @@ class Decoder:
         rows = self.model.evaluate([tokens[-1], *draft_ids, *padding], size)[:n_rows]
         seconds = self.clock() - t0
         verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None,
-                         tokens, n_prompt)
+                         tokens, n_prompt, constraint)
         self.model.truncate(len(tokens) + len(verdict.accepted))
         logprobs = None if top_logprobs is None else _logprobs(verdict, top_logprobs)
         return StepResult(verdict, n_rows, seconds, draft.back_id if draft else "", size,
@@ -102,6 +105,9 @@ class Decoder:
             _add(session.drafted_by_back, result.back_id, drafted)
         session.steps += 1
         session.tokens.extend(emitted)
+        # The grammar's state after the whole verdict: a cut one ends the reply, so the
+        # tokens it holds past the cut are never followed.
+        session.constraint = verdict.constraint
         if session.finish_reason is None and (session.n_generated >= max_tokens
                                               or len(session.tokens) >= self.model.n_ctx):
             session.finish_reason = "length"

@@ -74,7 +74,8 @@ class Engine:
     async def _run(self, req: GenRequest) -> AsyncIterator[Emission]:
         session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
-                          params=req.params, rng=make_rng(req.params.seed), t_start=self.clock())
+                          params=req.params, rng=make_rng(req.params.seed),
+                          constraint=req.constraint, t_start=self.clock())
         self.feed.start(session)
         self.live.bump()
         await self.decoder.prefill(session)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from lead.verify import Verdict
+from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob
 from shared.protocol import SamplingParams
 
@@ -19,6 +20,7 @@ class GenRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs; n: each token's and the n likeliest
+    constraint: Constraint | None = None  # the grammar (params.grammar) at the reply's start
 
 
 @dataclass
@@ -38,6 +40,7 @@ class Session:
     n_prompt: int
     params: SamplingParams
     rng: np.random.Generator
+    constraint: Constraint | None = None  # the grammar's state after the tokens so far
     done: bool = False
     finish_reason: str | None = None
     drafted: int = 0

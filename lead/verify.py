@@ -12,8 +12,10 @@ extended by draft[:i]; so there is one row per draft token plus one (bonus).
   norm(max(0, p_i - q_i)) and stop; if all pass, draw the bonus from p_k.
 
 Penalties and logit bias (shared/penalties.py) adjust each row first, with the history
-that row follows: the context and draft[:i]. p is that adjusted distribution, so each
-emitted token is what decoding without drafts would have drawn.
+that row follows: the context and draft[:i]. A grammar (shared/constraint.py) then masks
+row i with its state after draft[:i], so a draft token it refuses has p = 0 and is never
+accepted. p is that adjusted, masked distribution, so each emitted token is what
+decoding without drafts would have drawn. Logprobs are read from the rows before the mask.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shared.constraint import Constraint, best, masked
 from shared.penalties import adjust_rows
 from shared.protocol import SamplingParams
-from shared.sampling import Dist, distribution, greedy, is_greedy, sample
+from shared.sampling import Dist, distribution, is_greedy, sample
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,8 @@ class Verdict:
     next_token: int  # bonus (all accepted) or the target's correction
     # the rows verified, penalised: row i emitted emitted[i] (logprobs are read from them)
     rows: np.ndarray | None = field(default=None, compare=False, repr=False)
+    # the grammar's state after the emitted tokens (None: no grammar)
+    constraint: Constraint | None = field(default=None, compare=False, repr=False)
 
     @property
     def emitted(self) -> list[int]:
@@ -42,47 +47,70 @@ class Verdict:
 
 def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: SamplingParams,
            rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
-           context: Sequence[int] = (), n_prompt: int = 0) -> Verdict:
+           context: Sequence[int] = (), n_prompt: int = 0,
+           constraint: Constraint | None = None) -> Verdict:
     """`context`: the tokens row 0 follows (the first `n_prompt` of them the prompt), for
-    the penalties."""
+    the penalties; `constraint`: the grammar's state after `context`, or None."""
     assert target_logits.shape[0] == len(draft_token_ids) + 1, "one row per draft token + 1"
     rows = adjust_rows(target_logits, params, context, n_prompt, draft_token_ids)
+    walk = _Walk(constraint)
     if is_greedy(params):
-        verdict = _verify_greedy(draft_token_ids, rows)
+        verdict = _verify_greedy(draft_token_ids, rows, walk)
     elif draft_dists is None:
-        verdict = _verify_sample_compare(draft_token_ids, rows, params, rng)
+        verdict = _verify_sample_compare(draft_token_ids, rows, params, rng, walk)
     else:
-        verdict = _verify_rejection(draft_token_ids, draft_dists, rows, params, rng)
-    return Verdict(verdict.accepted, verdict.next_token, rows)
+        verdict = _verify_rejection(draft_token_ids, draft_dists, rows, params, rng, walk)
+    walk.take(verdict.next_token)
+    return Verdict(verdict.accepted, verdict.next_token, rows, walk.state)
 
 
-def _verify_greedy(draft: Sequence[int], rows: np.ndarray) -> Verdict:
+class _Walk:
+    """The grammar's state along the draft: row i is masked by the state after draft[:i]."""
+
+    def __init__(self, state: Constraint | None) -> None:
+        self.state = state
+
+    def best(self, row: np.ndarray) -> int:
+        return best(row, self.state)
+
+    def p(self, row: np.ndarray, params: SamplingParams) -> Dist:
+        return distribution(masked(row, self.state), params)
+
+    def take(self, token: int) -> None:
+        if self.state is not None:
+            self.state = self.state.advanced([token])
+
+
+def _verify_greedy(draft: Sequence[int], rows: np.ndarray, walk: _Walk) -> Verdict:
     for i, token in enumerate(draft):
-        best = greedy(rows[i])
-        if best != token:
-            return Verdict(list(draft[:i]), best)
-    return Verdict(list(draft), greedy(rows[len(draft)]))
+        chosen = walk.best(rows[i])
+        if chosen != token:
+            return Verdict(list(draft[:i]), chosen)
+        walk.take(token)
+    return Verdict(list(draft), walk.best(rows[len(draft)]))
 
 
 def _verify_sample_compare(draft: Sequence[int], rows: np.ndarray, params: SamplingParams,
-                           rng: np.random.Generator) -> Verdict:
+                           rng: np.random.Generator, walk: _Walk) -> Verdict:
     for i, token in enumerate(draft):
-        drawn = sample(distribution(rows[i], params), rng)
+        drawn = sample(walk.p(rows[i], params), rng)
         if drawn != token:
             return Verdict(list(draft[:i]), drawn)
-    return Verdict(list(draft), sample(distribution(rows[len(draft)], params), rng))
+        walk.take(token)
+    return Verdict(list(draft), sample(walk.p(rows[len(draft)], params), rng))
 
 
 def _verify_rejection(draft: Sequence[int], dists: Sequence[Dist], rows: np.ndarray,
-                      params: SamplingParams, rng: np.random.Generator) -> Verdict:
+                      params: SamplingParams, rng: np.random.Generator, walk: _Walk) -> Verdict:
     for i, token in enumerate(draft):
-        p = distribution(rows[i], params)
+        p = walk.p(rows[i], params)
         p_x, q_x = p.prob_of(token), dists[i].prob_of(token)
         # q_x == 0 cannot come from an honest draw: treat as a rejection.
         if q_x > 0 and rng.random() * q_x < p_x:
+            walk.take(token)
             continue
         return Verdict(list(draft[:i]), sample(residual(p, dists[i]), rng))
-    return Verdict(list(draft), sample(distribution(rows[len(draft)], params), rng))
+    return Verdict(list(draft), sample(walk.p(rows[len(draft)], params), rng))
 
 
 def residual(p: Dist, q: Dist) -> Dist:

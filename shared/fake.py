@@ -9,9 +9,11 @@ Text maps one character to one token; a few tokens carry half of a UTF-8 charact
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +127,21 @@ class FakeModel:
     def truncate(self, n: int) -> None:
         del self.cached[n:]
 
+    # --- grammars ---
+    def constraint(self, gbnf: str) -> FakeGrammar:
+        return FakeGrammar.parse(gbnf, self.tokenize, self.n_vocab)
+
+    def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
+        """A stand-in for JSON (the alphabet has no braces): `name:value` per property;
+        ValueError where `type` is no JSON type, or (if `strict`) for `minimum`."""
+        if not isinstance(schema, dict) or schema.get("type", "object") not in JSON_TYPES:
+            raise ValueError(f"unsupported or invalid JSON schema: {schema!r}")
+        if strict and "minimum" in schema:
+            raise ValueError("schema.minimum is not enforced here")
+        names = list(schema.get("properties", {})) or ["value"]
+        return "root ::= " + " | ".join(
+            '"' + ";".join(f"{n}:{v}" for n in names) + '"' for v in ("1", "22", "yes", "no"))
+
     # --- reference ---
     def greedy_continuation(self, context: Sequence[int], n: int) -> list[int]:
         """What this model emits alone, greedily (stops after EOS)."""
@@ -137,3 +154,59 @@ class FakeModel:
             if token == EOS:
                 break
         return out
+
+
+JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+_LITERALS = re.compile(r'\s*root\s*::=\s*("(?:[^"\\]|\\.)*"(?:\s*\|\s*"(?:[^"\\]|\\.)*")*)\s*')
+
+
+class FakeGrammar:
+    """A Constraint over the fake vocabulary: the GBNF subset `root ::= "lit" | "lit" ...`
+    (a finite language), as a trie of token ids. State: a node; node -1 has ended, and
+    allows only EOS. No node is a dead end, so the mask never needs its fallback."""
+
+    def __init__(self, children: list[dict[int, int]], ends: set[int], n_vocab: int,
+                 node: int = 0) -> None:
+        self.children, self.ends, self.n_vocab, self.node = children, ends, n_vocab, node
+
+    @classmethod
+    def parse(cls, gbnf: str, tokenize: Callable[..., list[int]], n_vocab: int) -> FakeGrammar:
+        match = _LITERALS.fullmatch(gbnf)
+        if match is None:
+            raise ValueError("parse error: the fake grammar takes root ::= \"a\" | \"b\" ...")
+        children: list[dict[int, int]] = [{}]
+        ends: set[int] = set()
+        for literal in re.findall(r'"((?:[^"\\]|\\.)*)"', match.group(1)):
+            node = 0
+            for token in tokenize(literal.replace("\\n", "\n").replace('\\"', '"')):
+                if token not in children[node]:
+                    children[node][token] = len(children)
+                    children.append({})
+                node = children[node][token]
+            ends.add(node)
+        return cls(children, ends, n_vocab)
+
+    def _next(self) -> list[int]:
+        if self.node < 0:
+            return [EOS]
+        return [*self.children[self.node], *([EOS] if self.node in self.ends else [])]
+
+    def allows(self, token_id: int) -> bool:
+        return token_id in self._next()
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        out = np.full_like(row, -np.inf)
+        allowed = self._next() or [EOS]  # nothing allowed: end the reply
+        out[allowed] = row[allowed]
+        return out
+
+    def advanced(self, tokens: Sequence[int]) -> FakeGrammar:
+        node = self.node
+        for token in tokens:
+            if token == EOS:  # always taken: it ends the reply
+                node = -1
+                continue
+            if node < 0 or token not in self.children[node]:
+                raise ValueError(f"the grammar does not allow token {token} here")
+            node = self.children[node][token]
+        return FakeGrammar(self.children, self.ends, self.n_vocab, node)

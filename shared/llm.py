@@ -14,12 +14,14 @@ import os
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import llama_cpp
 import numpy as np
 from llama_cpp import _logger as llama_logger
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.model import EvaluationAborted
 from shared.presets import ModelError, resolve_model
 
@@ -182,6 +184,13 @@ class LlamaModel:
         if n < len(self.cached):
             self._forget_from(n)
 
+    # --- grammars ---
+    def constraint(self, gbnf: str) -> GrammarState:
+        return GrammarState.parse(self._vocab, self.n_vocab, self.eos_token_ids, gbnf)
+
+    def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
+        return schema_grammar(schema, strict)
+
     def _forget_from(self, n: int) -> None:
         llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
         del self.cached[n:]
@@ -194,8 +203,12 @@ _aborting = threading.local()  # .now: this thread's decode is being aborted
 @llama_cpp.llama_log_callback
 def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
     # An aborted decode logs three errors and a warning; for a back dropping a stale
-    # draft that is routine. All else goes to llama-cpp-python's own logger, as before.
-    if not getattr(_aborting, "now", False):
+    # draft that is routine. A grammar's parse errors become the ValueError's message.
+    # All else goes to llama-cpp-python's own logger, as before.
+    lines = getattr(captured, "lines", None)
+    if lines is not None:
+        lines.append(text.decode("utf-8", "replace"))
+    elif not getattr(_aborting, "now", False):
         llama_logger.llama_log_callback(level, text, user_data)
 
 

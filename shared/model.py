@@ -8,9 +8,12 @@ rows of the last few of them; `truncate` rolls the cache back.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from shared.constraint import Constraint
 
 
 class EvaluationAborted(Exception):
@@ -44,6 +47,16 @@ class Model(Protocol):
 
     def truncate(self, n: int) -> None:
         """Keep the first n cached tokens."""
+        ...
+
+    def constraint(self, gbnf: str) -> Constraint:
+        """The start state of a GBNF grammar over this vocabulary (shared/constraint.py);
+        ValueError, with the parser's message, for a grammar that does not parse."""
+        ...
+
+    def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
+        """GBNF for JSON valid against `schema`; ValueError for one it cannot convert or,
+        if `strict`, one with a keyword the grammar would not enforce."""
         ...
 
 

@@ -9,9 +9,9 @@ The whole protocol, with the meaning of each field: docs/protocol.md.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
 # Hard wire limit; lead applies its own, smaller `max_draft` on top.
 MAX_DRAFT_WIRE = 64
@@ -48,6 +48,10 @@ class SamplingParams(BaseModel):
                                        "whole context, 0 = off")
     logit_bias: LogitBias = Field(default_factory=dict, description="token id -> added to "
                                   "its logit")
+    # On the wire it is the state's `grammar`, beside `sampling`: a back that predates it
+    # ignores it there, where in `sampling` (extra fields forbidden) it would refuse it.
+    grammar: str | None = Field(None, exclude=True, description="GBNF the reply follows: "
+                                "each row is masked after the penalties (shared/constraint.py)")
 
 
 LEAD_ID = Field("", description="this lead process's id: a new one means lead restarted")
@@ -84,6 +88,22 @@ class State(BaseModel):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     your_accepted: int = Field(0, description="the asking back's tokens accepted in this "
                                               "session so far")
+
+    @computed_field(description="the GBNF grammar the reply follows (sampling.grammar), "
+                    "or null")  # type: ignore[prop-decorator]
+    @property
+    def grammar(self) -> str | None:
+        return self.sampling.grammar
+
+    @model_validator(mode="before")
+    @classmethod
+    def _grammar_into_sampling(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("grammar") is not None:
+            sampling = data.get("sampling")
+            sampling = sampling.model_dump() if isinstance(sampling, SamplingParams) else \
+                dict(sampling or {})
+            data = {**data, "sampling": {**sampling, "grammar": data["grammar"]}}
+        return data
 
 
 class DraftDist(BaseModel):

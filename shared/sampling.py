@@ -66,7 +66,8 @@ def distribution(logits: np.ndarray, params: SamplingParams, max_support: int = 
         top_k = max_support
     ids = _top_candidates(logits, top_k, params.top_p, params.temperature)
     probs = _softmax(logits[ids].astype(np.float64) / params.temperature)
-    keep = _nucleus(probs, params.top_p) & (probs >= params.min_p * probs[0])
+    # tokens of probability 0 (masked by a grammar, or underflowed) are no part of it
+    keep = _nucleus(probs, params.top_p) & (probs >= params.min_p * probs[0]) & (probs > 0)
     return Dist(ids[keep], probs[keep] / probs[keep].sum())
 
 

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from lead.verify import Verdict, verify
+from shared.fake import FakeGrammar
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, make_draft_rng, make_rng, sample
@@ -222,3 +223,65 @@ def test_the_check_catches_a_verifier_that_ignores_penalties() -> None:
                      for _ in range(TRIALS))
     ok, stat, critical = chi_square_ok(counts, penalised_joint(), TRIALS)
     assert not ok, f"penalties ignored, yet chi2 {stat:.1f} <= {critical:.1f}"
+
+
+# --- with a grammar: p is the masked distribution (penalties, mask, then truncation) ---
+
+GRAMMAR = FakeGrammar.parse('root ::= "12" | "13" | "21" | "23" | "25" | "31" | "32" | "35"',
+                            lambda text: [int(c) for c in text], V)  # token 0 ends replies
+
+
+def p_masked(out: list[int]) -> np.ndarray:
+    return distribution(GRAMMAR.advanced(out).mask(target_logits(out)), PARAMS).dense(V)
+
+
+def masked_joint() -> dict[tuple[int, int], float]:
+    first = p_masked([])
+    return {(a, b): first[a] * p_masked([a])[b] if first[a] else 0.0
+            for a in range(V) for b in range(V)}
+
+
+def grammar_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator,
+                 dists: bool = True, constrained: bool = True) -> tuple[int, int]:
+    """Lead's steps, the grammar's state carried from each verdict to the next."""
+    out: list[int] = []
+    state = GRAMMAR if constrained else None
+    while len(out) < 2:
+        draft, q = draft_three(q_of, out, rng)
+        rows = np.stack([target_logits(out + draft[:i]) for i in range(4)])
+        verdict = verify(draft, rows, PARAMS, rng, q if dists else None, constraint=state)
+        state = verdict.constraint
+        out += verdict.emitted
+    return out[0], out[1]
+
+
+def _masked_close(out: list[int]) -> Dist:
+    allowed = np.isfinite(GRAMMAR.advanced(out).mask(np.zeros(V)))
+    return _dist(0.85 * p_masked(out) + 0.15 * allowed / allowed.sum())
+
+
+GRAMMAR_DRAFTS: dict[str, tuple[Callable[[list[int]], Dist], bool]] = {
+    "masked, rejection": (_masked_close, True),  # a back drafting under the grammar
+    "blind, rejection": (DRAFTS["close"], True),  # one drafting without it
+    "far, rejection": (DRAFTS["far"], True),
+    "blind, sample-and-compare": (DRAFTS["close"], False),
+}
+
+
+@pytest.mark.parametrize("draft", list(GRAMMAR_DRAFTS))
+def test_with_a_grammar_emitted_tokens_follow_the_masked_distribution(draft: str) -> None:
+    q_of, dists = GRAMMAR_DRAFTS[draft]
+    rng = np.random.default_rng(20261125)
+    counts = Counter(grammar_pair(q_of, rng, dists) for _ in range(TRIALS))
+    expected = masked_joint()
+    assert sum(1 for e in expected.values() if e > 0) >= 5  # the law has room to be wrong
+    ok, stat, critical = chi_square_ok(counts, expected, TRIALS)
+    assert ok, f"{draft}: chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_the_check_catches_a_verifier_that_ignores_the_grammar() -> None:
+    rng = np.random.default_rng(9)
+    counts = Counter(grammar_pair(_masked_close, rng, constrained=False)
+                     for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, masked_joint(), TRIALS)
+    assert not ok, f"grammar ignored, yet chi2 {stat:.1f} <= {critical:.1f}"

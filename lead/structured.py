@@ -1,0 +1,52 @@
+"""A request's structured output: `response_format` (json_object, json_schema) or
+`grammar` (GBNF) as the grammar its reply follows, or a 400 naming the field.
+
+json_object is a JSON object (OpenAI's meaning; the schema {"type": "object"}); a
+json_schema is converted as llama.cpp's server converts it (shared/llm.py), and a schema
+with a keyword the grammar cannot enforce (minimum, ...) is refused unless `strict` is
+false, so that a reply always validates. The grammar
+text goes to backs with the sampling settings; the state made here is lead's own.
+"""
+
+from __future__ import annotations
+
+from lead.api import CommonRequest, FieldRefused
+from shared.constraint import Constraint
+from shared.model import Model
+
+JSON_OBJECT = {"type": "object"}
+
+
+def grammar_of(body: CommonRequest, model: Model) -> tuple[str, str] | None:
+    """(GBNF text, the field it came from), or None for a free reply."""
+    fmt = body.response_format
+    structured = fmt is not None and fmt.structured
+    if body.grammar and structured:
+        raise FieldRefused("grammar", "grammar: give either grammar or a response_format "
+                                      "of json_object or json_schema, not both")
+    if body.grammar:
+        return body.grammar, "grammar"
+    if fmt is None or not structured:
+        return None
+    if fmt.type == "json_schema" and fmt.json_schema is None:
+        raise FieldRefused("response_format", "response_format: type json_schema needs "
+                                              "json_schema: {name, schema}")
+    spec = fmt.json_schema
+    schema = spec.schema_ if spec is not None else JSON_OBJECT
+    try:  # strict unless the request says false: then keywords it cannot enforce are ignored
+        return model.schema_grammar(schema, spec is None or spec.strict is not False), \
+            "response_format"
+    except ValueError as exc:
+        raise FieldRefused("response_format", f"response_format: {exc}") from None
+
+
+def constraint_of(body: CommonRequest, model: Model) -> tuple[str, Constraint] | None:
+    """The grammar's text and its start state, or None for a free reply."""
+    found = grammar_of(body, model)
+    if found is None:
+        return None
+    text, param = found
+    try:
+        return text, model.constraint(text)
+    except ValueError as exc:
+        raise FieldRefused(param, f"{param}: the grammar does not parse: {exc}") from None
