@@ -21,12 +21,14 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from lead import api, structured
+from lead import api, structured, toolreply
 from lead.admission import QueueFull
 from lead.backroutes import back_router
 from lead.engine import Engine
 from lead.session import Emission, GenRequest, Session
 from lead.settings import LeadSettings
+from lead.toolparse import Delta
+from lead.tools import ToolPlan
 from lead.webroutes import STATIC_PREFIX, mount_web
 from shared.model import Model
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
@@ -163,14 +165,14 @@ def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:
     async def chat(body: api.ChatRequest, request: Request) -> Response:
         api.check_served(body)
         try:
-            prompt = model.format_chat([m.for_template() for m in body.messages])
+            plan, prompt = toolreply.chat_prompt(model, body)
         except ValueError as exc:  # the model's template refuses these messages
             raise HTTPException(400, f"messages: the chat template refuses them: {exc}") \
                 from None
         prompt_ids = model.tokenize(prompt, special=True, add_bos=False)
         shape = api.ReplyShape(chat=True, token_bytes=model.token_bytes,
                                logprobs=body.top_logprobs_wanted() is not None)
-        return await _serve(engine, settings, body, prompt_ids, shape, request)
+        return await _serve(engine, settings, body, prompt_ids, shape, request, plan)
 
     @router.post("/v1/completions", response_model=None)
     async def completions(body: api.CompletionRequest, request: Request) -> Response:
@@ -185,7 +187,7 @@ def _openai_router(engine: Engine, settings: LeadSettings) -> APIRouter:
 
 
 def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest,
-                 prompt_ids: list[int]) -> GenRequest:
+                 prompt_ids: list[int], plan: ToolPlan | None) -> GenRequest:
     n_ctx = engine.model.n_ctx
     if not prompt_ids:
         raise HTTPException(400, "the prompt is empty")
@@ -199,7 +201,9 @@ def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest
     if outside:
         raise api.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
                                              f"the vocabulary (0-{engine.model.n_vocab - 1})")
-    params, constrained = body.sampling(0.0), structured.constraint_of(body, engine.model)
+    forced = toolreply.forced_grammar(plan, engine.model) if plan is not None else None
+    params = body.sampling(0.0)
+    constrained = structured.constraint_of(body, engine.model, forced)
     if constrained is not None:
         params = params.model_copy(update={"grammar": constrained[0]})
     return GenRequest(prompt_ids, wanted or settings.max_tokens, params, body.stops(),
@@ -207,14 +211,15 @@ def _gen_request(engine: Engine, settings: LeadSettings, body: api.CommonRequest
 
 
 async def _serve(engine: Engine, settings: LeadSettings, body: api.CommonRequest,
-                 prompt_ids: list[int], shape: api.ReplyShape, request: Request) -> Response:
-    gen = engine.generate(_gen_request(engine, settings, body, prompt_ids))
+                 prompt_ids: list[int], shape: api.ReplyShape, request: Request,
+                 plan: ToolPlan | None = None) -> Response:
+    gen = engine.generate(_gen_request(engine, settings, body, prompt_ids, plan))
     first = await _unless_gone(request, gen, _first(gen))  # its turn in the queue
     if first is None:
         return Response(status_code=499)  # the client left while it waited: nobody reads it
     rid = api.new_id("chatcmpl" if shape.chat else "cmpl")
     if body.stream:
-        return StreamingResponse(_sse(engine, gen, first, rid, shape),
+        return StreamingResponse(_sse(engine, gen, first, rid, shape, toolreply.Deltas(plan)),
                                  media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
     emissions = await _unless_gone(request, gen, _rest(first, gen))
@@ -225,6 +230,8 @@ async def _serve(engine: Engine, settings: LeadSettings, body: api.CommonRequest
     assert session is not None, "the last emission carries the session"
     entries = [lp for e in emissions for lp in e.logprobs]
     choice = shape.choice(text, session.finish_reason, entries)
+    if plan is not None:
+        choice = toolreply.with_calls(choice, plan, text)
     return JSONResponse({**api.envelope(shape.kind, rid, engine.model.name),
                          "choices": [choice], "usage": _usage(session)})
 
@@ -269,14 +276,18 @@ async def _disconnect(request: Request) -> None:
 
 
 async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emission, rid: str,
-               shape: api.ReplyShape) -> AsyncIterator[str]:
+               shape: api.ReplyShape, deltas: toolreply.Deltas | None = None) -> AsyncIterator[str]:
     head = api.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid,
                         engine.model.name)
+    deltas = deltas or toolreply.Deltas(None)  # None: the text is all content
 
-    def event(e: Emission | None, finish: str | None = None, opening: bool = False,
-              **extra: Any) -> str:
-        choice = shape.choice(e.text if e else "", finish, e.logprobs if e else None,
+    def event(e: Emission | None, part: Delta | None = None, finish: str | None = None,
+              opening: bool = False, **extra: Any) -> str:
+        part = part or {}
+        choice = shape.choice(part.get("content", ""), finish, e.logprobs if e else None,
                               delta=True, opening=opening)
+        if "tool_calls" in part:
+            choice["delta"]["tool_calls"] = part["tool_calls"]
         duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
                                "accepted": e.n_from_draft if e else 0}
         if e and e.n_from_draft:
@@ -290,11 +301,17 @@ async def _sse(engine: Engine, gen: AsyncGenerator[Emission, None], first: Emiss
         last = first
         async for e in _chain(first, gen):
             if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
-                yield event(e)
+                parts = deltas.push(e.text)
+                yield event(e, parts[0] if parts else None)
+                for part in parts[1:]:
+                    yield event(None, part)
             last = e
+        for part in deltas.finish():
+            yield event(None, part)
         session = last.session
         assert session is not None, "the last emission carries the session"
-        yield event(None, session.finish_reason, usage=_usage(session))
+        yield event(None, finish=deltas.finish_reason(session.finish_reason),
+                    usage=_usage(session))
         yield "data: [DONE]\n\n"
     finally:
         await gen.aclose()  # a client gone mid-stream ends its generation here

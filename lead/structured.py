@@ -1,5 +1,6 @@
 """A request's structured output: `response_format` (json_object, json_schema) or
-`grammar` (GBNF) as the grammar its reply follows, or a 400 naming the field.
+`grammar` (GBNF) as the grammar its reply follows, or a 400 naming the field; a call
+that tool_choice forces is given as a grammar too.
 
 json_object is a JSON object (OpenAI's meaning; the schema {"type": "object"}); a
 json_schema is converted as llama.cpp's server converts it (shared/llm.py), and a schema
@@ -17,10 +18,17 @@ from shared.model import Model
 JSON_OBJECT = {"type": "object"}
 
 
-def grammar_of(body: CommonRequest, model: Model) -> tuple[str, str] | None:
-    """(GBNF text, the field it came from), or None for a free reply."""
+def grammar_of(body: CommonRequest, model: Model,
+               forced: str | None = None) -> tuple[str, str] | None:
+    """(GBNF text, the field it came from), or None for a free reply. `forced`: the
+    grammar of a call that tool_choice forces (lead/toolreply.py)."""
     fmt = body.response_format
     structured = fmt is not None and fmt.structured
+    if forced is not None:
+        if body.grammar or structured:
+            raise FieldRefused("tool_choice", "tool_choice: a forced call cannot be combined "
+                                              "with grammar or a structured response_format")
+        return forced, "tool_choice"
     if body.grammar and structured:
         raise FieldRefused("grammar", "grammar: give either grammar or a response_format "
                                       "of json_object or json_schema, not both")
@@ -40,9 +48,10 @@ def grammar_of(body: CommonRequest, model: Model) -> tuple[str, str] | None:
         raise FieldRefused("response_format", f"response_format: {exc}") from None
 
 
-def constraint_of(body: CommonRequest, model: Model) -> tuple[str, Constraint] | None:
+def constraint_of(body: CommonRequest, model: Model,
+                  forced: str | None = None) -> tuple[str, Constraint] | None:
     """The grammar's text and its start state, or None for a free reply."""
-    found = grammar_of(body, model)
+    found = grammar_of(body, model, forced)
     if found is None:
         return None
     text, param = found

@@ -9,6 +9,7 @@ Text maps one character to one token; a few tokens carry half of a UTF-8 charact
 from __future__ import annotations
 
 import hashlib
+import json
 import re
 import threading
 import time
@@ -44,9 +45,11 @@ class FakeModel:
     def __init__(self, n_vocab: int = 96, salt: str = "target", order: int = 3,
                  agree: float = 1.0, agree_salt: str = "target", n_ctx: int = 2048,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
-                 name: str = "fake", clock: VirtualClock | None = None) -> None:
+                 name: str = "fake", clock: VirtualClock | None = None,
+                 chat_template: str | None = None) -> None:
         assert n_vocab >= len(ALPHABET) + 3
         self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
+        self.chat_template = chat_template  # only read for its tool-call markers
         self.eos_token_ids = frozenset({EOS})
         self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
         self.eos_bias = eos_bias
@@ -69,8 +72,12 @@ class FakeModel:
         extra = token_id - len(ALPHABET) - 1
         return SPLIT_UTF8[extra] if extra < len(SPLIT_UTF8) else b"~"
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+    def format_chat(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """Tools as "tools: name, name"; a message's calls as "calls: name(arguments)"."""
+        head = "tools: " + ", ".join(t["function"]["name"] for t in tools) + "\n" if tools \
+            else ""
+        return head + "".join(_fake_turn(m) for m in messages) + "assistant: "
 
     def fingerprint(self) -> str:
         return f"fake-{self.n_vocab}"
@@ -210,3 +217,9 @@ class FakeGrammar:
                 raise ValueError(f"the grammar does not allow token {token} here")
             node = self.children[node][token]
         return FakeGrammar(self.children, self.ends, self.n_vocab, node)
+
+
+def _fake_turn(message: dict[str, Any]) -> str:
+    calls = "".join(f" calls: {c['function']['name']}({json.dumps(c['function']['arguments'])})"
+                    for c in message.get("tool_calls", []))
+    return f"{message['role']}: {message['content']}{calls}\n"

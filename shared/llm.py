@@ -55,6 +55,8 @@ class LlamaModel:
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
+        # the GGUF's own template (None: it has none, and a default one is used)
+        self.chat_template: str | None = self._llm.metadata.get("tokenizer.chat_template")
         self._chat = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
         self._polled = False  # whether llama.cpp calls _abort_requested now
@@ -78,12 +80,12 @@ class LlamaModel:
         n = llama_cpp.llama_token_to_piece(self._vocab, token_id, self._piece, _PIECE_BUF, 0, False)
         return self._piece.raw[:max(n, 0)]
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        return render_chat(self._chat, messages)
+    def format_chat(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        return render_chat(self._chat, messages, tools)
 
     def _chat_formatter(self) -> Jinja2ChatFormatter:
-        meta = self._llm.metadata
-        template = meta.get("tokenizer.chat_template") or _DEFAULT_TEMPLATE
+        template = self.chat_template or _DEFAULT_TEMPLATE
         eos = self._text_of(self._llm.token_eos())
         bos = self._text_of(self._llm.token_bos())
         return Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
@@ -212,11 +214,12 @@ def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) ->
         llama_logger.llama_log_callback(level, text, user_data)
 
 
-def render_chat(formatter: Jinja2ChatFormatter, messages: list[dict[str, str]]) -> str:
+def render_chat(formatter: Jinja2ChatFormatter, messages: list[dict[str, Any]],
+                tools: list[dict[str, Any]] | None = None) -> str:
     """The prompt for `messages`; ValueError with the template's own message when it
     refuses them (many raise on a role they do not know, or on roles out of turn)."""
     try:
-        return formatter(messages=messages).prompt
+        return formatter(messages=messages, tools=tools).prompt
     except Exception as exc:  # a template is the model's code: any error is about the input
         raise ValueError(str(exc) or type(exc).__name__) from None
 

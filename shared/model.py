@@ -26,13 +26,16 @@ class Model(Protocol):
     n_ctx: int
     eos_token_ids: frozenset[int]
     cached: list[int]
+    chat_template: str | None  # the GGUF's (lead/tools.py reads its tool-call format)
 
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
-        """The prompt text for messages; ValueError when the chat template refuses them."""
+    def format_chat(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> str:
+        """The prompt text for messages (and tools, which the template renders); ValueError
+        when the chat template refuses them."""
         ...
 
     def fingerprint(self) -> str: ...

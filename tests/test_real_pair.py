@@ -8,8 +8,10 @@ rightly switch speculation off, and these tests are about the protocol.
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -137,3 +139,75 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     assert posted_junk, "no junk was posted"
     leaked = [p for p, t in posted_junk.items() if p < len(emitted) and emitted[p] == t]
     assert leaked == [], f"junk draft tokens emitted at positions {leaked}"
+
+
+# --- tools through the official openai SDK ---
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}
+ASK_WEATHER = [{"role": "user", "content": "What is the weather in Paris right now?"}]
+WEATHER_RESULT = '{"city": "Paris", "temperature_c": 21, "sky": "sunny"}'
+
+
+def sdk_round_trip(lead: Lead, stream: bool, tool_choice: Any) -> tuple[dict, str, str]:
+    """A call, its result sent back, the final answer: (the call, the answer, its
+    finish_reason), through the openai SDK, streamed or plain."""
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{lead.url}/v1", api_key="unused", max_retries=0)
+    ask = sdk_stream if stream else sdk_plain
+    content, calls, finish = ask(client, ASK_WEATHER, tool_choice)
+    assert finish == "tool_calls" and len(calls) == 1, (content, calls, finish)
+    call = calls[0]
+    history = [*ASK_WEATHER,
+               {"role": "assistant", "content": content, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": call["id"], "content": WEATHER_RESULT}]
+    # Qwen2.5-Coder-1.5B in "auto" calls the tool again after its result: "none" asks for
+    # the answer (the history keeps its call and result)
+    answer, more_calls, finish = ask(client, history, "none")
+    assert not more_calls, more_calls
+    return call, answer or "", finish
+
+
+def sdk_plain(client: Any, messages: list, tool_choice: Any) -> tuple[str | None, list, str]:
+    r = client.chat.completions.create(model="duo", messages=messages, tools=[WEATHER_TOOL],
+                                       tool_choice=tool_choice, max_tokens=120)
+    message = r.choices[0].message
+    calls = [c.model_dump(include={"id", "type", "function"}) for c in message.tool_calls or []]
+    return message.content, calls, r.choices[0].finish_reason
+
+
+def sdk_stream(client: Any, messages: list, tool_choice: Any) -> tuple[str | None, list, str]:
+    """The chunks put together as OpenAI's docs do: content joined, calls by index."""
+    content, calls, finish = "", {}, ""
+    for chunk in client.chat.completions.create(
+            model="duo", messages=messages, tools=[WEATHER_TOOL], tool_choice=tool_choice,
+            max_tokens=120, stream=True):
+        delta = chunk.choices[0].delta
+        content += delta.content or ""
+        for part in delta.tool_calls or []:
+            call = calls.setdefault(part.index, {"id": "", "type": "function",
+                                                 "function": {"name": "", "arguments": ""}})
+            call["id"] = part.id or call["id"]
+            call["function"]["name"] += part.function.name or ""
+            call["function"]["arguments"] += part.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content or None, [calls[i] for i in sorted(calls)], finish
+
+
+@pytest.mark.parametrize(("stream", "tool_choice"), [
+    (False, "auto"), (True, "auto"),
+    (False, {"type": "function", "function": {"name": "get_weather"}})])
+def test_pair_tool_round_trip_through_the_openai_sdk(lead: Lead, stream: bool,
+                                                     tool_choice: Any) -> None:
+    back = Back(lead, DRAFT)
+    try:
+        back.wait_attached()
+        call, answer, finish = sdk_round_trip(lead, stream, tool_choice)
+    finally:
+        back.stop()
+    assert call["function"]["name"] == "get_weather"
+    assert "paris" in json.loads(call["function"]["arguments"])["city"].lower()
+    assert finish == "stop" and "21" in answer, answer

@@ -3,6 +3,8 @@ roles and templates."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -27,8 +29,10 @@ def post(client: TestClient, path: str, **fields: object) -> tuple[int, dict]:
 
 REFUSED = [
     (CHAT, {"json_schema": {"type": "object"}}, "json_schema"),  # response_format's job
+    # the fake's template has no tool-call format lead knows
     (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-    (CHAT, {"tool_choice": "auto"}, "tool_choice"),
+    (CHAT, {"tool_choice": "auto"}, "tool_choice"),  # without tools
+    (COMPLETIONS, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),
     (CHAT, {"function_call": "auto"}, "function_call"),
     (CHAT, {"audio": {"voice": "alloy"}}, "audio"),
@@ -42,7 +46,7 @@ REFUSED = [
     (COMPLETIONS, {"suffix": "return x"}, "suffix"),
     (CHAT, {"messages": [{"role": "assistant", "content": "",
                           "tool_calls": [{"id": "1", "type": "function"}]}]},
-     "messages[0].tool_calls"),
+     "messages[0].tool_calls[0].function"),
     (CHAT, {"messages": [{"role": "user", "content": [
         {"type": "text", "text": "what is this?"},
         {"type": "image_url", "image_url": {"url": "data:,"}}]}]}, "messages[0].content[1].type"),
@@ -126,14 +130,15 @@ class StrictTemplate(FakeModel):
     """A chat template as strict as many in GGUF files: system, user and assistant only,
     user and assistant in turn. It raises ValueError, as shared/llm.py's templates do."""
 
-    def format_chat(self, messages: list[dict[str, str]]) -> str:
+    def format_chat(self, messages: list[dict[str, Any]],
+                    tools: list[dict[str, Any]] | None = None) -> str:
         turns = [m["role"] for m in messages if m["role"] != "system"]
         unknown = set(turns) - {"user", "assistant"}
         if unknown:
             raise ValueError(f"unknown role {unknown.pop()}")
         if any(a == b for a, b in zip(turns, turns[1:], strict=False)):
             raise ValueError("Conversation roles must alternate user/assistant/user/assistant")
-        return super().format_chat(messages)
+        return super().format_chat(messages, tools)
 
 
 @pytest.fixture(scope="module")
