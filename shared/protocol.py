@@ -17,6 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validat
 MAX_DRAFT_WIRE = 64
 MAX_SUPPORT_WIRE = 256
 MAX_LOGIT_BIAS = 1024  # entries; each costs a little on every verified row
+MAX_BRANCHES = 8  # per draft post
+MAX_BRANCH_TOKENS = 2 * MAX_DRAFT_WIRE  # over all of a post's branches
 
 # The ranges OpenAI (frequency/presence, logit_bias) and llama.cpp (repeat) accept.
 OpenAIPenalty = Annotated[float, Field(ge=-2.0, le=2.0, allow_inf_nan=False)]
@@ -121,6 +123,18 @@ class DraftDist(BaseModel):
         return self
 
 
+class DraftBranch(BaseModel):
+    """Another way the main chain may go: `token_ids[0]` in place of the main chain's
+    token at index `at` (the draft's next likeliest there), the rest drafted after it.
+    Lead keeps it, and if it emits that token there, the rest is the next step's draft
+    at once. Branches hang off the main chain only (a tree two levels deep)."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: int = Field(ge=0, lt=MAX_DRAFT_WIRE, description="index into the main token_ids")
+    token_ids: list[int] = Field(min_length=1, max_length=MAX_DRAFT_WIRE)
+    dists: list[DraftDist] | None = None
+
+
 class DraftPost(BaseModel):
     model_config = ConfigDict(extra="forbid")
     session_id: str
@@ -128,9 +142,27 @@ class DraftPost(BaseModel):
     token_ids: list[int] = Field(min_length=1, max_length=MAX_DRAFT_WIRE)
     dists: list[DraftDist] | None = None
     back_id: str = Field("", max_length=64)
+    branches: list[DraftBranch] = Field(default_factory=list, max_length=MAX_BRANCHES)
 
     @model_validator(mode="after")
     def _dists_match(self) -> DraftPost:
         if self.dists is not None and len(self.dists) != len(self.token_ids):
             raise ValueError("dists must have one entry per draft token")
+        for i, branch in enumerate(self.branches):
+            _check_branch(i, branch, self.token_ids, self.dists is not None)
+        if sum(len(b.token_ids) for b in self.branches) > MAX_BRANCH_TOKENS:
+            raise ValueError(f"branches hold more than {MAX_BRANCH_TOKENS} tokens in all")
         return self
+
+
+def _check_branch(i: int, branch: DraftBranch, main: list[int], with_dists: bool) -> None:
+    where = f"branches[{i}]"
+    if branch.at >= len(main):
+        raise ValueError(f"{where}.at: {branch.at} is past the main chain ({len(main)} tokens)")
+    if branch.token_ids[0] == main[branch.at]:
+        raise ValueError(f"{where}.token_ids[0] is the main chain's own token there")
+    if (branch.dists is not None) != with_dists:
+        raise ValueError(f"{where}.dists: give dists on every branch or on none, as on "
+                         "the main chain")
+    if branch.dists is not None and len(branch.dists) != len(branch.token_ids):
+        raise ValueError(f"{where}.dists must have one entry per token")
