@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models browser run test test-fast test-process lint bench advise clean
+.PHONY: install models browser run test test-fast test-process lint bench advise bench-structured clean
 
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
@@ -68,6 +68,9 @@ bench: models  ## every configuration side by side, bound, sweep (bench-results/
 
 advise: models  ## will duo be faster on this machine? (about a minute)
 	$(PY) -m bench --advise
+
+bench-structured: models  ## duo on JSON-schema prompts: back under the grammar vs blind vs lead alone
+	$(PY) -m bench.structured $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
