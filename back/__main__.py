@@ -35,13 +35,14 @@ def build_worker(settings: BackSettings) -> Worker:
         # Its threads are set at the handshake, where the back learns where lead runs.
         model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,
                            settings.ctx_size, settings.batch_size, settings.rpc,
-                           settings.tensor_split)
+                           settings.tensor_split, branches=settings.branches > 0)
         set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
         drafter = ModelDrafter(model, settings.batch_size, _progress, blind=settings.blind)
         log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
     worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
     worker.send_dists = settings.send_dists
+    worker.branches = settings.branches
     worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread, set_threads)
     if settings.drafter == "ngram":
         worker.burst = settings.max_ahead

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from back.drafter import Drafter
+from back.drafter import Branch, Drafter, ModelDrafter
 from back.mirror import parted
 from back.sessions import Work
 from shared.protocol import DraftDist, SamplingParams
@@ -29,6 +29,20 @@ class LatestTokens:
 
     def publish(self, tokens: tuple[int, ...]) -> None:
         self._tokens = tokens
+
+    def changed(self, since: tuple[int, ...]) -> Callable[[], bool]:
+        """An abort check: whether lead's latest tokens are other than `since` (lead took a
+        step). Compares once per snapshot."""
+        seen: tuple[int, ...] | None = None
+        changed = False
+
+        def check() -> bool:
+            nonlocal seen, changed
+            tokens = self._tokens
+            if tokens is not seen:
+                seen, changed = tokens, tokens != since
+            return changed
+        return check
 
     def left(self, path: Sequence[int]) -> Callable[[], bool]:
         """An abort check: whether lead's latest tokens leave `path`. Polled hundreds of
@@ -105,3 +119,42 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
             break
     work = Work(caught.caught_up, caught.catch_up_s, cut_short)
     return Drafted(work, grown, tuple(drafter.local), kept, dists)
+
+
+@dataclass(frozen=True)
+class BranchJob:
+    """Branches to draft off the drafter's draft: at most `width`, each its root and up
+    to `depth` guesses after it."""
+
+    lead_tokens: tuple[int, ...]
+    sampling: SamplingParams
+    width: int
+    depth: int
+    eos_token_ids: frozenset[int]
+    rng: np.random.Generator
+    latest: LatestTokens
+    n_prompt: int = 0
+
+
+@dataclass(frozen=True)
+class Branched:
+    local: tuple[int, ...]  # the drafter's sequence the branches hang off
+    branches: tuple[Branch, ...]
+
+
+def branch(drafter: ModelDrafter, job: BranchJob) -> Branched:
+    """Spare time while lead verifies: draft branches off the drafter's draft past lead's
+    tokens, where lead most likely rejects it first, each the draft's runner-up there and
+    up to `depth` guesses after it. Stops at lead's next news (the first branches are kept)."""
+    n = len(job.lead_tokens)
+    if tuple(drafter.local[:n]) != job.lead_tokens:
+        return Branched(tuple(drafter.local), ())  # not caught up with these tokens
+    abort = job.latest.changed(job.lead_tokens)
+    made: list[Branch] = []
+    for pos in drafter.branch_sites(n, job.width):
+        got = None if abort() else drafter.branch(pos, job.depth, job.sampling, job.rng,
+                                                  job.eos_token_ids, abort, job.n_prompt)
+        if got is None:
+            break
+        made.append(got)
+    return Branched(tuple(drafter.local), tuple(made))

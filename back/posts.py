@@ -4,18 +4,28 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from shared.protocol import DraftDist, DraftPost
+from back.drafter import Branch
+from shared.protocol import (
+    MAX_BRANCH_TOKENS,
+    MAX_BRANCHES,
+    MAX_DRAFT_WIRE,
+    DraftBranch,
+    DraftDist,
+    DraftPost,
+)
+from shared.sampling import Dist
 
 
 class PostBook:
     def __init__(self) -> None:
         self._last: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids) last posted
         self._dists: dict[int, DraftDist] = {}  # drafter position -> its draft distribution
+        self._branches: frozenset[tuple[int, tuple[int, ...]]] = frozenset()  # last posted
 
     def new_session(self) -> None:
         # Another session may share the drafter's path (the same prompt again): the tokens
         # there are then the last session's, not guesses drawn from these distributions.
-        self._last, self._dists = (0, ()), {}
+        self._last, self._dists, self._branches = (0, ()), {}, frozenset()
 
     def drafted(self, n_lead: int, kept: int, dists: Mapping[int, DraftDist]) -> None:
         """A draft job's result: lead held `n_lead` tokens, the drafter's positions from
@@ -26,22 +36,58 @@ class PostBook:
         self._dists.update(dists)
 
     def next_post(self, session_id: str, start: int, draft: Sequence[int], back_id: str,
-                  with_dists: bool = True) -> tuple[DraftPost, int] | None:
-        """The post of `draft` (lead's tokens end at `start`) and how many of its tokens
-        no post carried before; None if it is empty or was posted already."""
+                  with_dists: bool = True, branches: Sequence[Branch] = (),
+                  longest: int = MAX_DRAFT_WIRE) -> tuple[DraftPost, int] | None:
+        """The post of `draft` (lead's tokens end at `start`) with the `branches` that hang
+        off it (each at most `longest` tokens), and how many of its tokens no post carried
+        before; None if it is empty or was posted already (branches and all)."""
         draft = list(draft)
-        if not draft or self._already_posted(start, draft):
-            return None
         positions = range(start, start + len(draft))
         dists = [self._dists[p] for p in positions] if with_dists and \
             all(p in self._dists for p in positions) else None
+        wired = on_wire(start, draft, branches, dists is not None, longest)
+        sent = frozenset((start + b.at, tuple(b.token_ids)) for b in wired)
+        if not draft or (self._already_posted(start, draft) and sent <= self._branches):
+            return None
         last_start, last = self._last
         new = max(0, start + len(draft) - max(last_start + len(last), start))
-        self._last = (start, tuple(draft))
+        self._last, self._branches = (start, tuple(draft)), sent
         return DraftPost(session_id=session_id, start=start, token_ids=draft, back_id=back_id,
-                         dists=dists), new
+                         dists=dists, branches=wired), new
 
     def _already_posted(self, start: int, draft: list[int]) -> bool:
         last_start, last = self._last
         skip = start - last_start
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
+
+
+def hanging_off(local: Sequence[int], branches: Sequence[Branch]) -> list[Branch]:
+    """The branches that hang off `local` (a drafter's sequence: lead's tokens, its draft)."""
+    return [b for b in branches
+            if len(local) > b.pos and tuple(local[:b.pos + 1]) == b.main]
+
+
+def on_wire(start: int, draft: Sequence[int], branches: Sequence[Branch],
+            with_dists: bool, longest: int = MAX_DRAFT_WIRE) -> list[DraftBranch]:
+    """The branches that hang off `draft` (at `start`), within the protocol's bounds: with
+    dists exactly where the main chain has them, at most MAX_BRANCHES, MAX_BRANCH_TOKENS in
+    all (the first come first: they are the likeliest to be needed)."""
+    out: list[DraftBranch] = []
+    budget = MAX_BRANCH_TOKENS
+    for b in branches:
+        at = b.pos - start
+        if len(out) == MAX_BRANCHES or budget < 1:
+            break
+        if not (0 <= at < len(draft)) or b.main[start:] != tuple(draft[:at + 1]) \
+                or (with_dists and None in b.dists):
+            continue  # lead passed it, or it hangs off another draft
+        tokens = list(b.tokens[:min(budget, longest, MAX_DRAFT_WIRE)])
+        dists = [_wire(d) for d in b.dists[:len(tokens)] if d is not None] \
+            if with_dists else None
+        out.append(DraftBranch(at=at, token_ids=tokens, dists=dists))
+        budget -= len(tokens)
+    return out
+
+
+def _wire(dist: Dist) -> DraftDist:
+    return DraftDist(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())

@@ -24,10 +24,10 @@ import httpx
 from back import jobs
 from back.backoff import Backoff
 from back.client import LeadClient, LeadError
-from back.drafter import Drafter
-from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
+from back.drafter import Branch, Drafter, ModelDrafter
+from back.jobs import BranchJob, Drafted, DraftJob, LatestTokens, ahead_for
 from back.mirror import LeadMirror
-from back.posts import PostBook
+from back.posts import PostBook, hanging_off
 from back.sessions import Sessions, SessionStats
 from shared.modelthread import ModelThread
 from shared.placement import Placement
@@ -55,6 +55,9 @@ class Worker:
         self.eos_token_ids: frozenset[int] = frozenset()
         self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
         self.send_dists = True
+        self.branches = 0  # most branches drafted in spare time (0: the main chain only)
+        self._branched: tuple[Branch, ...] = ()  # the last drafted (event loop's copy)
+        self._branched_at: tuple[int, ...] | None = None  # lead's tokens when last branched
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
         self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
@@ -203,6 +206,7 @@ class Worker:
     def _begin_session(self, state: State) -> None:
         self._end_session()
         self.posts.new_session()
+        self._branched = ()
         if state.session_id is not None and not state.done:
             self.sessions.start(state.session_id, state.sampling.seed)
 
@@ -228,11 +232,19 @@ class Worker:
         try:
             while self._should_draft() and not self._stop.is_set():
                 drafted = await self._extend()
+                if self._branch_due(drafted):  # before drafting on past lead's next step
+                    if in_flight is not None:
+                        self._settle(await in_flight)
+                    in_flight = await self._branch()
+                    continue
                 if in_flight is not None and (drafted.grown == 0 or in_flight.done()):
                     self._settle(await in_flight)
                     in_flight = None
                 if in_flight is None:
                     in_flight = self._launch_post(drafted.local)
+                    if in_flight is None and drafted.grown == 0:
+                        # as far ahead as it goes: spare time, until lead's news
+                        in_flight = await self._branch()
                     if in_flight is None and drafted.grown == 0:
                         return  # nothing new to draft or post: wait for lead's news
             if in_flight is not None:
@@ -258,6 +270,39 @@ class Worker:
         self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists)
         return drafted
 
+    def _branch_due(self, drafted: Drafted) -> bool:
+        """Branch once per step of lead's, as soon as the chain is a few tokens ahead: a
+        branch must be posted before lead's step ends to be of use, and a chain token far
+        ahead is used only if lead accepts every one before it."""
+        ahead = len(drafted.local) - len(self.mirror.tokens)
+        return bool(self.branches) and 0 < min(self.state.draft_len, 2) < ahead \
+            and self._branched_at != self.mirror.tokens
+
+    async def _branch(self) -> asyncio.Task[State | None] | None:
+        """Draft branches off the draft one at a time (kept ones cost nothing), each
+        posted with it as soon as it is drafted: lead's step may end any moment, and a
+        branch it has not got by then is of no use. The last post, or None."""
+        state = self.state
+        # half a draft deep: drafted within one of lead's steps more often than a whole one
+        depth = min(max(1, state.draft_len // 2), self.max_post - 1)
+        if not self.branches or depth < 1 or not isinstance(self.drafter, ModelDrafter) \
+                or not self.drafter.can_branch:
+            return None
+        self._branched_at = self.mirror.tokens
+        in_flight: asyncio.Task[State | None] | None = None
+        for width in range(1, self.branches + 1):
+            job = BranchJob(self.mirror.tokens, state.sampling, width, depth,
+                            self.eos_token_ids, self.sessions.rng, self._latest,
+                            n_prompt=state.n_prompt)
+            branched = await self.model_thread.run(jobs.branch, self.drafter, job)
+            self._branched = branched.branches
+            if len(branched.branches) < width:  # lead's news, or no more places to branch
+                break
+            if in_flight is not None:
+                self._settle(await in_flight)
+            in_flight = self._launch_post(branched.local)
+        return in_flight
+
     def _launch_post(self, local: Sequence[int]) -> asyncio.Task[State | None] | None:
         # A draft on a path lead has left since (its news came while the model thread
         # drafted) is not posted: at lead's new length it would read as a fresh draft.
@@ -266,7 +311,8 @@ class Worker:
             return None
         start = len(self.mirror.tokens)
         made = self.posts.next_post(self.state.session_id or "", start,
-                                    draft[:self.max_post], self.back_id, self.send_dists)
+                                    draft[:self.max_post], self.back_id, self.send_dists,
+                                    hanging_off(local, self._branched), self.max_post)
         if made is None:
             return None
         post, new_tokens = made

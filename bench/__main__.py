@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
 from bench import configs, prompts, report
 from bench.advise import ADVISE_PROMPTS
+from bench.coverage import MEASURED_COVER
 from bench.load import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
@@ -48,6 +48,17 @@ def _seconds(text: str) -> list[float]:
     if any(not 0 <= v < 10 for v in values):
         raise argparse.ArgumentTypeError(f"seconds must be in [0, 10): {text!r}")
     return values
+
+
+def _share(text: str) -> float:
+    """--cover: a share in [0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not 0 <= value <= 1:
+        raise argparse.ArgumentTypeError(f"a share in [0, 1]: {text!r}")
+    return value
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -90,6 +101,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--advise", action="store_true", help="will duo be faster here? measures "
                    "the target's verify cost, the draft's cost and agreement in each placement "
                    "(a minute or two), and prints the expected speed of each")
+    p.add_argument("--cover", type=_share, default=MEASURED_COVER,
+                   help="share of rejections whose correction a branch holds, for the ideal "
+                   "with branches (and --sim's simulated draft); the default is the draft's "
+                   "2nd choice on the default pair (python -m bench.coverage)")
     p.add_argument("--sim", action="store_true", help="SIMULATION: fake models of chosen cost")
     p.add_argument("--sim-target", default="0.03,0.0005", type=_seconds,
                    help="simulated target: seconds per call, per token (GPU-like: flat)")
@@ -97,6 +112,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="simulated draft: seconds per call")
     p.add_argument("--sim-agree", type=float, default=0.8,
                    help="simulated draft agreement")
+    p.add_argument("--sim-branches", type=int, default=0, choices=range(9), metavar="0-8",
+                   help="branches the simulated back drafts in spare time (0: the chain only)")
     a = p.parse_args(argv)
     _fill_defaults(a)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
@@ -199,12 +216,20 @@ def run_sweep(a: argparse.Namespace, chosen: list[dict], alone: configs.Runner
     return sweep
 
 
+def sim_flags(a: argparse.Namespace) -> tuple[list[str], list[str]]:
+    """bench.sim's flags for the simulated lead and back: the back's draft covers the
+    share of rejections that the ideal with branches is priced at."""
+    call, per_token = a.sim_target
+    return (["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"],
+            ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree),
+             "--cover", str(a.cover), "--branches", str(a.sim_branches)])
+
+
 def run_sim(a: argparse.Namespace) -> dict:
     from bench.procs import SimBack, SimLead
 
     call, per_token = a.sim_target
-    target = ["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"]
-    draft = ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree)]
+    target, draft = sim_flags(a)
     chosen = prompts.load()[: a.prompts]
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
@@ -257,7 +282,7 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
         print(f"\n{client}")
     print("\nPer prompt, against lead alone run next to it:\n")
     print(report.per_prompt(results, base_name, [n for n in results if n != base_name]))
-    bounds = show_bounds(a, data, results, summaries, base_name, duo_name)
+    bounds = report.show_bounds(a, data, results, summaries, base_name, duo_name)
     sweep = data["sweep"]
     if sweep:
         print("\n| draft length | tok/s | lead alone, same prompts, side by side | ratio |\n"
@@ -278,63 +303,6 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     if note:
         print(f"\n{note}")
     print(f"\nwrote {out}/{', '.join(written)}")
-
-
-def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],
-                summaries: list[report.Summary], base_name: str, duo_name: str) -> dict:
-    """Print the free-draft bound and the async ideal for this placement against duo."""
-    from bench.ideal import async_ideal, free_draft_bound, padded, replayed_ideal
-    from lead.settings import LeadSettings
-
-    costs: dict[int, float] = data["costs"]
-    drafting = [n for n in results if n == duo_name or n.startswith("peer: synchronous")]
-    measured = report.alpha([r for n in drafting for r in results[n]])
-    alpha = measured or 0.0
-    tok_s = {s.config: s.tok_s for s in summaries}
-    speedup = tok_s[duo_name] / tok_s[base_name] if tok_s[base_name] else 0.0
-    cost = padded(costs)
-    max_draft = LeadSettings().max_draft  # what lead verifies at most per step
-    free, free_k = free_draft_bound(cost, alpha, max_draft)
-    ideal, ideal_k = async_ideal(cost, alpha, data["draft_s"], max_draft)
-    print("\nverify cost / single token: " + ", ".join(
-        f"b={b} {c / costs[1]:.2f}x" for b, c in sorted(costs.items())
-        if b in (2, 3, 4, 5, 8, 16, 17)) + f"; draft {data['draft_s'] * 1e3:.1f} ms/token, "
-        f"target {costs[1] * 1e3:.1f} ms/token")
-    print(f"acceptance per draft token (accepted / (accepted + rejections), {', '.join(drafting)}"
-          "): " + (f"{measured:.2f}" if measured is not None else
-                   "- (no draft was verified: the back sat out, or lead asked for none)"))
-    print(f"analytic bound with free drafts: {free:.2f}x (k={free_k}); ideal async back at "
-          f"the measured draft speed: {ideal:.2f}x (k={ideal_k})")
-    print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
-          f"{speedup / free:.2f} of the free-draft bound")
-    if getattr(a, "back_sits_out", False):
-        print("(in this placement the back sits out: lead uses every core, so the ideals, "
-              "which price the draft at its own speed on cores of its own, do not apply)")
-    alphas = report.alpha_by_prompt([r for n in drafting for r in results[n]])
-    per_prompt = pooled_ideal(results[base_name], lambda p: async_ideal(
-        cost, alphas.get(p) or 0.0, data["draft_s"], max_draft)[0])
-    print(f"async ideal from each prompt's own acceptance (one acceptance for all prompts "
-          f"credits prose with code's): {per_prompt:.2f}x; duo = {speedup / per_prompt:.2f} "
-          "of it")
-    bounds = {"alpha": alpha, "free_bound": free, "bound": ideal, "speedup": speedup,
-              "bound_per_prompt": per_prompt}
-    if data.get("agreement"):
-        replayed = pooled_ideal(results[base_name], lambda p: replayed_ideal(
-            cost, data["agreement"].get(p, []), data["draft_s"], max_draft)[0])
-        print(f"async ideal replaying each reply's measured draft agreement (where the draft "
-              f"goes wrong as it did, not at random): {replayed:.2f}x; duo = "
-              f"{speedup / replayed:.2f} of it")
-        bounds["bound_replayed"] = replayed
-    return bounds
-
-
-def pooled_ideal(alone: list[Result], ideal_of: Callable[[int], float]) -> float:
-    """An ideal computed for each prompt on its own (`ideal_of(prompt)`), pooled over lead
-    alone's time."""
-    from bench.ideal import pooled_speedup
-
-    seconds = report.seconds_by_prompt(alone)
-    return pooled_speedup(seconds, {p: ideal_of(p) for p in seconds})
 
 
 if __name__ == "__main__":

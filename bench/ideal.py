@@ -13,6 +13,15 @@ little or nothing to verify: this is the price of not waiting for drafts, and wh
 separates this ideal from the free-draft bound. Measured / async ideal is then the
 efficiency of duo's protocol itself (HTTP, polling, the cost model's choices).
 
+`branch_ideal`: the async ideal with a branch ready after a rejection. A back that drafts
+its next m choices at each draft position as branches holds lead's correction with
+probability `cover` (measured by `python -m bench.coverage`); then the path after a
+rejection at position p is that branch, drafted beside the main chain since the draft's
+row at p was known, instead of a path started when lead's correction arrives. A miss past
+the draft's end has no branch and starts over. Branch tokens are free here (spare draft
+time): where the draft has little spare time, this overstates what branches can give.
+At cover 0 it is the async ideal exactly.
+
 `replayed_ideal`: the same ideal back, but its tokens go wrong where the real draft's did
 (measured per position against the target's reply), not independently at random.
 """
@@ -60,10 +69,16 @@ class _Draft:
         return max(0, min(made, limit))
 
 
+def _never() -> bool:
+    return False
+
+
 def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max: int,
-             n_tokens: int, max_ahead: int = 16) -> float:
+             n_tokens: int, max_ahead: int = 16, covered: Callable[[], bool] = _never
+             ) -> float:
     """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step.
-    `wrong_from(n)`: how many tokens a draft path started at lead position n gets right."""
+    `wrong_from(n)`: how many tokens a draft path started at lead position n gets right;
+    `covered()`: whether a branch holds the correction of a rejection the draft reached."""
     now, n = 0.0, 0
     path = _Draft(0, 0.0, wrong_from(0))
     while n < n_tokens:
@@ -74,8 +89,19 @@ def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max
         now += cost(k + 1)
         n += accepted + 1
         if path.wrong < n - path.start:  # lead emitted a token the path got wrong
-            path = _Draft(n, now, wrong_from(n))
+            path = _after_rejection(path, n, now, draft_s, wrong_from(n), covered)
     return now
+
+
+def _after_rejection(path: _Draft, n: int, now: float, draft_s: float, wrong: int,
+                     covered: Callable[[], bool]) -> _Draft:
+    """The path from lead position n, after lead's correction at n - 1 (the old path's miss):
+    a branch drafted since the draft's row at the miss was known, if the draft had reached
+    it and a branch holds the correction; else a path that starts now."""
+    miss_known = path.t0 + (path.wrong + 1) * draft_s
+    if miss_known <= now and covered():
+        return _Draft(n, miss_known, wrong)
+    return _Draft(n, now, wrong)
 
 
 def geometric(alpha: float, rng: np.random.Generator) -> Callable[[int], int]:
@@ -92,16 +118,29 @@ def replayed(agrees: Sequence[bool]) -> Callable[[int], int]:
 
 
 def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
-                n_tokens: int = 2000, runs: int = 5, seed: int = 0) -> tuple[float, int]:
-    """(speedup over plain decoding, best fixed K) for an ideal asynchronous back."""
+                n_tokens: int = 2000, runs: int = 5, seed: int = 0, cover: float = 0.0
+                ) -> tuple[float, int]:
+    """(speedup over plain decoding, best fixed K) for an ideal asynchronous back; with
+    `cover` > 0, one with a branch ready after that share of rejections (branch_ideal)."""
     rng = np.random.default_rng(seed)
+    coins = np.random.default_rng([seed, 1])  # apart: cover 0 draws the same paths
+    covered = (lambda: bool(coins.random() < cover)) if cover > 0 else _never
     plain = cost(1) * n_tokens
     best = (1.0, 0)
     for k_max in range(1, max_draft + 1):
-        seconds = np.mean([simulate(cost, geometric(alpha, rng), draft_s, k_max, n_tokens)
-                           for _ in range(runs)])
+        seconds = np.mean([simulate(cost, geometric(alpha, rng), draft_s, k_max, n_tokens,
+                                    covered=covered) for _ in range(runs)])
         best = max(best, (plain / float(seconds), k_max))
     return best
+
+
+def branch_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int, cover: float,
+                 n_tokens: int = 2000, runs: int = 5, seed: int = 0) -> tuple[float, int]:
+    """(speedup, best fixed K) for an ideal back whose branches hold the correction of a
+    rejection with probability `cover`: between the async ideal (cover 0) and free drafts."""
+    if not 0.0 <= cover <= 1.0:
+        raise ValueError(f"cover must be a share in [0, 1], not {cover}")
+    return async_ideal(cost, alpha, draft_s, max_draft, n_tokens, runs, seed, cover)
 
 
 def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft: int

@@ -1,8 +1,10 @@
-"""Aggregate results per configuration; the analytic bound; Markdown, JSON and a PNG."""
+"""Aggregate results per configuration; the bounds and ideals; Markdown, JSON and a PNG."""
 
 from __future__ import annotations
 
+import argparse
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,7 @@ class Summary:
     tokens_per_step: float | None
     differing: int | None
     prompts: int
+    ready_after_rejection: float | None = None  # share of steps after a rejection
 
 
 def summarise(config: str, results: list[Result], reference: list[Result] | None) -> Summary:
@@ -34,7 +37,15 @@ def summarise(config: str, results: list[Result], reference: list[Result] | None
                    sum(r.ttft_s for r in results) / max(len(results), 1),
                    accepted / drafted if drafted else None,
                    sum(r.tokens for r in results) / steps if steps else None,
-                   differing, len({r.prompt for r in results}))
+                   differing, len({r.prompt for r in results}), ready_after_rejection(results))
+
+
+def ready_after_rejection(results: list[Result]) -> float | None:
+    """Share of lead's steps after a rejection that found a draft ready (branches off the
+    rejected draft); None where no step followed a rejection or lead does not count them."""
+    counted = [r for r in results if r.after_rejection is not None]
+    after = sum(r.after_rejection or 0 for r in counted)
+    return sum(r.ready_after_rejection or 0 for r in counted) / after if after else None
 
 
 def speed_by_prompt(results: list[Result]) -> dict[int, float]:
@@ -82,14 +93,16 @@ def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[st
 def markdown(summaries: list[Summary], baseline: str) -> str:
     base = next((s.tok_s for s in summaries if s.config == baseline), 0.0)
     lines = ["| configuration | tok/s | vs lead alone | acceptance | tokens/step | TTFT s | "
-             "replies differing from lead alone |", "|---|---|---|---|---|---|---|"]
+             "replies differing from lead alone | ready after rejection |",
+             "|---|---|---|---|---|---|---|---|"]
     for s in summaries:
         speed = f"{s.tok_s / base:.2f}x" if base else "-"
         acc = f"{s.acceptance:.2f}" if s.acceptance is not None else "-"
         tps = f"{s.tokens_per_step:.2f}" if s.tokens_per_step is not None else "-"
         diff = f"{s.differing}/{s.prompts}" if s.differing is not None else "-"
+        ready = f"{s.ready_after_rejection:.0%}" if s.ready_after_rejection is not None else "-"
         lines.append(f"| {s.config} | {s.tok_s:.2f} | {speed} | {acc} | {tps} | "
-                     f"{s.ttft_s:.2f} | {diff} |")
+                     f"{s.ttft_s:.2f} | {diff} | {ready} |")
     return "\n".join(lines)
 
 
@@ -139,3 +152,82 @@ def plot_sweep(path: Path, sweep: dict[str, tuple[float, float]], title: str) ->
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
+
+
+def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Result]],
+                summaries: list[Summary], base_name: str, duo_name: str) -> dict:
+    """Print the free-draft bound, the async ideal and the ideal with branches (a branch
+    ready after a.cover of rejections) for this placement against duo; return them."""
+    from bench.ideal import async_ideal, branch_ideal, free_draft_bound, padded
+    from lead.settings import LeadSettings
+
+    costs: dict[int, float] = data["costs"]
+    drafting = [n for n in results if n == duo_name or n.startswith("peer: synchronous")]
+    measured = alpha([r for n in drafting for r in results[n]])
+    tok_s = {s.config: s.tok_s for s in summaries}
+    speedup = tok_s[duo_name] / tok_s[base_name] if tok_s[base_name] else 0.0
+    cost, draft_s = padded(costs), data["draft_s"]
+    max_draft = LeadSettings().max_draft  # what lead verifies at most per step
+    free, free_k = free_draft_bound(cost, measured or 0.0, max_draft)
+    ideal, ideal_k = async_ideal(cost, measured or 0.0, draft_s, max_draft)
+    branched, branched_k = branch_ideal(cost, measured or 0.0, draft_s, max_draft, a.cover)
+    ready = ready_after_rejection(results[duo_name])
+    print("\nverify cost / single token: " + ", ".join(
+        f"b={b} {c / costs[1]:.2f}x" for b, c in sorted(costs.items())
+        if b in (2, 3, 4, 5, 8, 16, 17)) + f"; draft {draft_s * 1e3:.1f} ms/token, "
+        f"target {costs[1] * 1e3:.1f} ms/token")
+    print(f"acceptance per draft token (accepted / (accepted + rejections), {', '.join(drafting)}"
+          "): " + (f"{measured:.2f}" if measured is not None else
+                   "- (no draft was verified: the back sat out, or lead asked for none)"))
+    print(f"analytic bound with free drafts: {free:.2f}x (k={free_k}); ideal async back at "
+          f"the measured draft speed: {ideal:.2f}x (k={ideal_k}); with a branch ready after "
+          f"{a.cover:.0%} of rejections (--cover): {branched:.2f}x (k={branched_k})")
+    print(f"duo measured {speedup:.2f}x = {speedup / ideal:.2f} of the async ideal, "
+          f"{speedup / branched:.2f} of the ideal with branches, {speedup / free:.2f} of the "
+          "free-draft bound")
+    print("steps after a rejection that found a draft ready (duo): " + (
+        f"{ready:.0%}" if ready is not None else
+        "- (no step followed a rejection, or this lead does not count them)"))
+    if getattr(a, "back_sits_out", False) and not a.sim:
+        print("(in this placement the back sits out: lead uses every core, so the ideals, "
+              "which price the draft at its own speed on cores of its own, do not apply)")
+    return {"alpha": measured or 0.0, "free_bound": free, "bound": ideal, "speedup": speedup,
+            "cover": a.cover, "branch_bound": branched, "ready_after_rejection": ready,
+            **_per_prompt_ideals(a.cover, data, results, drafting, base_name, speedup)}
+
+
+def _per_prompt_ideals(cover: float, data: dict, results: dict[str, list[Result]],
+                       drafting: list[str], base_name: str, speedup: float) -> dict:
+    """The ideals from each prompt's own acceptance, and replaying each reply's measured
+    agreement where the run measured it; printed and returned."""
+    from bench.ideal import async_ideal, branch_ideal, padded, replayed_ideal
+    from lead.settings import LeadSettings
+
+    cost, draft_s = padded(data["costs"]), data["draft_s"]
+    max_draft = LeadSettings().max_draft
+    alphas = alpha_by_prompt([r for n in drafting for r in results[n]])
+    per_prompt = pooled_ideal(results[base_name], lambda p: async_ideal(
+        cost, alphas.get(p) or 0.0, draft_s, max_draft)[0])
+    branched = pooled_ideal(results[base_name], lambda p: branch_ideal(
+        cost, alphas.get(p) or 0.0, draft_s, max_draft, cover)[0])
+    print(f"async ideal from each prompt's own acceptance (one acceptance for all prompts "
+          f"credits prose with code's): {per_prompt:.2f}x; duo = {speedup / per_prompt:.2f} "
+          f"of it; with branches: {branched:.2f}x; duo = {speedup / branched:.2f} of it")
+    ideals = {"bound_per_prompt": per_prompt, "branch_bound_per_prompt": branched}
+    if data.get("agreement"):
+        replayed = pooled_ideal(results[base_name], lambda p: replayed_ideal(
+            cost, data["agreement"].get(p, []), draft_s, max_draft)[0])
+        print(f"async ideal replaying each reply's measured draft agreement (where the draft "
+              f"goes wrong as it did, not at random): {replayed:.2f}x; duo = "
+              f"{speedup / replayed:.2f} of it")
+        ideals["bound_replayed"] = replayed
+    return ideals
+
+
+def pooled_ideal(alone: list[Result], ideal_of: Callable[[int], float]) -> float:
+    """An ideal computed for each prompt on its own (`ideal_of(prompt)`), pooled over lead
+    alone's time."""
+    from bench.ideal import pooled_speedup
+
+    seconds = seconds_by_prompt(alone)
+    return pooled_speedup(seconds, {p: ideal_of(p) for p in seconds})

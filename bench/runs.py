@@ -2,7 +2,8 @@
 
 A Result holds what the report needs: tokens, decode seconds (first token to last),
 time to first token, drafted / accepted tokens, verify steps (and those that rejected
-a draft token: acceptance per token is accepted / (accepted + rejections)), the text.
+a draft token: acceptance per token is accepted / (accepted + rejections)), the text,
+and how many steps after a rejection found a draft ready (None: lead does not count it).
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ class Result:
     rejections: int = 0  # verify steps that rejected a draft token
     round: int = 0  # which repetition (--repeat) this reply came from
     token_ids: list[int] = field(default_factory=list)  # the raw loop's reply, for the bound
+    after_rejection: int | None = None  # lead's steps that followed a rejecting step
+    ready_after_rejection: int | None = None  # of those, steps that found a draft ready
 
     @property
     def tok_s(self) -> float:
@@ -69,7 +72,18 @@ def via_lead(config: str, lead: Lead, index: int, text: str, n: int,
     return Result(config, index, usage.get("completion_tokens", 0), decode_s, ttft_s,
                   usage.get("drafted_tokens", 0), usage.get("accepted_tokens", 0),
                   counted["duo_verify_steps_total"], "".join(pieces),
-                  counted["duo_rejecting_steps_total"])
+                  counted["duo_rejecting_steps_total"],
+                  after_rejection=counted_since(before, after, "duo_steps_after_rejection_total"),
+                  ready_after_rejection=counted_since(before, after,
+                                                      "duo_ready_after_rejection_total"))
+
+
+def counted_since(before: dict[str, float], after: dict[str, float], name: str) -> int | None:
+    """A counter's growth between two samples of lead's /metrics; None where this lead
+    does not export it (an older lead)."""
+    if name not in after:
+        return None
+    return int(after[name] - before.get(name, 0.0))
 
 
 def _streamed(lead: Lead, body: dict, t0: float) -> tuple[dict, list[str], float, float]:

@@ -15,6 +15,7 @@ import argparse
 import logging
 import sys
 
+from bench.coverage import MEASURED_COVER
 from shared.cli import setup_logging
 from shared.fake import FakeModel
 
@@ -42,10 +43,12 @@ def run_back(a: argparse.Namespace) -> None:
     from back.drafter import ModelDrafter
     from back.worker import Worker
 
-    draft = FakeModel(salt="sim-draft", agree=a.agree, cost_s=(a.call_s, a.token_s))
+    draft = FakeModel(salt="sim-draft", agree=a.agree, cover=a.cover,
+                      cost_s=(a.call_s, a.token_s))
     client = LeadClient(a.lead, a.api_key, poll_wait=2.0)
     worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
                     max_ahead=a.max_ahead)
+    worker.branches = a.branches
     run_worker(worker)
 
 
@@ -63,6 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     back.add_argument("--lead", default="127.0.0.1:5555")
     back.add_argument("--agree", type=float, default=0.8,
                       help="share of contexts where the draft's logits equal the target's")
+    back.add_argument("--cover", type=float, default=MEASURED_COVER,
+                      help="where the draft disagrees, the share of contexts where the "
+                      "target's token is its second choice (default: as measured on the "
+                      "default pair by python -m bench.coverage)")
+    back.add_argument("--branches", type=int, default=0,
+                      help="most branches drafted in spare time (0: the main chain only)")
     back.add_argument("--max-ahead", type=int, default=16)
     for role in (lead, back):
         role.add_argument("--call-s", type=float, default=0.0, help="seconds per model call")

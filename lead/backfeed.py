@@ -8,10 +8,10 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from lead.cost import CostModel
-from lead.drafts import BackRegistry, Candidate, DraftBoard
+from lead.drafts import BackRegistry, Branch, DraftBoard, post_candidates
 from lead.metrics import Metrics
 from lead.session import Session
 from shared.protocol import State
@@ -104,16 +104,18 @@ class BackFeed:
             self.on_arrival()
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
-                   dists: list[Dist] | None, back_id: str) -> bool:
-        """Put a back's draft on the board; False if it is stale (or the session is)."""
+                   dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = ()
+                   ) -> bool:
+        """Put a back's draft, its main chain and branches, on the board in place of that
+        back's last; False if none of it can be verified (or the session is stale)."""
         self.back_seen(back_id)
         s = self.session
         self.metrics.drafts_posted += 1
         if s is None or s.done or s.id != session_id:
             self.metrics.drafts_stale += 1
             return False
-        useful = self.board.post(s.tokens, Candidate(back_id, start, tuple(token_ids),
-                                                     tuple(dists) if dists else None))
+        main, *rest = post_candidates(back_id, start, token_ids, dists, branches)
+        useful = self.board.post(s.tokens, main, rest)
         self.metrics.drafts_stale += 0 if useful else 1
         return useful
 

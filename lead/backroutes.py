@@ -8,10 +8,12 @@ import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
-from lead.drafts import BACKS_PER_ADDRESS, PostLimiter
+from lead.api import FieldRefused
+from lead.drafts import BACKS_PER_ADDRESS, Branch, PostLimiter
 from lead.engine import Engine
+from lead.metrics import Metrics
 from shared.placement import LeadPlace
-from shared.protocol import DraftPost, Info, State
+from shared.protocol import DraftBranch, DraftDist, DraftPost, Info, State
 from shared.sampling import Dist
 
 MAX_WAIT_S = 30.0
@@ -61,19 +63,11 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                      "from this back, or more than "
                                      f"{BACKS_PER_ADDRESS} backs' worth from its address",
                                 headers={"Retry-After": retry_after})
-        if len(post.token_ids) > engine.max_post:
-            engine.metrics.drafts_invalid += 1
-            raise HTTPException(400, f"draft of {len(post.token_ids)} tokens; lead takes at "
-                                     f"most {engine.max_post} (max_post in /duo/info)")
-        bad = _out_of_vocab(post, model.n_vocab)
-        if bad is not None:
-            engine.metrics.drafts_invalid += 1
-            raise HTTPException(400, f"token id {bad} is outside the vocabulary "
-                                     f"(0..{model.n_vocab - 1})")
-        dists = [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
-                 for d in post.dists] if post.dists else None
+        _check_size(post, engine.max_post, engine.metrics)
+        _check_vocab(post, model.n_vocab, engine.metrics)
         feed.back_seen(post.back_id, address)
-        feed.post_draft(post.session_id, post.start, post.token_ids, dists, post.back_id)
+        feed.post_draft(post.session_id, post.start, post.token_ids, _dists(post.dists),
+                        post.back_id, [_branch(b) for b in post.branches])
         return _json(feed.state(post.start, post.back_id))
 
     @router.get("/metrics", response_class=PlainTextResponse)
@@ -93,8 +87,47 @@ def _json(state: State) -> Response:
     return Response(state.model_dump_json(), media_type="application/json")
 
 
-def _out_of_vocab(post: DraftPost, n_vocab: int) -> int | None:
-    ids = list(post.token_ids)
-    for d in post.dists or []:
-        ids += d.token_ids
-    return next((t for t in ids if not 0 <= t < n_vocab), None)
+def _dists(dists: list[DraftDist] | None) -> list[Dist] | None:
+    return [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
+            for d in dists] if dists else None
+
+
+def _branch(branch: DraftBranch) -> Branch:
+    dists = _dists(branch.dists)
+    return Branch(branch.at, tuple(branch.token_ids), tuple(dists) if dists else None)
+
+
+def _check_size(post: DraftPost, max_post: int, metrics: Metrics) -> None:
+    """A 400 for a chain (main or branch) longer than lead takes in one post."""
+    chains = [("token_ids", post.token_ids)] + [
+        (f"branches.{i}.token_ids", b.token_ids) for i, b in enumerate(post.branches)]
+    for where, ids in chains:
+        if len(ids) > max_post:
+            metrics.drafts_invalid += 1
+            raise FieldRefused(where, f"{where}: draft of {len(ids)} tokens; lead takes at "
+                                      f"most {max_post} (max_post in /duo/info)")
+
+
+def _check_vocab(post: DraftPost, n_vocab: int, metrics: Metrics) -> None:
+    """A 400 naming the first field that holds an id outside the vocabulary."""
+    bad = _out_of_vocab(post, n_vocab)
+    if bad is not None:
+        metrics.drafts_invalid += 1
+        where, token = bad
+        raise FieldRefused(where, f"{where}: token id {token} is outside the vocabulary "
+                                  f"(0..{n_vocab - 1})")
+
+
+def _out_of_vocab(post: DraftPost, n_vocab: int) -> tuple[str, int] | None:
+    """(field, id) of the first id outside the vocabulary, in the main chain, the
+    branches or any of their dists."""
+    fields = [("", post.token_ids, post.dists)] + [
+        (f"branches.{i}.", b.token_ids, b.dists) for i, b in enumerate(post.branches)]
+    for prefix, ids, dists in fields:
+        groups = [(f"{prefix}token_ids", ids)] + [
+            (f"{prefix}dists.{j}.token_ids", d.token_ids) for j, d in enumerate(dists or [])]
+        for where, group in groups:
+            token = next((t for t in group if not 0 <= t < n_vocab), None)
+            if token is not None:
+                return where, token
+    return None

@@ -3,7 +3,14 @@
 A candidate is (start, token_ids): token_ids[0] is proposed for position `start`
 of the session's token sequence. It is useful while it agrees with every token
 lead already has in [start, n) and reaches past n; the useful part is its tail
-from n on. One candidate is kept per back (each post replaces that back's last).
+from n on. A back's post is its main chain and its branches, each kept as a
+candidate over the session's positions (the main chain's prefix, then the branch);
+a post replaces all of that back's candidates.
+
+A branch's root is the draft's next likeliest token, chosen, not sampled: verified as
+a draft token with its q, it would bias sampling. So a branch is offered only once lead
+has emitted its root itself (after rejecting the main chain there), and its useful tail
+starts after the root.
 """
 
 from __future__ import annotations
@@ -21,10 +28,16 @@ class Candidate:
     start: int
     token_ids: tuple[int, ...]
     dists: tuple[Dist, ...] | None = None
+    root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
 
     @property
     def end(self) -> int:
         return self.start + len(self.token_ids)
+
+    @property
+    def opens(self) -> int:
+        """How many tokens lead must hold before this candidate may be verified."""
+        return self.start if self.root is None else self.start + self.root + 1
 
 
 @dataclass(frozen=True)
@@ -34,10 +47,34 @@ class Draft:
     back_id: str
     token_ids: list[int]
     dists: list[Dist] | None
+    branch: bool = False  # it came from a branch: lead emitted the branch's root
 
 
-def agrees(tokens: Sequence[int], candidate: Candidate) -> bool:
-    """True if the candidate matches lead's tokens wherever both have one and reaches past them."""
+@dataclass(frozen=True)
+class Branch:
+    """A post's branch as lead reads it: `token_ids` in place of the main chain's from
+    index `at` on (token_ids[0], the root, differs from the main chain's token there)."""
+
+    at: int
+    token_ids: tuple[int, ...]
+    dists: tuple[Dist, ...] | None = None
+
+
+def post_candidates(back_id: str, start: int, main: Sequence[int],
+                    main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = ()
+                    ) -> list[Candidate]:
+    """The candidates of one post: its main chain, then each branch spelled out over the
+    session's positions (the main chain's prefix, then the branch)."""
+    out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None)]
+    for b in branches:
+        dists = (*main_dists[:b.at], *b.dists) if main_dists and b.dists else None
+        out.append(Candidate(back_id, start, (*main[:b.at], *b.token_ids), dists, root=b.at))
+    return out
+
+
+def consistent(tokens: Sequence[int], candidate: Candidate) -> bool:
+    """True if the candidate matches lead's tokens wherever both have one and reaches past
+    them: it may still be verified (a branch, once lead emits its root)."""
     n = len(tokens)
     if candidate.start > n or candidate.end <= n:
         return False
@@ -45,39 +82,54 @@ def agrees(tokens: Sequence[int], candidate: Candidate) -> bool:
     return list(tokens[candidate.start:n]) == list(candidate.token_ids[:overlap])
 
 
+def agrees(tokens: Sequence[int], candidate: Candidate) -> bool:
+    """True if the candidate can be verified now: consistent, and a branch's root emitted."""
+    return len(tokens) >= candidate.opens and consistent(tokens, candidate)
+
+
 def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draft:
     skip = len(tokens) - candidate.start
     ids = list(candidate.token_ids[skip:skip + limit])
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
-    return Draft(candidate.back_id, ids, dists)
+    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None)
 
 
 @dataclass
 class DraftBoard:
-    """Candidates of the current session, one per back; counts what it drops."""
+    """Candidates of the current session, a main chain and its branches per back; counts
+    the posts it drops."""
 
     max_backs: int = 16
-    candidates: dict[str, Candidate] = field(default_factory=dict)
+    candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     stale: int = 0
 
-    def post(self, tokens: Sequence[int], candidate: Candidate) -> bool:
-        if not agrees(tokens, candidate):
+    def post(self, tokens: Sequence[int], candidate: Candidate,
+             branches: Sequence[Candidate] = ()) -> bool:
+        """Replace the back's candidates with this post's; False (and counted stale) if
+        none of them can still be verified."""
+        back_id = candidate.back_id
+        kept = [c for c in (candidate, *branches) if consistent(tokens, c)]
+        if not kept or (back_id not in self.candidates
+                        and len(self.candidates) >= self.max_backs):
             self.stale += 1
             return False
-        if candidate.back_id not in self.candidates and len(self.candidates) >= self.max_backs:
-            self.stale += 1
-            return False
-        self.candidates[candidate.back_id] = candidate
+        self.candidates[back_id] = kept
         return True
 
     def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
-        """The agreeing candidate that reaches furthest; stale ones are dropped."""
-        live = {k: c for k, c in self.candidates.items() if agrees(tokens, c)}
-        self.candidates = live
-        if limit <= 0 or not live:
+        """The useful tail of the candidate that agrees and reaches furthest (ties: a main
+        chain); candidates that can no longer be verified are dropped."""
+        self._drop_stale(tokens)
+        ready = [c for kept in self.candidates.values() for c in kept if agrees(tokens, c)]
+        if limit <= 0 or not ready:
             return None
-        furthest = max(live.values(), key=lambda c: c.end)
+        furthest = max(ready, key=lambda c: (c.end, c.root is None))
         return useful_tail(tokens, furthest, limit)
+
+    def _drop_stale(self, tokens: Sequence[int]) -> None:
+        live = {back: [c for c in kept if consistent(tokens, c)]
+                for back, kept in self.candidates.items()}
+        self.candidates = {back: kept for back, kept in live.items() if kept}
 
     def clear(self) -> None:
         self.candidates.clear()

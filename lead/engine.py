@@ -13,13 +13,13 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 
 from lead.admission import Admission, QueueFull
 from lead.backfeed import BackFeed
 from lead.cost import CostModel
 from lead.decoder import Clock, Decoder
-from lead.drafts import Draft
+from lead.drafts import Branch, Draft
 from lead.live import LiveNews
 from lead.metrics import Metrics
 from lead.offers import OfferLedger
@@ -81,6 +81,7 @@ class Engine:
         await self.decoder.prefill(session)
         text = TextStream(req.stop)
         offers = OfferLedger(self.cost.record_outcome, max(self.max_draft, 1))
+        after_rejection = False
         while session.finish_reason is None:
             # One hop at a time, on purpose: Python work overlapping a step would preempt
             # llama.cpp's threads on a fully used CPU.
@@ -88,7 +89,10 @@ class Engine:
             busy = self.feed.back_drafting(session)
             first = session.n_generated == 0
             draft = self.decoder.plan(session, offered, req.max_tokens)
+            self.metrics.record_step(after_rejection, bool(offered and offered.token_ids),
+                                     bool(draft and offered and offered.branch))
             result = await self.decoder.step(session, draft, req.top_logprobs)
+            after_rejection = len(result.verdict.accepted) < result.batch - 1
             if offered is not None:  # verified or not, an offer shows what drafts are worth
                 offers.offered(session.tokens, offered.token_ids, first)
             emitted = self.decoder.apply(session, result, req.max_tokens, busy)
@@ -148,8 +152,9 @@ class Engine:
                   cost.slowdown, cost.wanted(), " (probe)" if cost.probing else "")
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
-                   dists: list[Dist] | None, back_id: str) -> bool:
-        return self.feed.post_draft(session_id, start, token_ids, dists, back_id)
+                   dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = ()
+                   ) -> bool:
+        return self.feed.post_draft(session_id, start, token_ids, dists, back_id, branches)
 
     def gauges(self) -> dict[str, float]:
         return {"draft_len": self.cost.wanted(), "verify_len": self.cost.choose(),

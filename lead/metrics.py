@@ -37,6 +37,9 @@ class Metrics:
     drafts_stale: int = 0
     drafts_invalid: int = 0
     state_polls: int = 0  # /duo/state answers: with the posts, a back's load on lead
+    steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
+    ready_after_rejection: int = 0  # of those, the ones that found a draft on the board
+    branch_drafts: int = 0  # verify steps whose draft came from a branch
 
     def record_session(self, s: _Session, now: float) -> None:
         self.requests += 1
@@ -48,6 +51,13 @@ class Metrics:
         self.rejections += s.rejections
         self.steps += s.steps
         self.decode_seconds += max(now - s.t_decode, 0.0) if s.t_decode else 0.0
+
+    def record_step(self, after_rejection: bool, ready: bool, from_branch: bool) -> None:
+        """Count a verify step: whether the step before it in the reply rejected a draft
+        token, whether a draft was ready for it, whether the one it verifies is a branch."""
+        self.steps_after_rejection += after_rejection
+        self.ready_after_rejection += after_rejection and ready
+        self.branch_drafts += from_branch
 
     @staticmethod
     def session_line(s: _Session, now: float) -> str:
@@ -74,7 +84,8 @@ EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
     ("accepted", "accepted_tokens"), ("steps", "verify_steps"),
     ("rejections", "rejecting_steps"), ("drafts_posted", "draft_posts"),
     ("drafts_stale", "draft_posts_stale"), ("drafts_invalid", "draft_posts_invalid"),
-    ("state_polls", "state_polls"),
+    ("state_polls", "state_polls"), ("steps_after_rejection", "steps_after_rejection"),
+    ("ready_after_rejection", "ready_after_rejection"), ("branch_drafts", "branch_drafts"),
 )
 
 

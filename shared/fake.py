@@ -44,6 +44,7 @@ class VirtualClock:
 class FakeModel:
     def __init__(self, n_vocab: int = 96, salt: str = "target", order: int = 3,
                  agree: float = 1.0, agree_salt: str = "target", n_ctx: int = 2048,
+                 cover: float = 0.0,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
                  name: str = "fake", clock: VirtualClock | None = None,
                  chat_template: str | None = None) -> None:
@@ -52,10 +53,15 @@ class FakeModel:
         self.chat_template = chat_template  # only read for its tool-call markers
         self.eos_token_ids = frozenset({EOS})
         self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
+        # where it disagrees, the share of contexts where the agree_salt model's token is
+        # its second choice (a draft whose runner-up covers the target's token)
+        self.cover = cover
         self.eos_bias = eos_bias
         self.cost_s = cost_s  # (seconds per call, seconds per token): simulated compute
         self.clock = clock  # advanced by each evaluation's nominal cost
         self.cached: list[int] = []
+        self.can_fork = True  # a second sequence is just a second list (shared/model.py)
+        self.branch_cached: list[int] = []
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
         self.threads: set[int] = set()  # idents of the threads that evaluated
@@ -85,7 +91,14 @@ class FakeModel:
     # --- compute ---
     def logits_for(self, context: Sequence[int]) -> np.ndarray:
         key = tuple(context[-self.order:])
-        salt = self.agree_salt if self._agrees(key) else self.salt
+        if self._agrees(key):
+            return self._logits(self.agree_salt, key)
+        logits = self._logits(self.salt, key)
+        if self.cover > 0.0 and _share(("cover", key)) < self.cover:
+            _make_second(logits, int(np.argmax(self._logits(self.agree_salt, key))))
+        return logits
+
+    def _logits(self, salt: str, key: tuple[int, ...]) -> np.ndarray:
         seed = int.from_bytes(hashlib.blake2b(repr((salt, key)).encode(), digest_size=8).digest())
         logits = np.random.default_rng(seed).normal(0.0, 2.0, self.n_vocab).astype(np.float32)
         logits[EOS] += self.eos_bias
@@ -93,22 +106,31 @@ class FakeModel:
         return logits
 
     def _agrees(self, key: tuple[int, ...]) -> bool:
-        if self.agree >= 1.0:
-            return True
-        digest = hashlib.blake2b(repr(("agree", key)).encode(), digest_size=8).digest()
-        return int.from_bytes(digest) / 2**64 < self.agree
+        return self.agree >= 1.0 or _share(("agree", key)) < self.agree
 
     def evaluate(self, tokens: Sequence[int], n_logits: int,
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
-        if len(self.cached) + len(tokens) > self.n_ctx:
+        return self._append(self.cached, tokens, n_logits, abort)
+
+    def fork(self, n_keep: int) -> None:
+        assert 0 <= n_keep <= len(self.cached)
+        self.branch_cached = self.cached[:n_keep]
+
+    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
+                        abort: Callable[[], bool] | None = None) -> np.ndarray:
+        return self._append(self.branch_cached, tokens, n_logits, abort)
+
+    def _append(self, sequence: list[int], tokens: Sequence[int], n_logits: int,
+                abort: Callable[[], bool] | None) -> np.ndarray:
+        if len(sequence) + len(tokens) > self.n_ctx:
             raise RuntimeError("context full")
         self.threads.add(threading.get_ident())
         self._spend(len(tokens), abort)
-        start = len(self.cached)
-        self.cached.extend(tokens)
+        start = len(sequence)
+        sequence.extend(tokens)
         self.evaluated += len(tokens)
         self.calls.append(len(tokens))
-        rows = [self.logits_for(self.cached[: start + i + 1])
+        rows = [self.logits_for(sequence[: start + i + 1])
                 for i in range(len(tokens) - n_logits, len(tokens))]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
@@ -161,6 +183,21 @@ class FakeModel:
             if token == EOS:
                 break
         return out
+
+
+def _share(what: tuple[object, ...]) -> float:
+    """A fixed pseudo-random number in [0, 1) for `what`."""
+    digest = hashlib.blake2b(repr(what).encode(), digest_size=8).digest()
+    return int.from_bytes(digest) / 2**64
+
+
+def _make_second(logits: np.ndarray, token: int) -> None:
+    """Raise `token`'s logit to between the first and second likeliest (in place), unless it
+    is the first already."""
+    order = np.argsort(-logits, kind="stable")
+    if order[0] == token or order[1] == token:
+        return
+    logits[token] = (logits[order[0]] + logits[order[1]]) / 2
 
 
 JSON_TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")

@@ -2,7 +2,9 @@
 
 LlamaModel drives the context directly through the low-level API: one batch per
 call, logits requested only for the rows that are needed (no logits_all), and
-`llama_memory_seq_rm` to roll the KV cache back.
+`llama_memory_seq_rm` to roll the KV cache back. A model loaded with `branches` has
+a second sequence in a unified KV cache, forked off the first with `llama_memory_seq_cp`
+(its shared prefix is never evaluated again).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 from llama_cpp import _logger as llama_logger
+from llama_cpp._internals import LlamaContext
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from shared.llm_grammar import GrammarState, captured, schema_grammar
@@ -34,7 +37,9 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 
 class LlamaModel:
     def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
-                 n_batch: int = 512, tensor_split: list[float] | None = None) -> None:
+                 n_batch: int = 512, tensor_split: list[float] | None = None,
+                 branches: bool = False) -> None:
+        """`branches`: a second sequence beside the first (`fork`, `evaluate_branch`)."""
         threads = threads or os.cpu_count() or 1
         try:
             self._llm = llama_cpp.Llama(
@@ -44,6 +49,9 @@ class LlamaModel:
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load {path}: {exc} (is it a GGUF file?)") from None
         self.name = path.stem
+        self.can_fork = branches
+        if branches:
+            self._two_sequences()
         self._ctx = self._llm.ctx
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -52,6 +60,7 @@ class LlamaModel:
         self.eos_token_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self.cached: list[int] = []
+        self.branch_cached: list[int] = []  # the second sequence (with `branches`)
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
@@ -63,6 +72,16 @@ class LlamaModel:
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
         self._evaluating_thread: int | None = None  # see _check_thread
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
+
+    def _two_sequences(self) -> None:
+        """Replace Llama's context (made for one sequence) with one for two sharing one KV
+        buffer: unified, so that a branch's cells see the prefix it shares with the main
+        sequence (split per sequence, each would hold n_ctx / 2 and copy the prefix)."""
+        params = llama_cpp.llama_context_params.from_buffer_copy(self._llm.context_params)
+        params.n_seq_max, params.kv_unified = 2, True
+        context = LlamaContext(model=self._llm._model, params=params, verbose=False)
+        self._llm._ctx.close()
+        self._llm._ctx = context
 
     def set_threads(self, threads: int) -> None:
         """Compute threads for the next evaluations (call on the model thread)."""
@@ -111,17 +130,39 @@ class LlamaModel:
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
         """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them.
         `abort` is polled between the graph's operations (hundreds per token)."""
+        return self._evaluate(_MAIN, tokens, n_logits, abort)
+
+    def fork(self, n_keep: int) -> None:
+        """The branch holds the first n_keep tokens of `cached`: their cells, shared."""
+        if not self.can_fork or not 0 <= n_keep <= len(self.cached):
+            raise ValueError(f"cannot fork {n_keep} of {len(self.cached)} tokens")
+        memory = llama_cpp.llama_get_memory(self._ctx)
+        llama_cpp.llama_memory_seq_rm(memory, _BRANCH, 0, -1)
+        llama_cpp.llama_memory_seq_cp(memory, _MAIN, _BRANCH, 0, n_keep)
+        self.branch_cached = self.cached[:n_keep]
+
+    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
+                        abort: Callable[[], bool] | None = None) -> np.ndarray:
+        if not self.can_fork:
+            raise ValueError("this model was loaded without branches")
+        return self._evaluate(_BRANCH, tokens, n_logits, abort)
+
+    def _sequence(self, seq: int) -> list[int]:
+        return self.cached if seq == _MAIN else self.branch_cached
+
+    def _evaluate(self, seq: int, tokens: Sequence[int], n_logits: int,
+                  abort: Callable[[], bool] | None) -> np.ndarray:
         self._check_thread()
-        n_before = len(self.cached)
+        n_before = len(self._sequence(seq))
         out = np.empty((n_logits, self.n_vocab), np.float32)
         self._set_abort(abort)
         try:
             for start in range(0, len(tokens), self.n_batch):
                 chunk = tokens[start:start + self.n_batch]
                 first_logit = len(tokens) - n_logits - start  # index within chunk
-                self._decode(chunk, max(first_logit, 0), out[max(-first_logit, 0):])
+                self._decode(seq, chunk, max(first_logit, 0), out[max(-first_logit, 0):])
         except EvaluationAborted:
-            self.truncate(n_before)
+            self._forget_from(seq, n_before)
             raise
         finally:
             self._set_abort(None)
@@ -159,32 +200,35 @@ class LlamaModel:
         _aborting.now = stop
         return stop
 
-    def _decode(self, chunk: Sequence[int], first_logit: int, out: np.ndarray) -> None:
-        """Decode one batch; copy the logits of rows first_logit.. into `out`."""
-        n_past = len(self.cached)
+    def _decode(self, seq: int, chunk: Sequence[int], first_logit: int,
+                out: np.ndarray) -> None:
+        """Decode one batch on sequence `seq`; copy the logits of rows first_logit.. into
+        `out`."""
+        sequence = self._sequence(seq)
+        n_past = len(sequence)
         if n_past + len(chunk) > self.n_ctx:
             raise RuntimeError(f"context full ({self.n_ctx} tokens)")
         b = self._batch
         for i, token in enumerate(chunk):
             b.token[i], b.pos[i], b.n_seq_id[i] = token, n_past + i, 1
-            b.seq_id[i][0] = 0
+            b.seq_id[i][0] = seq
             b.logits[i] = i >= first_logit
         b.n_tokens = len(chunk)
         rc = llama_cpp.llama_decode(self._ctx, b)
         _aborting.now = False
         if rc != 0:
-            self._forget_from(n_past)  # a failed or aborted decode may leave entries
+            self._forget_from(seq, n_past)  # a failed or aborted decode may leave entries
             if rc == _DECODE_ABORTED:
                 raise EvaluationAborted()
             raise RuntimeError(f"llama_decode failed with code {rc}")
-        self.cached.extend(chunk)
+        sequence.extend(chunk)
         for row, i in enumerate(range(first_logit, len(chunk))):
             out[row] = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, i),
                                              shape=(self.n_vocab,))
 
     def truncate(self, n: int) -> None:
         if n < len(self.cached):
-            self._forget_from(n)
+            self._forget_from(_MAIN, n)
 
     # --- grammars ---
     def constraint(self, gbnf: str) -> GrammarState:
@@ -193,11 +237,13 @@ class LlamaModel:
     def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
         return schema_grammar(schema, strict)
 
-    def _forget_from(self, n: int) -> None:
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), 0, n, -1)
-        del self.cached[n:]
+    def _forget_from(self, seq: int, n: int) -> None:
+        # cells the other sequence shares stay: they only lose this sequence's id
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), seq, n, -1)
+        del self._sequence(seq)[n:]
 
 
+_MAIN, _BRANCH = 0, 1  # sequence ids
 _NO_ABORT_CALLBACK = llama_cpp.ggml_abort_callback(0)  # a NULL function pointer
 _aborting = threading.local()  # .now: this thread's decode is being aborted
 
@@ -248,8 +294,9 @@ def attach_rpc(spec: str | None) -> list[str]:
 
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
                n_batch: int = 512, rpc: str | None = None,
-               tensor_split: str | None = None) -> LlamaModel:
-    """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split."""
+               tensor_split: str | None = None, branches: bool = False) -> LlamaModel:
+    """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split;
+    `branches`: a second sequence to draft branches on."""
     from shared.rpcwire import parse_weights
 
     path = resolve_model(spec)
@@ -260,4 +307,4 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
         log.info("%s: %s layers on RPC servers %s", path.stem,
                  "all" if n_gpu_layers < 0 else f"up to {n_gpu_layers}", ", ".join(servers))
     weights = parse_weights(tensor_split) if tensor_split else None
-    return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights)
+    return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights, branches)

@@ -2,7 +2,8 @@
 
 A Model holds a KV cache for one sequence: `cached` lists the tokens whose keys
 and values it holds, in order. `evaluate` appends tokens and returns the logits
-rows of the last few of them; `truncate` rolls the cache back.
+rows of the last few of them; `truncate` rolls the cache back. A model that can
+fork (`Forking`) holds a second sequence beside it, a branch off a prefix of `cached`.
 """
 
 from __future__ import annotations
@@ -61,6 +62,30 @@ class Model(Protocol):
         """GBNF for JSON valid against `schema`; ValueError for one it cannot convert or,
         if `strict`, one with a keyword the grammar would not enforce."""
         ...
+
+
+class Forking(Model, Protocol):
+    """A Model with a second sequence in its cache, the *branch*: a back drafts an
+    alternative on it while its main draft stays cached. `can_fork` is False where this
+    model (a llama.cpp context made for one sequence) cannot."""
+
+    can_fork: bool
+    branch_cached: list[int]  # the tokens the branch holds: a prefix of `cached`, then its own
+
+    def fork(self, n_keep: int) -> None:
+        """Make the branch hold the first `n_keep` tokens of `cached` (n_keep <= len(cached)),
+        shared with the main sequence, not evaluated again; what it held is dropped and
+        `cached` is untouched."""
+        ...
+
+    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
+                        abort: Callable[[], bool] | None = None) -> np.ndarray:
+        """`evaluate` on the branch: append tokens to it; logits of the last n_logits."""
+        ...
+
+
+def can_fork(model: object) -> bool:
+    return bool(getattr(model, "can_fork", False))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

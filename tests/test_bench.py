@@ -52,8 +52,12 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "SIMULATION" in done.stdout and "of the async ideal" in done.stdout
+    assert "of the ideal with branches" in done.stdout
     data = json.loads((tmp_path / "sim.json").read_text())
     assert data["free_bound"] >= data["bound"] >= 1.0 and data["speedup"] > 0
+    assert 1.01 * data["free_bound"] >= data["branch_bound"] >= data["bound"]  # Monte Carlo
+    ready = data["ready_after_rejection"]  # lead's counters: a share, or None without any
+    assert ready is None or 0 <= ready <= 1
     assert data["bound_per_prompt"] >= 1.0 and "each prompt's own acceptance" in done.stdout
     assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time
     rows = data["results"]["SIM duo: lead + back"]

@@ -25,6 +25,8 @@ from bench.procs import SimLead
     (["--tokens", "1"], "--tokens at least 2"),
     (["--sweep-prompts", "0"], "--sweep-prompts must be at least 1"),
     (["--lead-cpus", "3-1"], "not a CPU list"),
+    (["--cover", "1.5"], "a share in [0, 1]"),
+    (["--cover", "half"], "not a number"),
 ])
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -35,9 +37,21 @@ def test_bad_arguments_are_one_line_errors(argv: list[str], message: str,
 
 
 def test_defaults_parse_to_usable_values() -> None:
+    from bench.coverage import MEASURED_COVER
+
     a = parse([])
     assert a.sweep == "1,2,3,4,6,8,12,16" and a.sim_target == [0.03, 0.0005]
     assert a.sim_draft == [0.003] and parse(["--sweep", ""]).sweep == ""
+    assert a.cover == MEASURED_COVER and 0 < a.cover < 1
+
+
+def test_the_simulated_draft_covers_what_the_ideal_is_priced_at() -> None:
+    from bench.__main__ import sim_flags
+
+    target, draft = sim_flags(parse(["--sim", "--cover", "0.3", "--sim-agree", "0.7"]))
+    assert target[:4] == ["--call-s", "0.03", "--token-s", "0.0005"]
+    assert draft == ["--call-s", "0.003", "--agree", "0.7", "--cover", "0.3", "--branches", "0"]
+    assert sim_flags(parse(["--sim", "--sim-branches", "2"]))[1][-2:] == ["--branches", "2"]
 
 
 def test_quick_sets_its_own_defaults_but_keeps_what_the_user_gave() -> None:
@@ -93,10 +107,11 @@ def test_the_prompts_ship_with_the_package() -> None:
 def _sim_data() -> dict:
     from bench.runs import Result
 
-    def reply(config: str, seconds: float) -> list[Result]:
-        return [Result(config, 0, 40, seconds, 0.1, text="same")]
-    return {"results": {"SIM lead alone": reply("alone", 1.0),
-                        "SIM duo: lead + back": reply("duo", 0.8)},
+    def reply(config: str, seconds: float, **counts: int) -> list[Result]:
+        return [Result(config, 0, 40, seconds, 0.1, text="same", **counts)]
+    duo = reply("duo", 0.8, drafted=30, accepted=24, steps=16, rejections=6,
+                after_rejection=5, ready_after_rejection=2)
+    return {"results": {"SIM lead alone": reply("alone", 1.0), "SIM duo: lead + back": duo},
             "costs": {b: 0.03 + 0.0005 * b for b in range(1, 18)}, "draft_s": 0.003,
             "gauges": {}, "sweep": {"1": (10.0, 9.0), "auto": (11.0, 9.0)}}
 
@@ -113,6 +128,50 @@ def test_without_matplotlib_the_run_says_so_and_writes_its_figures(
     assert f"wrote {tmp_path}/sim.json\n" in out and "| 1 | 10.00 | 9.00 | 1.11x |" in out
     assert json.loads((tmp_path / "sim.json").read_text())["sweep"]["1"] == [10.0, 9.0]
     assert not (tmp_path / "sweep.png").exists()
+
+
+def test_the_report_sets_duo_against_the_ideal_with_branches(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from bench.__main__ import show
+    from bench.ideal import async_ideal, branch_ideal, padded
+
+    data = _sim_data()
+    show(parse(["--sim", "--cover", "0.6", "--out", str(tmp_path)]), data, tmp_path)
+    out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "sim.json").read_text())
+    cost = padded(data["costs"])
+    assert saved["alpha"] == 0.8 and saved["cover"] == 0.6  # 24 / (24 + 6)
+    assert saved["branch_bound"] == branch_ideal(cost, 0.8, 0.003, 8, 0.6)[0]
+    assert saved["bound"] == async_ideal(cost, 0.8, 0.003, 8)[0] < saved["branch_bound"]
+    assert saved["branch_bound"] <= saved["free_bound"]
+    assert "with a branch ready after 60% of rejections (--cover): " \
+        f"{saved['branch_bound']:.2f}x" in out
+    assert f", {saved['speedup'] / saved['branch_bound']:.2f} of the ideal with branches" in out
+    assert saved["branch_bound_per_prompt"] == pytest.approx(saved["branch_bound"])
+    # lead counted 5 steps after a rejection, 2 of which found a draft ready
+    assert saved["ready_after_rejection"] == 0.4
+    assert "steps after a rejection that found a draft ready (duo): 40%" in out
+    assert "| ready after rejection |" in out and "| 0/1 | 40% |" in out
+    assert "| SIM lead alone | 39.00 | 1.00x | - | - | 0.10 | 0/1 | - |" in out
+    assert "back sits out" not in out  # the placement of real models: not --sim's
+
+
+def test_ready_after_rejection_is_a_dash_where_lead_does_not_count_it() -> None:
+    from bench.report import markdown, summarise
+    from bench.runs import Result, counted_since
+
+    assert counted_since({}, {"duo_ready_after_rejection_total": 3.0},
+                         "duo_ready_after_rejection_total") == 3
+    assert counted_since({"duo_x_total": 1.0}, {"duo_x_total": 4.0}, "duo_x_total") == 3
+    assert counted_since({}, {"duo_verify_steps_total": 9.0}, "duo_x_total") is None
+    older = [Result("old", 0, 40, 1.0, 0.1, steps=20, rejections=5)]
+    pooled = [Result("new", p, 40, 1.0, 0.1, after_rejection=n, ready_after_rejection=r)
+              for p, (n, r) in enumerate([(4, 3), (0, 0), (6, 2)])]
+    assert summarise("old", older, None).ready_after_rejection is None
+    assert summarise("new", pooled, None).ready_after_rejection == 0.5  # (3 + 2) / (4 + 6)
+    table = markdown([summarise("old", older, None), summarise("new", pooled, None)], "old")
+    assert table.splitlines()[2].endswith("| - | - |")
+    assert table.splitlines()[3].endswith("| - | 50% |")
 
 
 def test_with_matplotlib_the_sweep_is_plotted(tmp_path: Path) -> None:

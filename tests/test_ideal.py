@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 
-from bench.ideal import async_ideal, expected_tokens, free_draft_bound, padded, pooled_speedup
+from bench.ideal import (
+    async_ideal,
+    branch_ideal,
+    expected_tokens,
+    free_draft_bound,
+    padded,
+    pooled_speedup,
+    simulate,
+)
 from bench.report import per_prompt, summarise
 from bench.runs import Result
+
+Cost = Callable[[int], float]
 
 
 def flat(b: int) -> float:
@@ -46,6 +58,54 @@ def test_async_ideal_never_below_plain_decoding() -> None:
     assert async_ideal(flat, 0.0, draft_s=0.003, max_draft=8) == (1.0, 0)
     assert async_ideal(linear, 0.9, draft_s=0.003, max_draft=8) == (1.0, 0)
     assert async_ideal(flat, 0.9, draft_s=10.0, max_draft=8)[0] == pytest.approx(1.0, abs=0.02)
+
+
+@pytest.mark.parametrize(("cost", "alpha", "draft_s"), [
+    (flat, 0.8, 0.003), (flat, 0.5, 0.015), (padded({1: 1.0, 2: 1.3, 3: 1.9, 4: 1.6}), 0.9, 0.4)])
+def test_branch_ideal_without_coverage_is_the_async_ideal(cost: Cost, alpha: float,
+                                                          draft_s: float) -> None:
+    assert branch_ideal(cost, alpha, draft_s, 8, cover=0.0) == \
+        async_ideal(cost, alpha, draft_s, 8)
+
+
+@pytest.mark.parametrize(("alpha", "draft_s"), [(0.5, 0.003), (0.8, 0.003), (0.8, 0.015),
+                                                (0.95, 0.003)])
+def test_branch_ideal_grows_with_coverage_up_to_at_most_free_drafts(alpha: float,
+                                                                    draft_s: float) -> None:
+    free, _ = free_draft_bound(flat, alpha, 8)
+    ideals = [branch_ideal(flat, alpha, draft_s, 8, cover)[0]
+              for cover in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    assert ideals == sorted(ideals) and ideals[0] == async_ideal(flat, alpha, draft_s, 8)[0]
+    # a Monte Carlo figure (10,000 tokens) against an exact one: 1 % of noise allowed
+    assert ideals[0] < ideals[-1] <= 1.01 * free
+
+
+def test_a_branch_ready_after_every_rejection_with_a_fast_draft_nears_free_drafts() -> None:
+    free, _ = free_draft_bound(flat, 0.8, 8)
+    ideal, _ = async_ideal(flat, 0.8, 0.003, 8)
+    branched, _ = branch_ideal(flat, 0.8, 0.003, 8, cover=1.0, n_tokens=4000)
+    assert ideal < 0.7 * free and branched == pytest.approx(free, rel=0.05)
+
+
+def test_a_branch_helps_only_where_the_draft_had_reached_the_miss() -> None:
+    # The draft's token 0 is wrong: lead's first step corrects it. A draft that made its
+    # row at position 0 in time (0.01 s < the 1 s step) has the branch: the next step
+    # verifies 4 tokens. One that takes 2 s per token had not: it starts over.
+    def wrong_first(n: int) -> int:
+        return 0 if n == 0 else 1 << 30
+
+    def step(b: int) -> float:
+        return 1.0
+    fast = simulate(step, wrong_first, 0.01, 4, 6, covered=lambda: True)
+    assert fast == 2.0  # 1 token, then 1 + 4 tokens
+    assert simulate(step, wrong_first, 0.01, 4, 6) > fast  # uncovered: starts over at 1 s
+    assert simulate(step, wrong_first, 2.0, 4, 6, covered=lambda: True) == \
+        simulate(step, wrong_first, 2.0, 4, 6)
+
+
+def test_coverage_is_a_share() -> None:
+    with pytest.raises(ValueError, match="cover must be a share"):
+        branch_ideal(flat, 0.8, 0.003, 8, cover=1.5)
 
 
 def _reply(config: str, prompt: int, round_: int, seconds: float, text: str = "same") -> Result:

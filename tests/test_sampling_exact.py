@@ -10,14 +10,18 @@ wrong verifier must be caught by the same check: the test has power.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import pytest
 
+from lead.drafts import Branch, Candidate, DraftBoard, post_candidates
 from lead.verify import Verdict, verify
 from shared.fake import FakeGrammar
 from shared.penalties import adjust
@@ -285,3 +289,89 @@ def test_the_check_catches_a_verifier_that_ignores_the_grammar() -> None:
                      for _ in range(TRIALS))
     ok, stat, critical = chi_square_ok(counts, masked_joint(), TRIALS)
     assert not ok, f"grammar ignored, yet chi2 {stat:.1f} <= {critical:.1f}"
+
+
+# --- with branches: after a rejection, the branch rooted at lead's correction is the draft ---
+
+
+def draft_n(q_of: Callable[[list[int]], Dist], context: list[int], rng: np.random.Generator,
+            n: int) -> tuple[list[int], list[Dist]]:
+    draft: list[int] = []
+    dists: list[Dist] = []
+    for _ in range(n):
+        q = q_of(context + draft)
+        draft.append(sample(q, rng))
+        dists.append(q)
+    return draft, dists
+
+
+def tree_post(q_of: Callable[[list[int]], Dist], context: list[int], rng: np.random.Generator,
+              width: int = 2) -> list[Candidate]:
+    """A back's post: a main chain of 3 sampled from q; at each of its positions, branches
+    rooted at q's `width` next likeliest tokens, each followed by 2 tokens sampled from q."""
+    main, dists = draft_three(q_of, context, rng)
+    branches = []
+    for at, q in enumerate(dists):
+        likeliest = q.token_ids[np.argsort(-q.probs, kind="stable")]
+        for root in [int(t) for t in likeliest if t != main[at]][:width]:
+            rest, rest_dists = draft_n(q_of, context + main[:at] + [root], rng, 2)
+            branches.append(Branch(at, (root, *rest), (q, *rest_dists)))
+    return post_candidates("back", len(context), main, dists, branches)
+
+
+def memo(f: Callable[[list[int]], np.ndarray | Dist]) -> Callable[[list[int]], Any]:
+    """`f` of a context, computed once per context (a tree asks for many)."""
+    cached = functools.cache(lambda context: f(list(context)))
+    return lambda context: cached(tuple(context))
+
+
+rows_of = memo(target_logits)
+
+
+def branching_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator,
+                   used: Counter, eager: bool = False) -> tuple[int, int]:
+    """Lead's steps over the board: a new post only when no candidate agrees, so a step
+    after a rejection at the first token verifies the branch rooted at its correction.
+    `eager`: a wrong board that offers branches before lead emits their roots."""
+    board, out = DraftBoard(), []
+    while len(out) < 2:
+        draft = board.best(out, 3)
+        if draft is None:
+            main, *branches = tree_post(q_of, out, rng)
+            if eager:  # roots at the first token, offered at once, reaching furthest
+                branches = [replace(b, root=None, token_ids=(*b.token_ids, 1),
+                                    dists=(*(b.dists or ()), q_of([])))
+                            for b in branches if b.root == 0]
+            board.post(out, main, branches)
+            draft = board.best(out, 3)
+        assert draft is not None
+        used[draft.branch] += 1
+        rows = np.stack([rows_of(out + draft.token_ids[:i])
+                         for i in range(len(draft.token_ids) + 1)])
+        out += verify(draft.token_ids, rows, PARAMS, rng, draft.dists).emitted
+    return out[0], out[1]
+
+
+@pytest.mark.parametrize("draft", ["close", "far"])
+def test_with_branches_emitted_tokens_follow_target_distribution(draft: str) -> None:
+    rng = np.random.default_rng(20261126)
+    used: Counter = Counter()
+    q_of = memo(DRAFTS[draft])
+    counts = Counter(branching_pair(q_of, rng, used) for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    print(f"\n{draft}: chi2 {stat:.1f} vs critical {critical:.1f}, {used[True]} steps "
+          "verified a branch")
+    assert used[True] > TRIALS // 20, used  # the law is checked with branches in it
+    assert ok, f"{draft}: chi-square {stat:.1f} > {critical:.1f}"
+
+
+def test_the_check_catches_a_board_that_verifies_a_branchs_root() -> None:
+    # A root is q's runner-up, chosen, not sampled: verified as if drawn from q it biases
+    # the output, which is why the board waits for lead to emit it.
+    rng = np.random.default_rng(10)
+    used: Counter = Counter()
+    q_of = memo(DRAFTS["close"])
+    counts = Counter(branching_pair(q_of, rng, used, eager=True)
+                     for _ in range(TRIALS))
+    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
+    assert not ok, f"roots verified as drafts, yet chi2 {stat:.1f} <= {critical:.1f}"
