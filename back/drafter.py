@@ -134,6 +134,8 @@ class ModelDrafter:
             self._branches = {p: b for p, b in self._branches.items() if p >= keep}
             return 0
         self._pending, self._picks, self._branches = [], {}, {}
+        if self.can_branch:  # its cells share the KV buffer: free them for lead's tokens
+            cast(Forking, self.model).fork(0)
         # Re-evaluate at least the last token, whose logits we need to draft on.
         head = list(lead_tokens[:-1])
         evaluated = sync_cache(self.model, head, self.batch, self.progress)
@@ -146,6 +148,7 @@ class ModelDrafter:
         if self._logits is None or len(self.local) >= self.model.n_ctx:
             return None
         if self._pending:
+            self._make_room(len(self._pending))
             try:
                 self._logits = self.model.evaluate(self._pending, 1, abort)[-1]
             except EvaluationAborted:
@@ -177,6 +180,20 @@ class ModelDrafter:
     @property
     def can_branch(self) -> bool:
         return can_fork(self.model)
+
+    def _branch_cells(self) -> int:
+        """KV cells the branch holds beyond what it shares with the main sequence."""
+        if not self.can_branch:
+            return 0
+        model = cast(Forking, self.model)
+        return len(model.branch_cached) - common_prefix(model.branch_cached, model.cached)
+
+    def _make_room(self, n: int) -> None:
+        """Drop the branch where the main sequence needs its cells (one KV buffer)."""
+        if self._branch_cells() and len(self.model.cached) + self._branch_cells() + n \
+                > self.model.n_ctx:
+            cast(Forking, self.model).fork(0)
+            self._branches = {}
 
     def branch_sites(self, first: int, limit: int) -> list[int]:
         """Positions of the draft from `first` on (past lead's tokens), likeliest first to
@@ -210,8 +227,9 @@ class ModelDrafter:
         model.fork(pos)  # the prefix is in the cache: the pending guess is past `pos`
         tokens, dists = [pick.runner_up], [pick.dist]
         try:
+            # its own cells and the main sequence's share the context
             while len(tokens) <= depth and tokens[-1] not in stop \
-                    and len(path) < self.model.n_ctx:
+                    and len(self.model.cached) + len(tokens) < self.model.n_ctx:
                 logits = model.evaluate_branch([path[-1]], 1, abort)[-1]
                 guess = self._pick(logits, path, params, rng, n_prompt)
                 tokens.append(guess.token)
@@ -220,7 +238,7 @@ class ModelDrafter:
         except EvaluationAborted:  # lead's news: a branch cut short is worth posting
             if len(tokens) < 2:  # the root alone: lead makes that token itself
                 return None
-        ended = tokens[-1] in stop or len(path) >= self.model.n_ctx
+        ended = tokens[-1] in stop or len(self.model.cached) + len(tokens) >= self.model.n_ctx
         made = Branch(pos, tuple(self.local[:pos + 1]), tuple(tokens), tuple(dists), params,
                       ended)
         self._branches[pos] = made

@@ -275,8 +275,12 @@ class Worker:
         branch must be posted before lead's step ends to be of use, and a chain token far
         ahead is used only if lead accepts every one before it."""
         ahead = len(drafted.local) - len(self.mirror.tokens)
-        return bool(self.branches) and 0 < min(self.state.draft_len, 2) < ahead \
+        return self._can_branch() and 0 < min(self.state.draft_len, 2) < ahead \
             and self._branched_at != self.mirror.tokens
+
+    def _can_branch(self) -> bool:
+        return bool(self.branches) and self.max_post > 1 \
+            and isinstance(self.drafter, ModelDrafter) and self.drafter.can_branch
 
     async def _branch(self) -> asyncio.Task[State | None] | None:
         """Draft branches off the draft one at a time (kept ones cost nothing), each
@@ -285,10 +289,9 @@ class Worker:
         state = self.state
         # half a draft deep: drafted within one of lead's steps more often than a whole one
         depth = min(max(1, state.draft_len // 2), self.max_post - 1)
-        if not self.branches or depth < 1 or not isinstance(self.drafter, ModelDrafter) \
-                or not self.drafter.can_branch:
+        self._branched_at = self.mirror.tokens  # tried at these tokens, whatever comes of it
+        if not self._can_branch():
             return None
-        self._branched_at = self.mirror.tokens
         in_flight: asyncio.Task[State | None] | None = None
         for width in range(1, self.branches + 1):
             job = BranchJob(self.mirror.tokens, state.sampling, width, depth,

@@ -166,10 +166,33 @@ def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
     if choice.mode != "required":
         return None
     allowed = [t["function"] for t in tools if choice.name in (None, t["function"]["name"])]
-    options = [_call_schema(fmt.key, f["name"], f["parameters"]) for f in allowed]
+    options = [_call_schema(fmt.key, f["name"], _without(f["parameters"], _DEFS))
+               for f in allowed]
     one = options[0] if len(options) == 1 else {"anyOf": options}
     schema = {"type": "array", "items": one, "minItems": 1} if fmt.array else one
-    return CallGrammar(fmt.prefix, schema, fmt.suffix)
+    return CallGrammar(fmt.prefix, {**schema, **_hoisted_defs(allowed)}, fmt.suffix)
+
+
+_DEFS = ("$defs", "definitions")  # where "#/$defs/X" refs point: the schema's root
+
+
+def _without(schema: dict[str, Any], keys: Sequence[str]) -> dict[str, Any]:
+    return {k: v for k, v in schema.items() if k not in keys}
+
+
+def _hoisted_defs(functions: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters' definitions, moved to the call schema's root, where their refs
+    (pydantic writes "#/$defs/X") still resolve; ToolsError where two tools define one
+    name differently."""
+    hoisted: dict[str, dict[str, Any]] = {}
+    for function in functions:
+        for key in _DEFS:
+            for name, definition in (function["parameters"].get(key) or {}).items():
+                found = hoisted.setdefault(key, {}).setdefault(name, definition)
+                if found != definition:
+                    raise ToolsError("tools", f"{key}/{name} is defined differently by two "
+                                              "tools' parameters")
+    return hoisted
 
 
 def _call_schema(key: str, name: str, parameters: dict[str, Any]) -> dict[str, Any]:

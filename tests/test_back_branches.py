@@ -286,12 +286,14 @@ class RecordingLead:
         return self.reply
 
 
-def worker_posts(branches: int, draft_len: int = 2) -> list[DraftPost]:
+def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = None
+                 ) -> list[DraftPost]:
     """What a worker posts while lead, holding PROMPT, verifies and sends no news."""
     state = State(version=1, lead_id="L", session_id="s", token_ids=PROMPT,
                   n_tokens=len(PROMPT), done=False, draft_len=draft_len)
     lead = RecordingLead(state)
-    worker = Worker(lead, ModelDrafter(draft_model()), None, None)  # type: ignore[arg-type]
+    drafter = ModelDrafter(model or draft_model())
+    worker = Worker(lead, drafter, None, None)  # type: ignore[arg-type]
     worker.branches, worker.max_post = branches, 8
     worker.eos_token_ids = frozenset({EOS})
     worker.mirror.attach("L")
@@ -318,6 +320,32 @@ def test_a_worker_as_far_ahead_as_it_drafts_posts_branches_off_its_draft() -> No
         context = PROMPT + chain[:b.at]
         assert b.token_ids[0] == second(reference.logits_for(context))
         assert b.token_ids[1:] == reference.greedy_continuation(context + b.token_ids[:1], 1)
+
+
+def test_a_worker_whose_model_cannot_fork_drafts_the_chain_alone() -> None:
+    """--branches with a model that has one sequence: the chain, posted as without."""
+    single = draft_model()
+    single.can_fork = False
+    chain = draft_model().greedy_continuation(PROMPT, ahead_for(2, 8))
+    posts = worker_posts(branches=2, model=single)  # (it used to spin, never posting)
+    assert posts and all(not p.branches for p in posts)
+    assert posts[-1].token_ids == chain
+
+
+def test_a_branch_leaves_the_main_sequence_room_in_a_shared_context() -> None:
+    """The branch's own cells count against the context the main sequence needs: they
+    are dropped when the main sequence grows into them, and a branch stops short."""
+    model = draft_model(n_ctx=len(PROMPT) + 6)
+    drafter, latest = ModelDrafter(model), LatestTokens()
+    latest.publish(tuple(PROMPT))
+    extend(drafter, DraftJob(tuple(PROMPT), GREEDY, 3, 100, frozenset({EOS}),
+                             np.random.default_rng(0), latest))
+    made = branch(drafter, BranchJob(tuple(PROMPT), GREEDY, 1, 8, frozenset({EOS}),
+                                     np.random.default_rng(1), latest)).branches
+    assert made and len(model.cached) + len(made[0].tokens) <= model.n_ctx
+    more = extend(drafter, DraftJob(tuple(PROMPT), GREEDY, 6, 100, frozenset({EOS}),
+                                    np.random.default_rng(0), latest))  # no "context full"
+    assert len(more.local) == len(PROMPT) + 6 and model.branch_cached == []
 
 
 def test_the_branches_setting_reaches_the_worker() -> None:

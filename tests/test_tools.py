@@ -155,6 +155,30 @@ def test_a_named_choice_forces_that_call() -> None:
         "name": {"const": "get_time"}, "arguments": TIME["function"]["parameters"]}}
 
 
+def test_a_forced_call_keeps_the_parameters_refs_resolving() -> None:
+    """Pydantic-made parameters refer to "#/$defs/...": the defs go to the call schema's
+    root, so a call the tool accepts validates against the forced call's schema."""
+    import jsonschema
+
+    item = {"type": "object", "properties": {"sku": {"type": "string"}}, "required": ["sku"]}
+    order = {"type": "function", "function": {"name": "order", "parameters": {
+        "type": "object", "properties": {"item": {"$ref": "#/$defs/Item"}},
+        "required": ["item"], "$defs": {"Item": item}}}}
+    for fmt in (HERMES, MISTRAL):
+        grammar = call_grammar(fmt, check_tools([order, WEATHER]), ToolChoice("required"))
+        assert grammar is not None and grammar.schema["$defs"] == {"Item": item}
+        call = {"name": "order", fmt.key: {"item": {"sku": "A1"}}}
+        jsonschema.validate([call] if fmt.array else call, grammar.schema)
+        with pytest.raises(jsonschema.ValidationError):
+            bad = {"name": "order", fmt.key: {"item": {"size": 2}}}
+            jsonschema.validate([bad] if fmt.array else bad, grammar.schema)
+    clash = {"type": "function", "function": {"name": "other", "parameters": {
+        "type": "object", "$defs": {"Item": {"type": "integer"}}}}}
+    with pytest.raises(ToolsError) as refused:
+        call_grammar(HERMES, check_tools([order, clash]), ToolChoice("required"))
+    assert refused.value.param == "tools"
+
+
 def test_required_allows_any_tool_in_each_format() -> None:
     tools = check_tools([WEATHER, TIME])
     hermes = call_grammar(HERMES, tools, ToolChoice("required"))
