@@ -16,6 +16,7 @@ import numpy as np
 
 from back.drafter import Branch, Drafter, ModelDrafter
 from back.mirror import parted
+from back.posts import wire_dist
 from back.sessions import Work
 from shared.protocol import DraftDist, SamplingParams
 
@@ -112,8 +113,7 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
             break
         token, dist = got
         if dist is not None:
-            dists[len(drafter.local) - 1] = DraftDist(token_ids=dist.token_ids.tolist(),
-                                                      probs=dist.probs.tolist())
+            dists[len(drafter.local) - 1] = wire_dist(dist)
         grown += 1
         if token in job.eos_token_ids:
             break

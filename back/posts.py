@@ -82,12 +82,12 @@ def on_wire(start: int, draft: Sequence[int], branches: Sequence[Branch],
                 or (with_dists and None in b.dists):
             continue  # lead passed it, or it hangs off another draft
         tokens = list(b.tokens[:min(budget, longest, MAX_DRAFT_WIRE)])
-        dists = [_wire(d) for d in b.dists[:len(tokens)] if d is not None] \
+        dists = [wire_dist(d) for d in b.dists[:len(tokens)] if d is not None] \
             if with_dists else None
         out.append(DraftBranch(at=at, token_ids=tokens, dists=dists))
         budget -= len(tokens)
     return out
 
 
-def _wire(dist: Dist) -> DraftDist:
+def wire_dist(dist: Dist) -> DraftDist:
     return DraftDist(token_ids=dist.token_ids.tolist(), probs=dist.probs.tolist())

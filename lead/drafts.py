@@ -82,11 +82,6 @@ def consistent(tokens: Sequence[int], candidate: Candidate) -> bool:
     return list(tokens[candidate.start:n]) == list(candidate.token_ids[:overlap])
 
 
-def agrees(tokens: Sequence[int], candidate: Candidate) -> bool:
-    """True if the candidate can be verified now: consistent, and a branch's root emitted."""
-    return len(tokens) >= candidate.opens and consistent(tokens, candidate)
-
-
 def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draft:
     skip = len(tokens) - candidate.start
     ids = list(candidate.token_ids[skip:skip + limit])
@@ -119,8 +114,9 @@ class DraftBoard:
     def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
         """The useful tail of the candidate that agrees and reaches furthest (ties: a main
         chain); candidates that can no longer be verified are dropped."""
-        self._drop_stale(tokens)
-        ready = [c for kept in self.candidates.values() for c in kept if agrees(tokens, c)]
+        self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
+        ready = [c for kept in self.candidates.values() for c in kept
+                 if len(tokens) >= c.opens]
         if limit <= 0 or not ready:
             return None
         furthest = max(ready, key=lambda c: (c.end, c.root is None))
