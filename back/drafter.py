@@ -154,18 +154,19 @@ class ModelDrafter:
             except EvaluationAborted:
                 return None  # the guess stays pending: local is unchanged
             self._pending = []
-        pick = self._pick(self._logits, self.local, params, rng, n_prompt)
+        pick = self._pick(self._logits, self.local, params, rng, n_prompt, self.can_branch)
         self._picks[len(self.local)] = pick
         self._pending = [pick.token]
         return pick.token, pick.dist
 
     def _pick(self, logits: np.ndarray, path: Sequence[int], params: SamplingParams,
-              rng: np.random.Generator, n_prompt: int) -> Pick:
-        """The guess after `path`, from `logits` (the next-token row there)."""
+              rng: np.random.Generator, n_prompt: int, ranked: bool = False) -> Pick:
+        """The guess after `path`, from `logits` (the next-token row there); `ranked`: with
+        its runner-up and probability, which cost a pass over the row (branch sites only:
+        the main chain's guesses where the model can fork)."""
         # q is what the guess is drawn from: the adjusted, masked logits, as lead's p
         row = adjust(logits, params, path, n_prompt)
         state = self._grammar_state(params.grammar, n_prompt, path)
-        ranked = self.can_branch  # (the runner-up costs a pass over the row: only if used)
         if is_greedy(params):
             token = best(row, state)
             if not ranked:
