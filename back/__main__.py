@@ -35,7 +35,7 @@ def build_worker(settings: BackSettings) -> Worker:
         # Its threads are set at the handshake, where the back learns where lead runs.
         model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,
                            settings.ctx_size, settings.batch_size, settings.rpc,
-                           settings.tensor_split, branches=settings.branches > 0)
+                           settings.tensor_split, branches=settings.branches)
         set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
         drafter = ModelDrafter(model, settings.batch_size, _progress, blind=settings.blind)
@@ -78,8 +78,14 @@ def main(argv: list[str] | None = None) -> None:
     run_worker(worker)
 
 
+SWITCH_S = 0.0005
+
+
 def run_worker(worker: Worker) -> None:
     """Run until SIGINT/SIGTERM (exit 0) or a fatal problem (one-line error, exit 1)."""
+    # The model thread waits for the GIL after every model call; while the event loop
+    # posts, that wait lasts up to the switch interval (5 ms by default, a draft token).
+    sys.setswitchinterval(SWITCH_S)
     try:
         asyncio.run(serve(worker))
     except BackFatal as exc:

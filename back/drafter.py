@@ -21,8 +21,18 @@ from typing import Protocol, cast
 import numpy as np
 
 from back.ngram import ngram_draft
+from back.tree import (
+    Branch,
+    Growing,
+    Pick,
+    assign,
+    branch_sites,
+    rejection_odds,
+    taken_by_lead,
+)
 from shared.constraint import Constraint, Track, best, masked
 from shared.model import (
+    MAIN,
     EvaluationAborted,
     Forking,
     Model,
@@ -37,6 +47,16 @@ from shared.sampling import Dist, distribution, is_greedy, sample
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
 MAX_GRAMMARS = 8  # parsed grammars kept, by text
 log = logging.getLogger("back")
+
+
+@dataclass(frozen=True)
+class Grown:
+    """What one `grow` call did: the draft's next guess (None: it was not grown), tokens
+    evaluated, branches that grew a token."""
+
+    guess: int | None
+    evaluated: int
+    branches_grown: int
 
 
 class Drafter(Protocol):
@@ -54,35 +74,6 @@ class Drafter(Protocol):
         """One more guess, or None: nothing to guess, or `abort` said stop midway.
         `n_prompt`: how many of lead's tokens are the prompt (the penalties need it)."""
         ...
-
-
-@dataclass(frozen=True)
-class Pick:
-    """How a guess was picked: its distribution (None: greedy), the next likeliest token in
-    the same adjusted, masked row (None: no other), and the guess's own probability."""
-
-    token: int
-    dist: Dist | None
-    runner_up: int | None
-    prob: float
-
-
-@dataclass(frozen=True)
-class Branch:
-    """`tokens`: the runner-up at `pos` in place of the draft's guess, then guesses after
-    it; `dists`: the distribution of each (the runner-up's: the row it was ranked in)."""
-
-    pos: int
-    main: tuple[int, ...]  # the drafter's sequence up to and including the guess at pos
-    tokens: tuple[int, ...]
-    dists: tuple[Dist | None, ...]
-    params: SamplingParams
-    ended: bool  # at an end of generation or of the context: no deeper branch to draft
-
-    def fits(self, main: Sequence[int], depth: int, params: SamplingParams) -> bool:
-        """Whether it still branches off `main` (up to the guess at pos), this deep."""
-        return (len(self.tokens) > depth or self.ended) and params == self.params \
-            and tuple(main) == self.main
 
 
 def _runner_up(row: np.ndarray, state: Constraint | None, token: int) -> int | None:
@@ -104,7 +95,8 @@ class ModelDrafter:
     """A draft model's guesses. A guess is handed out as soon as it is sampled and only
     evaluated (to get the logits for the next one) on the next call: the first guess after
     catching up is ready one draft step sooner, when lead most needs it, right after a
-    rejection."""
+    rejection. Over a model that forks, `grow` also grows branches (back/tree.py) in the
+    same call as the next guess."""
 
     def __init__(self, model: Model, batch: int = 512,
                  progress: Callable[[int, int], None] | None = None, blind: bool = False
@@ -117,7 +109,8 @@ class ModelDrafter:
         self._track: Track | None = None  # the grammar's state along `local`
         self._track_key: tuple[str, int] | None = None  # (grammar, n_prompt) it follows
         self._picks: dict[int, Pick] = {}  # position in local -> how its guess was picked
-        self._branches: dict[int, Branch] = {}  # position -> the branch drafted off it
+        self._growing: dict[int, Growing] = {}  # slot -> the branch it holds
+        self._n_lead = 0  # lead's tokens at the last catch-up: sites lie past them
 
     @property
     def local(self) -> list[int]:
@@ -127,43 +120,111 @@ class ModelDrafter:
         return n_tokens < self.model.n_ctx
 
     def catch_up(self, lead_tokens: Sequence[int]) -> int:
+        self._n_lead = len(lead_tokens)
+        if self._growing and common_prefix(self.local, lead_tokens) < len(lead_tokens):
+            self._adopt(lead_tokens)
         keep = common_prefix(self.local, lead_tokens)
         if keep == len(lead_tokens) and self._logits is not None and keep > 0:
             # lead is a prefix of our draft: nothing to redo; guesses lead holds are settled
             self._picks = {p: pick for p, pick in self._picks.items() if p >= keep}
-            self._branches = {p: b for p, b in self._branches.items() if p >= keep}
+            self._drop([s for s, g in self._growing.items() if g.pos < keep])
             return 0
-        self._pending, self._picks, self._branches = [], {}, {}
-        if self.can_branch:  # its cells share the KV buffer: free them for lead's tokens
-            cast(Forking, self.model).fork(0)
+        self._pending, self._picks = [], {}
+        self._drop(list(self._growing))
         # Re-evaluate at least the last token, whose logits we need to draft on.
         head = list(lead_tokens[:-1])
         evaluated = sync_cache(self.model, head, self.batch, self.progress)
         self._logits = self.model.evaluate([lead_tokens[-1]], 1)[-1]
         return evaluated + 1
 
+    def _adopt(self, lead_tokens: Sequence[int]) -> None:
+        """Where lead took one of the branches, make it the draft: its slot becomes the
+        main sequence (nothing evaluated again), the rest of the tree is dropped."""
+        slot = taken_by_lead(self._growing, self.local, lead_tokens)
+        if slot is None:
+            return
+        taken = self._growing.pop(slot)
+        cast(Forking, self.model).adopt(slot)  # the old main sequence now sits in `slot`
+        self._drop([slot, *self._growing])
+        self._pending, self._logits = [taken.tokens[-1]], taken.row
+        first = taken.pos + 1  # the root is lead's token: its guesses follow it
+        self._picks = {p: pick for p, pick in self._picks.items() if p < taken.pos}
+        self._picks.update({first + i: pick for i, pick in enumerate(taken.picks)})
+
+    def _drop(self, slots: Sequence[int]) -> None:
+        for slot in slots:
+            self._growing.pop(slot, None)
+            cast(Forking, self.model).fork(slot, 0)  # its cells go back to the shared buffer
+
     def next_token(self, params: SamplingParams, rng: np.random.Generator,
                    abort: Callable[[], bool] | None = None, n_prompt: int = 0
                    ) -> tuple[int, Dist | None] | None:
+        grown = self.grow(params, rng, abort, n_prompt)
+        return None if grown is None or grown.guess is None else \
+            (grown.guess, self._picks[len(self.local) - 1].dist)
+
+    def grow(self, params: SamplingParams, rng: np.random.Generator,
+             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
+             width: int = 0, depth: int = 0) -> Grown | None:
+        """One model call: the next guess of the draft (if `chain`), and a token more on
+        each of up to `width` branches at the likeliest sites, up to `depth` guesses after
+        each root. None if there was nothing to do, or `abort` said stop midway (then
+        nothing changed)."""
         if self._logits is None or len(self.local) >= self.model.n_ctx:
             return None
-        if self._pending:
-            self._make_room(len(self._pending))
-            try:
-                self._logits = self.model.evaluate(self._pending, 1, abort)[-1]
-            except EvaluationAborted:
-                return None  # the guess stays pending: local is unchanged
-            self._pending = []
-        pick = self._pick(self._logits, self.local, params, rng, n_prompt, self.can_branch)
+        width = width if self.can_branch else 0
+        self._open(width, params)
+        batch = self._batch(chain, depth)
+        if not batch and not (chain and not self._pending):
+            return None
+        self._make_room(sum(len(t) for t in batch.values()))
+        try:
+            rows = self._evaluate(batch, abort) if batch else {}
+        except EvaluationAborted:
+            return None  # pending guesses stay pending: nothing changed
+        guess = self._grow_chain(rows, params, rng, n_prompt, width > 0) if chain else None
+        full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
+        for slot in rows.keys() - {MAIN}:
+            self._grow_branch(self._growing[slot], rows[slot], rng, n_prompt, full)
+        return Grown(guess, sum(len(t) for t in batch.values()), len(rows) - (MAIN in rows))
+
+    def _evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None
+                  ) -> dict[int, np.ndarray]:
+        if self.can_branch:
+            return cast(Forking, self.model).evaluate_many(batch, abort)
+        return {MAIN: self.model.evaluate(batch[MAIN], 1, abort)[-1]}
+
+    def _batch(self, chain: bool, depth: int) -> dict[int, list[int]]:
+        """Per sequence, the tokens this call evaluates: the pending guess of each."""
+        batch = {MAIN: self._pending} if chain and self._pending else {}
+        stop = self.model.eos_token_ids
+        for slot, g in self._growing.items():
+            if len(g.tokens) <= depth and not g.ended and g.tokens[-1] not in stop:
+                batch[slot] = [g.tokens[-1]]
+        return batch
+
+    def _grow_chain(self, rows: dict[int, np.ndarray], params: SamplingParams,
+                    rng: np.random.Generator, n_prompt: int, ranked: bool) -> int:
+        if MAIN in rows:
+            self._logits, self._pending = rows[MAIN], []
+        assert self._logits is not None
+        pick = self._pick(self._logits, self.local, params, rng, n_prompt, ranked)
         self._picks[len(self.local)] = pick
         self._pending = [pick.token]
-        return pick.token, pick.dist
+        return pick.token
+
+    def _grow_branch(self, g: Growing, row: np.ndarray, rng: np.random.Generator,
+                     n_prompt: int, full: bool) -> None:
+        """`full`: the context has no room for more (the branch ends here)."""
+        g.add(self._pick(row, g.path, g.params, rng, n_prompt, ranked=True))
+        g.row = row
+        g.ended = full or g.tokens[-1] in self.model.eos_token_ids
 
     def _pick(self, logits: np.ndarray, path: Sequence[int], params: SamplingParams,
               rng: np.random.Generator, n_prompt: int, ranked: bool = False) -> Pick:
         """The guess after `path`, from `logits` (the next-token row there); `ranked`: with
-        its runner-up and probability, which cost a pass over the row (branch sites only:
-        the main chain's guesses where the model can fork)."""
+        its runner-up and probability, which cost a pass over the row (while the back
+        grows branches: each guess is a site a branch may start at)."""
         # q is what the guess is drawn from: the adjusted, masked logits, as lead's p
         row = adjust(logits, params, path, n_prompt)
         state = self._grammar_state(params.grammar, n_prompt, path)
@@ -177,73 +238,49 @@ class ModelDrafter:
         others = [int(t) for t in dist.token_ids if t != token]  # by descending probability
         return Pick(token, dist, others[0] if others else None, dist.prob_of(token))
 
+    def dist_at(self, pos: int) -> Dist | None:
+        """The distribution the guess at `pos` was drawn from (None: greedy, or not one)."""
+        pick = self._picks.get(pos)
+        return pick.dist if pick is not None else None
+
     # --- branches ---
     @property
     def can_branch(self) -> bool:
-        return can_fork(self.model)
+        return can_fork(self.model) and cast(Forking, self.model).n_branches > 0
+
+    @property
+    def branches(self) -> tuple[Branch, ...]:
+        """The branches grown past their root, likeliest first."""
+        odds = rejection_odds(self._picks, self.local, self._n_lead)
+        grown = [g for g in self._growing.values() if len(g.tokens) > 1]
+        return tuple(g.snapshot() for g in sorted(grown, key=lambda g: -odds.get(g.pos, 0.0)))
+
+    def _open(self, width: int, params: SamplingParams) -> None:
+        """Branch slots for the `width` likeliest sites (what sits elsewhere is dropped)."""
+        if not self.can_branch or (width == 0 and not self._growing):
+            return
+        model = cast(Forking, self.model)
+        sites = branch_sites(self._picks, self.local, self._n_lead, min(width, model.n_branches))
+        dropped, opened = assign(sites, self._growing, model.n_branches)
+        self._drop(dropped)
+        for slot, pos in opened:
+            pick = self._picks[pos]
+            if pick.runner_up is None or pos > len(self.model.cached):
+                continue
+            model.fork(slot, pos)  # the prefix is cached: shared, not evaluated again
+            self._growing[slot] = Growing(
+                pos, tuple(self.local[:pos + 1]), [pick.runner_up], [pick.dist], params)
 
     def _branch_cells(self) -> int:
-        """KV cells the branch holds beyond what it shares with the main sequence."""
-        if not self.can_branch:
-            return 0
-        model = cast(Forking, self.model)
-        return len(model.branch_cached) - common_prefix(model.branch_cached, model.cached)
+        """KV cells the branches hold beyond what they share with the main sequence: each
+        its evaluated tokens (all but the pending last one)."""
+        return sum(len(g.tokens) - 1 for g in self._growing.values())
 
     def _make_room(self, n: int) -> None:
-        """Drop the branch where the main sequence needs its cells (one KV buffer)."""
+        """Drop the branches where the main sequence needs their cells (one KV buffer)."""
         if self._branch_cells() and len(self.model.cached) + self._branch_cells() + n \
                 > self.model.n_ctx:
-            cast(Forking, self.model).fork(0)
-            self._branches = {}
-
-    def branch_sites(self, first: int, limit: int) -> list[int]:
-        """Positions of the draft from `first` on (past lead's tokens), likeliest first to
-        be where lead rejects the draft: reached (every guess before accepted) and not
-        accepted there, by the draft's own probabilities. Only those with a runner-up."""
-        local, reach, odds = self.local, 1.0, {}
-        for pos in range(first, len(local)):
-            pick = self._picks.get(pos)
-            if pick is None or pick.token != local[pos]:
-                break  # not this drafter's guess (lead's token, or redrafted)
-            if pick.runner_up is not None:
-                odds[pos] = reach * (1.0 - pick.prob)
-            reach *= pick.prob
-        return sorted(odds, key=lambda p: -odds[p])[:limit]
-
-    def branch(self, pos: int, depth: int, params: SamplingParams, rng: np.random.Generator,
-               stop: frozenset[int], abort: Callable[[], bool] | None = None,
-               n_prompt: int = 0) -> Branch | None:
-        """The runner-up at `pos` (a guess of the draft) and up to `depth` guesses after it,
-        drafted on the model's second sequence: the main draft stays cached. Kept, so asked
-        again it costs nothing; cut short where `abort` says stop (None if that leaves the
-        root alone, or nothing to branch)."""
-        pick = self._picks.get(pos)
-        if pick is None or pick.runner_up is None:
-            return None
-        kept = self._branches.get(pos)
-        if kept is not None and kept.fits(self.local[:pos + 1], depth, params):
-            return kept
-        path = self.local[:pos] + [pick.runner_up]
-        model = cast(Forking, self.model)  # (can_branch said so)
-        model.fork(pos)  # the prefix is in the cache: the pending guess is past `pos`
-        tokens, dists = [pick.runner_up], [pick.dist]
-        try:
-            # its own cells and the main sequence's share the context
-            while len(tokens) <= depth and tokens[-1] not in stop \
-                    and len(self.model.cached) + len(tokens) < self.model.n_ctx:
-                logits = model.evaluate_branch([path[-1]], 1, abort)[-1]
-                guess = self._pick(logits, path, params, rng, n_prompt)
-                tokens.append(guess.token)
-                dists.append(guess.dist)
-                path.append(guess.token)
-        except EvaluationAborted:  # lead's news: a branch cut short is worth posting
-            if len(tokens) < 2:  # the root alone: lead makes that token itself
-                return None
-        ended = tokens[-1] in stop or len(self.model.cached) + len(tokens) >= self.model.n_ctx
-        made = Branch(pos, tuple(self.local[:pos + 1]), tuple(tokens), tuple(dists), params,
-                      ended)
-        self._branches[pos] = made
-        return made
+            self._drop(list(self._growing))
 
     def _grammar_state(self, grammar: str | None, n_prompt: int,
                        path: Sequence[int]) -> Constraint | None:

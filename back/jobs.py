@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from back.drafter import Branch, Drafter, ModelDrafter
+from back.drafter import Drafter, ModelDrafter
 from back.mirror import parted
 from back.posts import wire_dist
 from back.sessions import Work
+from back.tree import Branch
 from shared.protocol import DraftDist, SamplingParams
 
 
@@ -77,6 +78,8 @@ class DraftJob:
     rng: np.random.Generator  # the generator of the session the job is for
     latest: LatestTokens
     n_prompt: int = 0  # lead's tokens that are the prompt (frequency/presence penalties)
+    width: int = 0  # branches grown beside the draft (back/tree.py)
+    depth: int = 0  # most guesses after a branch's root
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,13 @@ class Drafted:
     local: tuple[int, ...]  # the drafter's sequence after the job: lead's tokens, its draft
     kept: int  # the drafter's positions below this were not redrafted
     dists: dict[int, DraftDist]  # position -> distribution, for new guesses that have one
+    branches: tuple[Branch, ...] = ()  # grown off `local`, likeliest first
+    branch_grown: int = 0  # branch tokens added
+    calls: tuple[tuple[int, float], ...] = ()  # (tokens evaluated, seconds) per model call
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.grown or self.branch_grown)
 
 
 def catch_up(drafter: Drafter, lead_tokens: Sequence[int]) -> Work:
@@ -97,12 +107,44 @@ def catch_up(drafter: Drafter, lead_tokens: Sequence[int]) -> Work:
 
 
 def extend(drafter: Drafter, job: DraftJob) -> Drafted:
-    """Catch up with lead, then draft up to `job.burst` more tokens. A draft evaluation
-    stops once lead's news leaves its path: right after a rejection, evaluating lead's
-    correction cannot wait for a guess on the dead path to finish."""
+    """Catch up with lead, then draft up to `job.burst` more tokens, growing branches in
+    the same calls; with the draft `job.ahead` past lead, branches alone. A draft
+    evaluation stops once lead's news leaves its path: right after a rejection, evaluating
+    lead's correction cannot wait for a guess on the dead path to finish."""
     caught = catch_up(drafter, job.lead_tokens)
     kept = len(drafter.local)
     room = job.ahead - (kept - len(job.lead_tokens))  # local agrees with lead up to there
+    if not isinstance(drafter, ModelDrafter):
+        return _extend_plain(drafter, job, caught, kept, room)
+    dists: dict[int, DraftDist] = {}
+    grown = branch_grown = cut_short = 0
+    calls: list[tuple[int, float]] = []
+    for _ in range(job.burst):
+        chain = grown < room
+        left = job.latest.left(tuple(drafter.local))
+        t0 = time.perf_counter()
+        step = drafter.grow(job.sampling, job.rng, left, job.n_prompt, chain, job.width,
+                            job.depth)
+        if step is None:
+            cut_short = int(left())
+            break
+        calls.append((step.evaluated, time.perf_counter() - t0))
+        branch_grown += step.branches_grown
+        if step.guess is not None:
+            grown += 1
+            pick_dist = drafter.dist_at(len(drafter.local) - 1)
+            if pick_dist is not None:
+                dists[len(drafter.local) - 1] = wire_dist(pick_dist)
+        if step.guess in job.eos_token_ids or (step.guess is None and not step.branches_grown):
+            break
+    work = Work(caught.caught_up, caught.catch_up_s, cut_short, branch_grown)
+    return Drafted(work, grown, tuple(drafter.local), kept, dists, drafter.branches,
+                   branch_grown, tuple(calls))
+
+
+def _extend_plain(drafter: Drafter, job: DraftJob, caught: Work, kept: int, room: int
+                  ) -> Drafted:
+    """`extend` for a drafter without branches (n-grams): guesses only."""
     dists: dict[int, DraftDist] = {}
     grown = cut_short = 0
     while grown < min(job.burst, room):
@@ -119,42 +161,3 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
             break
     work = Work(caught.caught_up, caught.catch_up_s, cut_short)
     return Drafted(work, grown, tuple(drafter.local), kept, dists)
-
-
-@dataclass(frozen=True)
-class BranchJob:
-    """Branches to draft off the drafter's draft: at most `width`, each its root and up
-    to `depth` guesses after it."""
-
-    lead_tokens: tuple[int, ...]
-    sampling: SamplingParams
-    width: int
-    depth: int
-    eos_token_ids: frozenset[int]
-    rng: np.random.Generator
-    latest: LatestTokens
-    n_prompt: int = 0
-
-
-@dataclass(frozen=True)
-class Branched:
-    local: tuple[int, ...]  # the drafter's sequence the branches hang off
-    branches: tuple[Branch, ...]
-
-
-def branch(drafter: ModelDrafter, job: BranchJob) -> Branched:
-    """Spare time while lead verifies: draft branches off the drafter's draft past lead's
-    tokens, where lead most likely rejects it first, each the draft's runner-up there and
-    up to `depth` guesses after it. Stops at lead's next news (the first branches are kept)."""
-    n = len(job.lead_tokens)
-    if tuple(drafter.local[:n]) != job.lead_tokens:
-        return Branched(tuple(drafter.local), ())  # not caught up with these tokens
-    abort = job.latest.changed(job.lead_tokens)
-    made: list[Branch] = []
-    for pos in drafter.branch_sites(n, job.width):
-        got = None if abort() else drafter.branch(pos, job.depth, job.sampling, job.rng,
-                                                  job.eos_token_ids, abort, job.n_prompt)
-        if got is None:
-            break
-        made.append(got)
-    return Branched(tuple(drafter.local), tuple(made))

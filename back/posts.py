@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from back.drafter import Branch
+from back.tree import Branch
 from shared.protocol import (
     MAX_BRANCH_TOKENS,
     MAX_BRANCHES,
@@ -59,12 +59,6 @@ class PostBook:
         last_start, last = self._last
         skip = start - last_start
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
-
-
-def hanging_off(local: Sequence[int], branches: Sequence[Branch]) -> list[Branch]:
-    """The branches that hang off `local` (a drafter's sequence: lead's tokens, its draft)."""
-    return [b for b in branches
-            if len(local) > b.pos and tuple(local[:b.pos + 1]) == b.main]
 
 
 def on_wire(start: int, draft: Sequence[int], branches: Sequence[Branch],

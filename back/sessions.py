@@ -24,6 +24,7 @@ class Work:
     caught_up: int = 0  # lead's tokens evaluated
     catch_up_s: float = 0.0
     cut_short: int = 0  # draft evaluations stopped midway: lead had left their path
+    branch_grown: int = 0  # branch tokens drafted
 
 
 @dataclass
@@ -35,17 +36,21 @@ class SessionStats:
     posts: int = 0
     accepted: int = 0  # as lead reports back
     cut_short: int = 0
+    branch_grown: int = 0
 
     def add(self, work: Work) -> None:
         self.caught_up += work.caught_up
         self.catch_up_s += work.catch_up_s
         self.cut_short += work.cut_short
+        self.branch_grown += work.branch_grown
 
     def line(self) -> str:
         share = f" ({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else ""
+        branches = f"; branch tokens drafted: {self.branch_grown}" if self.branch_grown else ""
         return (f"session {self.session_id}: caught up {self.caught_up} tokens in "
                 f"{self.catch_up_s:.2f} s; drafted {self.drafted} in {self.posts} posts, "
-                f"accepted {self.accepted}{share}; dead drafts cut short: {self.cut_short}")
+                f"accepted {self.accepted}{share}; dead drafts cut short: {self.cut_short}"
+                f"{branches}")
 
 
 @dataclass

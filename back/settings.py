@@ -38,10 +38,11 @@ class BackSettings(BaseSettings):
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
     max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram the ngram drafter matches")
-    branches: int = Field(0, ge=0, le=MAX_BRANCHES, description="most branches drafted "
-                          "while lead verifies (experimental: not yet faster): "
-                          "each the draft's runner-up where lead most likely rejects it, "
-                          "then a draft after it, ready if lead emits that token (0: off)")
+    branches: int = Field(8, ge=0, le=MAX_BRANCHES, description="most branches grown beside "
+                          "the draft, each the draft's runner-up where lead likely rejects "
+                          "it and a draft after it, ready at once if lead emits that token; "
+                          "as many as the draft's measured cost leaves time for in lead's "
+                          "step (none on a CPU core where a wider batch costs more; 0: off)")
     send_dists: bool = Field(True, description="post each draft token's sampling distribution "
                              "(exact rejection sampling at temperature > 0; off: lead "
                              "verifies by sample-and-compare)")

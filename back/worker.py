@@ -17,18 +17,20 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 
 import httpx
 
 from back import jobs
 from back.backoff import Backoff
 from back.client import LeadClient, LeadError
-from back.drafter import Branch, Drafter, ModelDrafter
-from back.jobs import BranchJob, Drafted, DraftJob, LatestTokens, ahead_for
+from back.drafter import Drafter, ModelDrafter
+from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
 from back.mirror import LeadMirror
-from back.posts import PostBook, hanging_off
+from back.posts import PostBook
 from back.sessions import Sessions, SessionStats
+from back.tree import hanging_off
+from back.width import DraftPrices, StepClock, choose_width
 from shared.modelthread import ModelThread
 from shared.placement import Placement
 from shared.protocol import DraftPost, Info, State
@@ -55,9 +57,9 @@ class Worker:
         self.eos_token_ids: frozenset[int] = frozenset()
         self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
         self.send_dists = True
-        self.branches = 0  # most branches drafted in spare time (0: the main chain only)
-        self._branched: tuple[Branch, ...] = ()  # the last drafted (event loop's copy)
-        self._branched_at: tuple[int, ...] | None = None  # lead's tokens when last branched
+        self.branches = 0  # most branches grown beside the draft (0: the main chain only)
+        self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
+        self.lead_step = StepClock()  # lead's step time, from its states
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
         self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
@@ -194,6 +196,7 @@ class Worker:
             self._begin_session(reply)
         if not taken.refetch:
             self._latest.publish(self.mirror.tokens)
+            self.lead_step.note(len(self.mirror.tokens), time.monotonic())
             if taken.outgrew:
                 log.warning("session %s: lead holds %d tokens, more than this draft model's "
                             "context; not drafting for it (raise --ctx-size)",
@@ -206,7 +209,7 @@ class Worker:
     def _begin_session(self, state: State) -> None:
         self._end_session()
         self.posts.new_session()
-        self._branched = ()
+        self.lead_step.restart()
         if state.session_id is not None and not state.done:
             self.sessions.start(state.session_id, state.sampling.seed)
 
@@ -220,8 +223,9 @@ class Worker:
 
     async def _draft_ahead(self) -> None:
         """Draft and post as we go, until nothing is left to draft or post. A post's reply
-        is not awaited before drafting on (a round trip costs about a draft token); one
-        post is in flight at a time, so posts arrive in order, each with the whole draft."""
+        is not awaited before drafting on (a round trip costs about a draft token), and the
+        next model call starts before this one's result is posted; one post is in flight at
+        a time, so posts arrive in order, each with the whole draft."""
         if self.mirror.following and not self._should_draft():
             # Take in lead's tokens all the same, so that a probe finds this back ready;
             # not where that work slows lead: beside it, hushed by it, or sitting out.
@@ -229,23 +233,17 @@ class Worker:
                 await self._catch_up()
             return
         in_flight: asyncio.Task[State | None] | None = None
+        job: asyncio.Task[Drafted] | None = None
         try:
             while self._should_draft() and not self._stop.is_set():
-                drafted = await self._extend()
-                if self._branch_due(drafted):  # before drafting on past lead's next step
-                    if in_flight is not None:
-                        self._settle(await in_flight)
-                    in_flight = await self._branch()
-                    continue
-                if in_flight is not None and (drafted.grown == 0 or in_flight.done()):
+                drafted = await (job or asyncio.create_task(self._extend()))
+                job = asyncio.create_task(self._extend()) if drafted.changed else None
+                if in_flight is not None and (not drafted.changed or in_flight.done()):
                     self._settle(await in_flight)
                     in_flight = None
                 if in_flight is None:
-                    in_flight = self._launch_post(drafted.local)
-                    if in_flight is None and drafted.grown == 0:
-                        # as far ahead as it goes: spare time, until lead's news
-                        in_flight = await self._branch()
-                    if in_flight is None and drafted.grown == 0:
+                    in_flight = self._launch_post(drafted)
+                    if in_flight is None and not drafted.changed:
                         return  # nothing new to draft or post: wait for lead's news
             if in_flight is not None:
                 self._settle(await in_flight)
@@ -253,6 +251,8 @@ class Worker:
         finally:
             if in_flight is not None:
                 in_flight.cancel()
+            if job is not None:  # (its model call cannot be stopped: its result is kept)
+                await asyncio.gather(job, return_exceptions=True)
 
     async def _catch_up(self) -> None:
         stats = self.sessions.current
@@ -264,63 +264,41 @@ class Worker:
         job = DraftJob(self.mirror.tokens, state.sampling,
                        ahead_for(state.draft_len, self.max_post), self.burst,
                        self.eos_token_ids, self.sessions.rng, self._latest,
-                       n_prompt=state.n_prompt)
+                       n_prompt=state.n_prompt, width=self.width(),
+                       depth=min(max(1, state.draft_len), self.max_post - 1))
         drafted = await self.model_thread.run(jobs.extend, self.drafter, job)
         self.sessions.add(stats, drafted.work)  # dropped if that session ended meanwhile
         self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists)
+        for tokens, seconds in drafted.calls:
+            self.prices.note(tokens, seconds)
         return drafted
 
-    def _branch_due(self, drafted: Drafted) -> bool:
-        """Branch once per step of lead's, as soon as the chain is a few tokens ahead: a
-        branch must be posted before lead's step ends to be of use, and a chain token far
-        ahead is used only if lead accepts every one before it."""
-        ahead = len(drafted.local) - len(self.mirror.tokens)
-        return self._can_branch() and 0 < min(self.state.draft_len, 2) < ahead \
-            and self._branched_at != self.mirror.tokens
+    def width(self) -> int:
+        """Branches to grow beside the draft: as many as the draft's measured price per
+        call leaves it time for in lead's measured step (back/width.py)."""
+        if not (self.branches and self.max_post > 1 and isinstance(self.drafter, ModelDrafter)
+                and self.drafter.can_branch):
+            return 0
+        return choose_width(self.prices, self.lead_step.step_s, self.state.draft_len,
+                            self.branches)
 
-    def _can_branch(self) -> bool:
-        return bool(self.branches) and self.max_post > 1 \
-            and isinstance(self.drafter, ModelDrafter) and self.drafter.can_branch
-
-    async def _branch(self) -> asyncio.Task[State | None] | None:
-        """Draft branches off the draft one at a time (kept ones cost nothing), each
-        posted with it as soon as it is drafted: lead's step may end any moment, and a
-        branch it has not got by then is of no use. The last post, or None."""
-        state = self.state
-        # half a draft deep: drafted within one of lead's steps more often than a whole one
-        depth = min(max(1, state.draft_len // 2), self.max_post - 1)
-        self._branched_at = self.mirror.tokens  # tried at these tokens, whatever comes of it
-        if not self._can_branch():
-            return None
-        in_flight: asyncio.Task[State | None] | None = None
-        for width in range(1, self.branches + 1):
-            job = BranchJob(self.mirror.tokens, state.sampling, width, depth,
-                            self.eos_token_ids, self.sessions.rng, self._latest,
-                            n_prompt=state.n_prompt)
-            branched = await self.model_thread.run(jobs.branch, self.drafter, job)
-            self._branched = branched.branches
-            if len(branched.branches) < width:  # lead's news, or no more places to branch
-                break
-            if in_flight is not None:
-                self._settle(await in_flight)
-            in_flight = self._launch_post(branched.local)
-        return in_flight
-
-    def _launch_post(self, local: Sequence[int]) -> asyncio.Task[State | None] | None:
+    def _launch_post(self, drafted: Drafted) -> asyncio.Task[State | None] | None:
         # A draft on a path lead has left since (its news came while the model thread
         # drafted) is not posted: at lead's new length it would read as a fresh draft.
+        local = drafted.local
         draft = self.mirror.draft_past(local)
         if draft is None:
             return None
         start = len(self.mirror.tokens)
         made = self.posts.next_post(self.state.session_id or "", start,
                                     draft[:self.max_post], self.back_id, self.send_dists,
-                                    hanging_off(local, self._branched), self.max_post)
+                                    hanging_off(local, drafted.branches), self.max_post)
         if made is None:
             return None
         post, new_tokens = made
         self.sessions.posted(new_tokens)
-        log.debug("post %d tokens at %d", len(post.token_ids), start)
+        log.debug("post %d tokens at %d, %d branches", len(post.token_ids), start,
+                  len(post.branches))
         return asyncio.create_task(self._post(post))
 
     async def _post(self, post: DraftPost) -> State | None:

@@ -15,6 +15,7 @@ import sys
 from contextlib import ExitStack
 from pathlib import Path
 
+from back.settings import BackSettings
 from bench import configs, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
@@ -112,8 +113,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="simulated draft: seconds per call")
     p.add_argument("--sim-agree", type=float, default=0.8,
                    help="simulated draft agreement")
-    p.add_argument("--sim-branches", type=int, default=0, choices=range(9), metavar="0-8",
-                   help="branches the simulated back drafts in spare time (0: the chain only)")
+    p.add_argument("--sim-branches", type=int, default=BackSettings().branches,
+                   choices=range(9), metavar="0-8",
+                   help="most branches the simulated back grows beside its draft, as "
+                   "`python -m back --branches` (0: the chain only)")
     a = p.parse_args(argv)
     _fill_defaults(a)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:

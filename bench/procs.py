@@ -42,12 +42,12 @@ def _die_with_parent() -> None:
 
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 log_name: str = "proc", cpus: str | None = None) -> None:
+                 log_name: str = "proc", cpus: str | None = None, cwd: Path = ROOT) -> None:
         self.log_path = Path(os.environ.get("DUO_TEST_LOGS", "/tmp")) / \
             f"duo-{log_name}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         pin = ["taskset", "-c", cpus] if cpus else []  # placement: emulate separate devices
-        self.p = subprocess.Popen([*pin, sys.executable, *args], cwd=ROOT, stdout=self._log,
+        self.p = subprocess.Popen([*pin, sys.executable, *args], cwd=cwd, stdout=self._log,
                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                   start_new_session=True, preexec_fn=_die_with_parent)
 
@@ -89,9 +89,11 @@ class Lead(Proc):
 
 class Back(Proc):
     def __init__(self, lead: Lead, model: str = "smollm2-135m", *extra: str,
-                 cpus: str | None = None) -> None:
+                 cpus: str | None = None, cwd: Path = ROOT) -> None:
+        """`cwd`: the checkout whose back runs (another commit's, for an A/B)."""
         super().__init__(["-m", "back", "--lead", f"127.0.0.1:{lead.port}", "-m", model,
-                          "--threads", "1", "--poll-wait", "2", *extra], None, "back", cpus)
+                          "--threads", "1", "--poll-wait", "2", *extra], None, "back", cpus,
+                         cwd)
         self.lead = lead
 
     def wait_attached(self, timeout: float = 60) -> None:

@@ -71,14 +71,15 @@ def main(argv: list[str] | None = None) -> None:
                       "target's token is its second choice (default: as measured on the "
                       "default pair by python -m bench.coverage)")
     back.add_argument("--branches", type=int, default=0,
-                      help="most branches drafted in spare time (0: the main chain only)")
+                      help="most branches grown beside the draft (0: the main chain only)")
     back.add_argument("--max-ahead", type=int, default=16)
     for role in (lead, back):
         role.add_argument("--call-s", type=float, default=0.0, help="seconds per model call")
         role.add_argument("--token-s", type=float, default=0.0, help="seconds per token")
         role.add_argument("--api-key", default=None)
+        role.add_argument("--log-level", default="info", help="debug: every step and post")
     a = p.parse_args(argv)
-    setup_logging("info")
+    setup_logging(a.log_level)
     run_lead(a) if a.role == "lead" else run_back(a)
 
 

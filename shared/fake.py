@@ -13,12 +13,12 @@ import json
 import re
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
-from shared.model import EvaluationAborted
+from shared.model import MAIN, EvaluationAborted
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -44,7 +44,7 @@ class VirtualClock:
 class FakeModel:
     def __init__(self, n_vocab: int = 96, salt: str = "target", order: int = 3,
                  agree: float = 1.0, agree_salt: str = "target", n_ctx: int = 2048,
-                 cover: float = 0.0,
+                 cover: float = 0.0, n_branches: int = 8,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
                  name: str = "fake", clock: VirtualClock | None = None,
                  chat_template: str | None = None) -> None:
@@ -60,8 +60,10 @@ class FakeModel:
         self.cost_s = cost_s  # (seconds per call, seconds per token): simulated compute
         self.clock = clock  # advanced by each evaluation's nominal cost
         self.cached: list[int] = []
-        self.can_fork = True  # a second sequence is just a second list (shared/model.py)
-        self.branch_cached: list[int] = []
+        # branch sequences are just more lists (shared/model.py)
+        self.n_branches = n_branches
+        self.can_fork = n_branches > 0
+        self.branch_cached: list[list[int]] = [[] for _ in range(n_branches)]
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
         self.threads: set[int] = set()  # idents of the threads that evaluated
@@ -112,13 +114,35 @@ class FakeModel:
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
         return self._append(self.cached, tokens, n_logits, abort)
 
-    def fork(self, n_keep: int) -> None:
-        assert 0 <= n_keep <= len(self.cached)
-        self.branch_cached = self.cached[:n_keep]
+    def fork(self, slot: int, n_keep: int) -> None:
+        if not (0 <= slot < self.n_branches and 0 <= n_keep <= len(self.cached)):
+            raise ValueError(f"cannot fork {n_keep} of {len(self.cached)} tokens to {slot}")
+        self.branch_cached[slot] = self.cached[:n_keep]
 
-    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
-                        abort: Callable[[], bool] | None = None) -> np.ndarray:
-        return self._append(self.branch_cached, tokens, n_logits, abort)
+    def evaluate_many(self, tokens: Mapping[int, Sequence[int]],
+                      abort: Callable[[], bool] | None = None) -> dict[int, np.ndarray]:
+        parts = {key: list(ts) for key, ts in tokens.items() if ts}
+        if any(key != MAIN and not 0 <= key < self.n_branches for key in parts):
+            raise ValueError(f"no such sequence among {sorted(parts)}")
+        if any(len(self._sequence(k)) + len(ts) > self.n_ctx for k, ts in parts.items()):
+            raise RuntimeError("context full")
+        if not parts:
+            return {}
+        self._spend(sum(len(ts) for ts in parts.values()), abort)
+        self.calls.append(sum(len(ts) for ts in parts.values()))
+        out = {}
+        for key, ts in parts.items():
+            sequence = self._sequence(key)
+            sequence.extend(ts)
+            self.evaluated += len(ts)
+            out[key] = self.logits_for(sequence)
+        return out
+
+    def adopt(self, slot: int) -> None:
+        self.cached, self.branch_cached[slot] = self.branch_cached[slot], self.cached
+
+    def _sequence(self, key: int) -> list[int]:
+        return self.cached if key == MAIN else self.branch_cached[key]
 
     def _append(self, sequence: list[int], tokens: Sequence[int], n_logits: int,
                 abort: Callable[[], bool] | None) -> np.ndarray:

@@ -2,9 +2,10 @@
 
 LlamaModel drives the context directly through the low-level API: one batch per
 call, logits requested only for the rows that are needed (no logits_all), and
-`llama_memory_seq_rm` to roll the KV cache back. A model loaded with `branches` has
-a second sequence in a unified KV cache, forked off the first with `llama_memory_seq_cp`
-(its shared prefix is never evaluated again).
+`llama_memory_seq_rm` to roll the KV cache back. A model loaded with `branches=N` has N
+branch sequences beside the main one in a unified KV cache, each forked off the main one
+with `llama_memory_seq_cp` (a shared prefix is never evaluated again), all extended in
+one batch by `evaluate_many`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import hashlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from llama_cpp._internals import LlamaContext
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from shared.llm_grammar import GrammarState, captured, schema_grammar
-from shared.model import EvaluationAborted
+from shared.model import MAIN, EvaluationAborted
 from shared.presets import ModelError, resolve_model
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,8 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 class LlamaModel:
     def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
                  n_batch: int = 512, tensor_split: list[float] | None = None,
-                 branches: bool = False) -> None:
-        """`branches`: a second sequence beside the first (`fork`, `evaluate_branch`)."""
+                 branches: int = 0) -> None:
+        """`branches`: branch sequences beside the main one (`fork`, `evaluate_many`)."""
         threads = threads or os.cpu_count() or 1
         try:
             self._llm = llama_cpp.Llama(
@@ -49,9 +50,10 @@ class LlamaModel:
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load {path}: {exc} (is it a GGUF file?)") from None
         self.name = path.stem
-        self.can_fork = branches
-        if branches:
-            self._two_sequences()
+        self.n_branches = max(branches, 0)
+        self.can_fork = self.n_branches > 0
+        if self.can_fork:
+            self._more_sequences(1 + self.n_branches)
         self._ctx = self._llm.ctx
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -59,8 +61,9 @@ class LlamaModel:
         self.n_batch = n_batch
         self.eos_token_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
-        self.cached: list[int] = []
-        self.branch_cached: list[int] = []  # the second sequence (with `branches`)
+        # token lists and llama.cpp sequence ids by role: the main sequence, then the slots
+        self._lists: list[list[int]] = [[] for _ in range(1 + self.n_branches)]
+        self._ids = list(range(1 + self.n_branches))
         self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
@@ -73,12 +76,12 @@ class LlamaModel:
         self._evaluating_thread: int | None = None  # see _check_thread
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
-    def _two_sequences(self) -> None:
-        """Replace Llama's context (made for one sequence) with one for two sharing one KV
-        buffer: unified, so that a branch's cells see the prefix it shares with the main
-        sequence (split per sequence, each would hold n_ctx / 2 and copy the prefix)."""
+    def _more_sequences(self, n_seq: int) -> None:
+        """Replace Llama's context (made for one sequence) with one for `n_seq` sharing one
+        KV buffer: unified, so that a branch's cells see the prefix it shares with the main
+        sequence (split per sequence, each would hold n_ctx / n_seq and copy the prefix)."""
         params = llama_cpp.llama_context_params.from_buffer_copy(self._llm.context_params)
-        params.n_seq_max, params.kv_unified = 2, True
+        params.n_seq_max, params.kv_unified = n_seq, True
         context = LlamaContext(model=self._llm._model, params=params, verbose=False)
         self._llm._ctx.close()
         self._llm._ctx = context
@@ -130,39 +133,102 @@ class LlamaModel:
                  abort: Callable[[], bool] | None = None) -> np.ndarray:
         """Append `tokens` (in n_batch chunks); logits of the last `n_logits` of them.
         `abort` is polled between the graph's operations (hundreds per token)."""
-        return self._evaluate(_MAIN, tokens, n_logits, abort)
+        return self._evaluate(0, tokens, n_logits, abort)
 
-    def fork(self, n_keep: int) -> None:
-        """The branch holds the first n_keep tokens of `cached`: their cells, shared."""
-        if not self.can_fork or not 0 <= n_keep <= len(self.cached):
-            raise ValueError(f"cannot fork {n_keep} of {len(self.cached)} tokens")
+    @property
+    def cached(self) -> list[int]:
+        """The main sequence's tokens."""
+        return self._lists[0]
+
+    @property
+    def branch_cached(self) -> list[list[int]]:
+        return self._lists[1:]
+
+    def fork(self, slot: int, n_keep: int) -> None:
+        """Branch `slot` holds the first n_keep tokens of `cached`: their cells, shared."""
+        if not 0 <= slot < self.n_branches or not 0 <= n_keep <= len(self.cached):
+            raise ValueError(f"cannot fork {n_keep} of {len(self.cached)} tokens to branch "
+                             f"{slot} of {self.n_branches}")
         memory = llama_cpp.llama_get_memory(self._ctx)
-        llama_cpp.llama_memory_seq_rm(memory, _BRANCH, 0, -1)
-        llama_cpp.llama_memory_seq_cp(memory, _MAIN, _BRANCH, 0, n_keep)
-        self.branch_cached = self.cached[:n_keep]
+        llama_cpp.llama_memory_seq_rm(memory, self._ids[1 + slot], 0, -1)
+        if n_keep:
+            llama_cpp.llama_memory_seq_cp(memory, self._ids[0], self._ids[1 + slot], 0, n_keep)
+        self._lists[1 + slot] = self.cached[:n_keep]
 
-    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
-                        abort: Callable[[], bool] | None = None) -> np.ndarray:
-        if not self.can_fork:
-            raise ValueError("this model was loaded without branches")
-        return self._evaluate(_BRANCH, tokens, n_logits, abort)
+    def adopt(self, slot: int) -> None:
+        """Branch `slot` becomes the main sequence and the main one that branch."""
+        if not 0 <= slot < self.n_branches:
+            raise ValueError(f"no branch {slot} of {self.n_branches}")
+        for pair in (self._ids, self._lists):
+            pair[0], pair[1 + slot] = pair[1 + slot], pair[0]  # type: ignore[assignment]
 
-    def _sequence(self, seq: int) -> list[int]:
-        return self.cached if seq == _MAIN else self.branch_cached
+    def evaluate_many(self, tokens: Mapping[int, Sequence[int]],
+                      abort: Callable[[], bool] | None = None) -> dict[int, np.ndarray]:
+        """One batch appending tokens[key] to sequence `key` (MAIN or a slot); the logits row
+        after each key's last token. On abort or failure every sequence is as before."""
+        roles = {key: self._role(key) for key, ts in tokens.items() if ts}
+        parts = [(roles[key], list(tokens[key])) for key in roles]
+        if sum(len(ts) for _, ts in parts) > self.n_batch:
+            raise ValueError(f"{sum(len(ts) for _, ts in parts)} tokens exceed the batch "
+                             f"({self.n_batch})")
+        if not parts:
+            return {}
+        self._check_thread()
+        self._set_abort(abort)
+        try:
+            rows = self._decode_many(parts)
+        finally:
+            self._set_abort(None)
+        return {key: rows[i] for i, key in enumerate(roles)}
 
-    def _evaluate(self, seq: int, tokens: Sequence[int], n_logits: int,
+    def _role(self, key: int) -> int:
+        if key == MAIN:
+            return 0
+        if not 0 <= key < self.n_branches:
+            raise ValueError(f"no sequence {key}: MAIN or a branch of {self.n_branches}")
+        return 1 + key
+
+    def _decode_many(self, parts: list[tuple[int, list[int]]]) -> list[np.ndarray]:
+        """Decode one batch over several sequences (role, tokens); the logits row after
+        each one's last token."""
+        if any(len(self._lists[role]) + len(ts) > self.n_ctx for role, ts in parts):
+            raise RuntimeError(f"context full ({self.n_ctx} tokens)")
+        b, i, last = self._batch, 0, []
+        for role, ts in parts:
+            n_past = len(self._lists[role])
+            for j, token in enumerate(ts):
+                b.token[i], b.pos[i], b.n_seq_id[i] = token, n_past + j, 1
+                b.seq_id[i][0] = self._ids[role]
+                b.logits[i] = j == len(ts) - 1
+                i += 1
+            last.append(i - 1)
+        b.n_tokens = i
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        _aborting.now = False
+        if rc != 0:
+            for role, _ in parts:  # a failed or aborted decode may leave entries
+                self._forget_from(role, len(self._lists[role]))
+            if rc == _DECODE_ABORTED:
+                raise EvaluationAborted()
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        for role, ts in parts:
+            self._lists[role].extend(ts)
+        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, k),
+                                      shape=(self.n_vocab,)).copy() for k in last]
+
+    def _evaluate(self, role: int, tokens: Sequence[int], n_logits: int,
                   abort: Callable[[], bool] | None) -> np.ndarray:
         self._check_thread()
-        n_before = len(self._sequence(seq))
+        n_before = len(self._lists[role])
         out = np.empty((n_logits, self.n_vocab), np.float32)
         self._set_abort(abort)
         try:
             for start in range(0, len(tokens), self.n_batch):
                 chunk = tokens[start:start + self.n_batch]
                 first_logit = len(tokens) - n_logits - start  # index within chunk
-                self._decode(seq, chunk, max(first_logit, 0), out[max(-first_logit, 0):])
+                self._decode(role, chunk, max(first_logit, 0), out[max(-first_logit, 0):])
         except EvaluationAborted:
-            self._forget_from(seq, n_before)
+            self._forget_from(role, n_before)
             raise
         finally:
             self._set_abort(None)
@@ -200,24 +266,24 @@ class LlamaModel:
         _aborting.now = stop
         return stop
 
-    def _decode(self, seq: int, chunk: Sequence[int], first_logit: int,
+    def _decode(self, role: int, chunk: Sequence[int], first_logit: int,
                 out: np.ndarray) -> None:
-        """Decode one batch on sequence `seq`; copy the logits of rows first_logit.. into
-        `out`."""
-        sequence = self._sequence(seq)
+        """Decode one batch on the sequence of `role` (0: the main one); copy the logits of
+        rows first_logit.. into `out`."""
+        sequence = self._lists[role]
         n_past = len(sequence)
         if n_past + len(chunk) > self.n_ctx:
             raise RuntimeError(f"context full ({self.n_ctx} tokens)")
         b = self._batch
         for i, token in enumerate(chunk):
             b.token[i], b.pos[i], b.n_seq_id[i] = token, n_past + i, 1
-            b.seq_id[i][0] = seq
+            b.seq_id[i][0] = self._ids[role]
             b.logits[i] = i >= first_logit
         b.n_tokens = len(chunk)
         rc = llama_cpp.llama_decode(self._ctx, b)
         _aborting.now = False
         if rc != 0:
-            self._forget_from(seq, n_past)  # a failed or aborted decode may leave entries
+            self._forget_from(role, n_past)  # a failed or aborted decode may leave entries
             if rc == _DECODE_ABORTED:
                 raise EvaluationAborted()
             raise RuntimeError(f"llama_decode failed with code {rc}")
@@ -228,7 +294,7 @@ class LlamaModel:
 
     def truncate(self, n: int) -> None:
         if n < len(self.cached):
-            self._forget_from(_MAIN, n)
+            self._forget_from(0, n)
 
     # --- grammars ---
     def constraint(self, gbnf: str) -> GrammarState:
@@ -237,13 +303,13 @@ class LlamaModel:
     def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
         return schema_grammar(schema, strict)
 
-    def _forget_from(self, seq: int, n: int) -> None:
-        # cells the other sequence shares stay: they only lose this sequence's id
-        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), seq, n, -1)
-        del self._sequence(seq)[n:]
+    def _forget_from(self, role: int, n: int) -> None:
+        # cells other sequences share stay: they only lose this sequence's id
+        llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(self._ctx), self._ids[role],
+                                      n, -1)
+        del self._lists[role][n:]
 
 
-_MAIN, _BRANCH = 0, 1  # sequence ids
 _NO_ABORT_CALLBACK = llama_cpp.ggml_abort_callback(0)  # a NULL function pointer
 _aborting = threading.local()  # .now: this thread's decode is being aborted
 
@@ -294,9 +360,9 @@ def attach_rpc(spec: str | None) -> list[str]:
 
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
                n_batch: int = 512, rpc: str | None = None,
-               tensor_split: str | None = None, branches: bool = False) -> LlamaModel:
+               tensor_split: str | None = None, branches: int = 0) -> LlamaModel:
     """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split;
-    `branches`: a second sequence to draft branches on."""
+    `branches`: sequences to draft branches on, beside the main one."""
     from shared.rpcwire import parse_weights
 
     path = resolve_model(spec)

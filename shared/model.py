@@ -3,12 +3,12 @@
 A Model holds a KV cache for one sequence: `cached` lists the tokens whose keys
 and values it holds, in order. `evaluate` appends tokens and returns the logits
 rows of the last few of them; `truncate` rolls the cache back. A model that can
-fork (`Forking`) holds a second sequence beside it, a branch off a prefix of `cached`.
+fork (`Forking`) holds branch sequences beside it, each off a prefix of `cached`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -64,23 +64,34 @@ class Model(Protocol):
         ...
 
 
+MAIN = -1  # evaluate_many's key for the main sequence (branch slots are 0..n_branches-1)
+
+
 class Forking(Model, Protocol):
-    """A Model with a second sequence in its cache, the *branch*: a back drafts an
-    alternative on it while its main draft stays cached. `can_fork` is False where this
-    model (a llama.cpp context made for one sequence) cannot."""
+    """A Model with branch sequences beside the main one in its cache: a back drafts
+    alternatives on them while its main draft stays cached, and extends them all in one
+    call. `can_fork` is False where this model (a context made for one sequence) cannot."""
 
     can_fork: bool
-    branch_cached: list[int]  # the tokens the branch holds: a prefix of `cached`, then its own
+    n_branches: int  # branch slots
+    branch_cached: list[list[int]]  # per slot: a prefix of `cached` as forked, then its own
 
-    def fork(self, n_keep: int) -> None:
-        """Make the branch hold the first `n_keep` tokens of `cached` (n_keep <= len(cached)),
-        shared with the main sequence, not evaluated again; what it held is dropped and
-        `cached` is untouched."""
+    def fork(self, slot: int, n_keep: int) -> None:
+        """Make branch `slot` hold the first `n_keep` tokens of `cached` (n_keep <=
+        len(cached)), shared with the main sequence, not evaluated again; what it held is
+        dropped and `cached` is untouched."""
         ...
 
-    def evaluate_branch(self, tokens: Sequence[int], n_logits: int,
-                        abort: Callable[[], bool] | None = None) -> np.ndarray:
-        """`evaluate` on the branch: append tokens to it; logits of the last n_logits."""
+    def evaluate_many(self, tokens: Mapping[int, Sequence[int]],
+                      abort: Callable[[], bool] | None = None) -> dict[int, np.ndarray]:
+        """One model call appending tokens[key] to sequence `key` (MAIN or a slot); the
+        logits row after each key's last token (keys with no tokens get none). On abort or
+        failure every sequence is as before the call."""
+        ...
+
+    def adopt(self, slot: int) -> None:
+        """Branch `slot` becomes the main sequence and the main one that branch: a swap of
+        roles, nothing evaluated or copied."""
         ...
 
 

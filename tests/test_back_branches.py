@@ -1,5 +1,6 @@
-"""Branches from the back: the draft model's second sequence, the runner-ups the drafter
-branches on, the posts that carry them, and the simulated draft's top-2 coverage."""
+"""Branches from the back: the draft model's branch sequences, the branches the drafter
+grows beside its chain (one model call for all), adopting the one lead takes, the posts
+that carry them, and the simulated draft's top-2 coverage."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import numpy as np
 import pytest
 
 from back.drafter import ModelDrafter
-from back.jobs import BranchJob, DraftJob, LatestTokens, ahead_for, branch, extend
+from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for, extend
 from back.posts import PostBook
+from back.tree import Branch
 from back.worker import Worker
 from shared.fake import ALPHABET, EOS, FakeModel
+from shared.model import MAIN
 from shared.protocol import MAX_BRANCH_TOKENS, MAX_BRANCHES, DraftPost, SamplingParams, State
 from shared.sampling import Dist
 
@@ -31,19 +34,27 @@ def second(row: np.ndarray) -> int:
     return int(np.argsort(-row, kind="stable")[1])
 
 
-# --- the fake draft model's second sequence ---
+# --- the fake draft model's branch sequences ---
 
-def test_a_fork_leaves_the_main_cache_and_gives_a_fresh_evaluations_logits() -> None:
-    model = draft_model()
+def test_branches_fork_off_the_main_sequence_and_grow_in_one_call() -> None:
+    model = draft_model(cost_s=(0.0, 0.0))
     model.evaluate(PROMPT + [3, 4, 8], 1)
     main = list(model.cached)
-    model.fork(4)
-    rows = model.evaluate_branch([40, 41, 42], 3)
-    assert model.cached == main and model.branch_cached == PROMPT[:4] + [40, 41, 42]
+    model.fork(0, 4)
+    model.fork(1, 7)
+    calls = len(model.calls)
+    rows = model.evaluate_many({MAIN: [9], 0: [40, 41], 1: [42]})
+    assert len(model.calls) == calls + 1 and model.calls[-1] == 4  # one call, four tokens
     fresh = draft_model()
-    assert np.array_equal(rows, fresh.evaluate(PROMPT[:4] + [40, 41, 42], 3))
-    # the main sequence goes on where it was
-    assert np.array_equal(model.evaluate([9], 1)[0], draft_model().logits_for(main + [9]))
+    assert np.array_equal(rows[0], fresh.logits_for(PROMPT[:4] + [40, 41]))
+    assert np.array_equal(rows[1], fresh.logits_for(main[:7] + [42]))
+    assert np.array_equal(rows[MAIN], fresh.logits_for(main + [9]))
+    assert model.cached == main + [9]
+    assert model.branch_cached[:2] == [PROMPT[:4] + [40, 41], main[:7] + [42]]
+    model.adopt(0)  # the branch becomes the main sequence, the main one that slot
+    assert model.cached == PROMPT[:4] + [40, 41] and model.branch_cached[0] == main + [9]
+    with pytest.raises(ValueError):
+        model.fork(0, len(model.cached) + 1)
 
 
 # --- the simulated draft's top-2 model ---
@@ -91,27 +102,21 @@ def test_cover_is_how_often_the_targets_token_is_the_drafts_second_choice(
 
 # --- the drafter's branches ---
 
-def drafted(sampling: SamplingParams = GREEDY, draft_len: int = 3, seed: int = 0
-            ) -> tuple[ModelDrafter, tuple[int, ...]]:
-    """A drafter as far ahead of lead (PROMPT) as it drafts."""
-    drafter = ModelDrafter(draft_model())
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
-    rng = np.random.default_rng(seed)
-    job = DraftJob(tuple(PROMPT), sampling, ahead_for(draft_len, 16), 100, frozenset({EOS}),
-                   rng, latest)
-    local = extend(drafter, job).local
-    assert len(local) == len(PROMPT) + ahead_for(draft_len, 16)
-    return drafter, local
-
-
-def branch_job(width: int, depth: int, sampling: SamplingParams = GREEDY,
-               latest: LatestTokens | None = None, seed: int = 1) -> BranchJob:
+def job(sampling: SamplingParams = GREEDY, width: int = 0, depth: int = 3, burst: int = 1,
+        ahead: int = 8, lead: tuple[int, ...] = tuple(PROMPT),
+        latest: LatestTokens | None = None, seed: int = 0) -> DraftJob:
     if latest is None:
         latest = LatestTokens()
-        latest.publish(tuple(PROMPT))
-    return BranchJob(tuple(PROMPT), sampling, width, depth, frozenset({EOS}),
-                     np.random.default_rng(seed), latest)
+        latest.publish(lead)
+    return DraftJob(lead, sampling, ahead, burst, frozenset({EOS}), np.random.default_rng(seed),
+                    latest, width=width, depth=depth)
+
+
+def grown(width: int, calls: int, sampling: SamplingParams = GREEDY, depth: int = 3,
+          ahead: int = 8, model: FakeModel | None = None) -> tuple[ModelDrafter, Drafted]:
+    """A drafter that made `calls` model calls past PROMPT with `width` branches."""
+    drafter = ModelDrafter(model or draft_model())
+    return drafter, extend(drafter, job(sampling, width, depth, calls, ahead))
 
 
 def rejection_odds(local: tuple[int, ...]) -> dict[int, float]:
@@ -127,150 +132,213 @@ def rejection_odds(local: tuple[int, ...]) -> dict[int, float]:
 
 
 def test_greedy_branches_are_the_runner_up_then_the_drafts_own_continuation() -> None:
-    drafter, local = drafted()
+    chain = draft_model().greedy_continuation(PROMPT, 8)
+    drafter, made = grown(width=3, calls=8)
     model = drafter.model
     assert isinstance(model, FakeModel)
-    cached = list(model.cached)
-    made = branch(drafter, branch_job(width=3, depth=3))
-    assert made.local == local and len(made.branches) == 3
-    odds = rejection_odds(local)
-    assert [b.pos for b in made.branches] == sorted(odds, key=lambda p: -odds[p])[:3]
+    assert made.local == tuple(PROMPT + chain)  # the chain is what it is without branches
+    # catching up (two calls), then one call per guess after the first (ready at once)
+    assert len(model.calls) == 2 + 7
+    assert len(made.branches) == 3
+    odds = rejection_odds(made.local)
+    assert sorted(b.pos for b in made.branches) == sorted(
+        sorted(odds, key=lambda p: -odds[p])[:3])
     reference = draft_model()
     for b in made.branches:
-        context = list(local[:b.pos])
-        assert b.tokens[0] == second(reference.logits_for(context)) != local[b.pos]
-        assert list(b.tokens[1:]) == reference.greedy_continuation(context + [b.tokens[0]], 3)
-        assert b.dists == (None,) * 4
-    assert model.cached == cached  # the main draft stays cached
-    # and drafting goes on from it: the next guess is evaluated, not the whole draft again
-    before = model.evaluated
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
-    job = DraftJob(tuple(PROMPT), GREEDY, ahead_for(3, 16) + 1, 1, frozenset({EOS}),
-                   np.random.default_rng(0), latest)
-    more = extend(drafter, job)
-    assert more.local[:-1] == local and model.evaluated == before + 1
-    assert more.local[-1] == reference.greedy_continuation(list(local), 1)[0]
+        context = list(made.local[:b.pos])
+        assert b.tokens[0] == second(reference.logits_for(context)) != made.local[b.pos]
+        rest = reference.greedy_continuation(context + [b.tokens[0]], len(b.tokens) - 1)
+        assert list(b.tokens[1:]) == rest and 1 < len(b.tokens) <= 4  # up to depth 3
+        assert b.dists == (None,) * len(b.tokens)
+    assert made.branch_grown == sum(len(b.tokens) - 1 for b in made.branches)
+
+
+def test_every_call_carries_the_chain_and_each_branch() -> None:
+    drafter, made = grown(width=2, calls=6, depth=8)
+    model = drafter.model
+    assert isinstance(model, FakeModel)
+    sizes = model.calls[2:]  # after catching up: one batch per call
+    assert len(sizes) == 5 and max(sizes) == 3  # the chain's guess and two branches
+    assert sum(sizes) == 5 + made.branch_grown
 
 
 def test_a_branchs_root_comes_from_the_same_adjusted_row_as_the_guess() -> None:
-    plain_drafter, local = drafted()
-    plain = branch(plain_drafter, branch_job(width=1, depth=2)).branches[0]
-    banned = SamplingParams(logit_bias={plain.tokens[0]: -100.0})  # the runner-up there
-    drafter = ModelDrafter(draft_model())
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
-    extend(drafter, DraftJob(tuple(PROMPT), banned, ahead_for(3, 16), 100, frozenset({EOS}),
-                             np.random.default_rng(0), latest))
-    made = branch(drafter, branch_job(width=8, depth=2, sampling=banned)).branches
-    at = next(b for b in made if b.pos == plain.pos)
-    row = draft_model().logits_for(list(local[:plain.pos]))
+    _, plain = grown(width=1, calls=4)
+    first = plain.branches[0]
+    banned = SamplingParams(logit_bias={first.tokens[0]: -100.0})  # the runner-up there
+    _, made = grown(width=8, calls=4, sampling=banned)
+    at = next(b for b in made.branches if b.pos == first.pos)
+    row = draft_model().logits_for(list(plain.local[:first.pos]))
     third = int(np.argsort(-row, kind="stable")[2])
-    assert at.tokens[0] == third and plain.tokens[0] not in {b.tokens[0] for b in made}
-
-
-def test_branches_asked_again_cost_nothing() -> None:
-    drafter, _ = drafted()
-    first = branch(drafter, branch_job(width=2, depth=3))
-    evaluated = drafter.model.evaluated  # type: ignore[attr-defined]
-    again = branch(drafter, branch_job(width=2, depth=3))
-    assert again.branches == first.branches
-    assert drafter.model.evaluated == evaluated  # type: ignore[attr-defined]
+    assert at.tokens[0] == third
+    assert first.tokens[0] not in {b.tokens[0] for b in made.branches}
 
 
 def test_sampled_branches_carry_the_distributions_they_were_drawn_from() -> None:
-    drafter, local = drafted(HOT)
-    made = branch(drafter, branch_job(width=2, depth=3, sampling=HOT))
+    _, made = grown(width=2, calls=6, sampling=HOT)
     assert len(made.branches) == 2
     for b in made.branches:
         root_dist = b.dists[0]
         assert isinstance(root_dist, Dist)
-        # the root is the likeliest token other than the guess, in the row the guess was
-        # drawn from
-        others = [int(t) for t in root_dist.token_ids if t != local[b.pos]]
-        assert b.tokens[0] == others[0] and local[b.pos] in root_dist.token_ids.tolist()
-        assert len(b.tokens) == 4
+        # the root is the likeliest token other than the guess, in the row it was drawn from
+        others = [int(t) for t in root_dist.token_ids if t != made.local[b.pos]]
+        assert b.tokens[0] == others[0] and made.local[b.pos] in root_dist.token_ids.tolist()
         for token, dist in zip(b.tokens[1:], b.dists[1:], strict=True):
             assert isinstance(dist, Dist) and token in dist.token_ids.tolist()
 
 
-def test_lead_taking_a_step_stops_the_branching() -> None:
-    drafter, local = drafted()
+def test_lead_taking_a_branch_makes_it_the_draft_with_nothing_evaluated_again() -> None:
+    drafter, made = grown(width=4, calls=8, depth=4)
+    model = drafter.model
+    assert isinstance(model, FakeModel)
+    taken = max(made.branches, key=lambda b: len(b.tokens))
+    lead = tuple(made.local[:taken.pos]) + taken.tokens[:2]  # its root, and one guess
+    evaluated = model.evaluated
+    assert drafter.catch_up(lead) == 0 and model.evaluated == evaluated
+    assert tuple(drafter.local) == tuple(made.local[:taken.pos]) + taken.tokens
+    after = extend(drafter, job(lead=lead, burst=3, width=0, ahead=16))
+    reference = draft_model().greedy_continuation(list(drafter.local[:len(lead)]), 40)
+    assert list(after.local[len(lead):]) == reference[:len(after.local) - len(lead)]
+    assert all(not b for b in model.branch_cached)  # the rest of the tree was dropped
+
+
+def test_lead_leaving_chain_and_branches_drops_every_branch() -> None:
+    drafter, made = grown(width=4, calls=8)
+    model = drafter.model
+    assert isinstance(model, FakeModel)
+    n = len(PROMPT)
+    roots = {b.tokens[0] for b in made.branches if b.pos == n}
+    other = next(t for t in range(1, len(ALPHABET)) if t != made.local[n] and t not in roots)
+    lead = tuple(PROMPT) + (other,)
+    assert drafter.catch_up(lead) >= 1  # the new token is evaluated
+    assert all(not b for b in model.branch_cached) and drafter.branches == ()
+    again = extend(drafter, job(lead=lead, burst=1, width=2))
+    assert again.local[:n + 1] == lead
+
+
+def test_an_aborted_call_changes_nothing() -> None:
+    drafter, made = grown(width=3, calls=5)
     latest = LatestTokens()
-    latest.publish(tuple(PROMPT) + (local[len(PROMPT)],))  # lead's news: one more token
-    assert branch(drafter, branch_job(width=2, depth=3, latest=latest)).branches == ()
+    latest.publish(tuple(PROMPT) + (0,) * 30)  # lead has left this path: abort at once
+    again = extend(drafter, job(width=3, latest=latest))
+    assert again.local == made.local and again.grown == 0 and again.branch_grown == 0
+    assert again.work.cut_short == 1
+    assert drafter.branches == made.branches
+
+
+def test_branches_alone_grow_once_the_chain_is_as_far_ahead_as_it_goes() -> None:
+    drafter, made = grown(width=2, calls=3, ahead=2, depth=6)
+    assert len(made.local) == len(PROMPT) + 2 and made.grown == 2
+    more = extend(drafter, job(width=2, depth=6, burst=4, ahead=2))
+    assert more.grown == 0 and more.branch_grown > 0 and more.local == made.local
+    deepest = max(len(b.tokens) for b in more.branches)
+    assert deepest > max(len(b.tokens) for b in made.branches)
+
+
+def test_a_branch_leaves_the_main_sequence_room_in_a_shared_context() -> None:
+    """The branches' cells count against the context the main sequence needs: they end
+    where it is full and are dropped when the main sequence grows into them."""
+    model = draft_model(n_ctx=len(PROMPT) + 6)
+    drafter = ModelDrafter(model)
+    made = extend(drafter, job(width=2, depth=8, burst=12, ahead=3))
+    cells = sum(len(b.tokens) - 1 for b in made.branches)
+    assert made.branches and len(model.cached) + cells <= model.n_ctx
+    more = extend(drafter, job(width=0, burst=6, ahead=6))  # no "context full"
+    assert len(more.local) == len(PROMPT) + 6 and all(not b for b in model.branch_cached)
+
+
+def test_branches_keep_to_the_grammar() -> None:
+    grammar = 'root ::= "abc" | "abd" | "axe" | "bee"'
+    ruled = SamplingParams(grammar=grammar)
+    model = draft_model()
+    drafter = ModelDrafter(model)
+    made = extend(drafter, DraftJob(tuple(PROMPT), ruled, 8, 12, frozenset({EOS}),
+                                    np.random.default_rng(0), _latest(), n_prompt=len(PROMPT),
+                                    width=8, depth=4))
+    assert made.branches  # the grammar leaves a choice at the first tokens
+    replies = {tuple(model.tokenize(word)) for word in ("abc", "abd", "axe", "bee")}
+    for b in made.branches:
+        path = tuple(made.local[len(PROMPT):b.pos]) + b.tokens
+        assert path[-1] == EOS and path[:-1] in replies  # a whole reply the grammar allows
+
+
+def _latest() -> LatestTokens:
+    latest = LatestTokens()
+    latest.publish(tuple(PROMPT))
+    return latest
 
 
 # --- posts ---
 
-@pytest.mark.parametrize("depth", [3, 30])
+def many_branches(depth: int) -> tuple[tuple[int, ...], list[Branch]]:
+    """A draft of 10 past PROMPT and a branch at each guess, `depth` tokens deep."""
+    model = draft_model()
+    local = tuple(PROMPT + model.greedy_continuation(PROMPT, 10))
+    made = []
+    for pos in range(len(PROMPT), len(local)):
+        root = second(model.logits_for(list(local[:pos])))
+        rest = model.greedy_continuation(list(local[:pos]) + [root], depth - 1)
+        made.append(Branch(pos, local[:pos + 1], (root, *rest), (None,) * depth, GREEDY,
+                           False))
+    return local, made
+
+
+@pytest.mark.parametrize("depth", [4, 31])
 def test_posts_carry_branches_within_the_protocols_bounds(depth: int) -> None:
-    drafter, local = drafted(draft_len=7)
-    made = branch(drafter, branch_job(width=MAX_BRANCHES + 2, depth=depth)).branches
+    local, made = many_branches(depth)
     assert len(made) == MAX_BRANCHES + 2
     start, draft = len(PROMPT), list(local[len(PROMPT):])
-    post, new = PostBook().next_post("s", start, draft, "b",
+    post, new = PostBook().next_post("s", start, draft, "b", with_dists=False,
                                      branches=made)  # type: ignore[misc]
     assert new == len(draft) and post.token_ids == draft
     DraftPost.model_validate(post.model_dump())  # lead's own check passes
     sizes = [len(b.token_ids) for b in post.branches]
-    if depth == 3:  # as many as a post takes, whole
+    if depth == 4:  # as many as a post takes, whole
         assert sizes == [4] * MAX_BRANCHES
-    else:  # as many tokens as a post takes, the likeliest branches first
+    else:  # as many tokens as a post takes, the first (likeliest) branches first
         assert sum(sizes) == MAX_BRANCH_TOKENS and sizes[0] == 31
     for b, mine in zip(post.branches, made, strict=False):
         assert b.at == mine.pos - start and b.token_ids == list(mine.tokens[:len(b.token_ids)])
 
 
 def test_a_post_is_made_again_only_for_new_branches() -> None:
-    drafter, local = drafted()
+    local, made = many_branches(3)
     draft = list(local[len(PROMPT):])
     book = PostBook()
-    assert book.next_post("s", len(PROMPT), draft, "b") is not None
-    assert book.next_post("s", len(PROMPT), draft, "b") is None
-    made = branch(drafter, branch_job(width=2, depth=3)).branches
-    again = book.next_post("s", len(PROMPT), draft, "b", branches=made)
+    assert book.next_post("s", len(PROMPT), draft, "b", with_dists=False) is not None
+    assert book.next_post("s", len(PROMPT), draft, "b", with_dists=False) is None
+    again = book.next_post("s", len(PROMPT), draft, "b", False, made[:2])
     assert again is not None and len(again[0].branches) == 2 and again[1] == 0
-    assert book.next_post("s", len(PROMPT), draft, "b", branches=made) is None
-    # lead took the first token: the branches past it still hang off what was posted
-    assert book.next_post("s", len(PROMPT) + 1, draft[1:], "b",
-                          branches=[b for b in made if b.pos > len(PROMPT)]) is None
+    assert book.next_post("s", len(PROMPT), draft, "b", False, made[:2]) is None
+    # lead took the first token: the branch past it still hangs off what was posted
+    assert book.next_post("s", len(PROMPT) + 1, draft[1:], "b", False, made[1:2]) is None
 
 
 def test_branches_are_cut_to_the_longest_post_lead_takes() -> None:
-    drafter, local = drafted()
-    made = branch(drafter, branch_job(width=2, depth=3)).branches
-    post, _ = PostBook().next_post("s", len(PROMPT), list(local[len(PROMPT):]), "b",
-                                   branches=made, longest=2)  # type: ignore[misc]
-    assert [b.token_ids for b in post.branches] == [list(b.tokens[:2]) for b in made]
+    local, made = many_branches(4)
+    post, _ = PostBook().next_post("s", len(PROMPT), list(local[len(PROMPT):]), "b", False,
+                                   made[:2], longest=2)  # type: ignore[misc]
+    assert [b.token_ids for b in post.branches] == [list(b.tokens[:2]) for b in made[:2]]
 
 
 def test_sampled_posts_give_every_branch_token_a_distribution() -> None:
-    drafter, local = drafted(HOT)
-    book = PostBook()
+    _, made = grown(width=2, calls=6, sampling=HOT)
     start = len(PROMPT)
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
-    # the drafter's distributions, as the worker hands them to the post book
-    fresh = ModelDrafter(draft_model())
-    got = extend(fresh, DraftJob(tuple(PROMPT), HOT, ahead_for(3, 16), 100, frozenset({EOS}),
-                                 np.random.default_rng(0), latest))
-    assert got.local == local
-    book.drafted(start, start, got.dists)
-    made = branch(drafter, branch_job(width=2, depth=3, sampling=HOT)).branches
-    post, _ = book.next_post("s", start, list(local[start:]), "b",
-                             branches=made)  # type: ignore[misc]
+    book = PostBook()
+    book.drafted(start, start, made.dists)
+    post, _ = book.next_post("s", start, list(made.local[start:]), "b",  # type: ignore[misc]
+                             branches=made.branches)
     assert post.dists is not None and len(post.branches) == 2
     for b in post.branches:
         assert b.dists is not None and len(b.dists) == len(b.token_ids)
-    post, _ = PostBook().next_post("s", start, list(local[start:]), "b",  # type: ignore[misc]
-                                   with_dists=False, branches=made)
+    post, _ = PostBook().next_post("s", start, list(made.local[start:]), "b",  # type: ignore[misc]
+                                   with_dists=False, branches=made.branches)
     assert post.dists is None and all(b.dists is None for b in post.branches)
     lacking = [replace(b, tokens=b.tokens[:2] + (EOS,), dists=(*b.dists[:2], None))
-               for b in made]  # (as a branch drafted greedily in another session)
+               for b in made.branches]  # (as a branch drafted greedily in another session)
     book = PostBook()
-    book.drafted(start, start, got.dists)
-    post, _ = book.next_post("s", start, list(local[start:]), "b",  # type: ignore[misc]
+    book.drafted(start, start, made.dists)
+    post, _ = book.next_post("s", start, list(made.local[start:]), "b",  # type: ignore[misc]
                              branches=lacking)
     assert post.dists is not None and post.branches == []  # no dists to give: not sent
 
@@ -286,9 +354,10 @@ class RecordingLead:
         return self.reply
 
 
-def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = None
-                 ) -> list[DraftPost]:
-    """What a worker posts while lead, holding PROMPT, verifies and sends no news."""
+def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = None,
+                 step_s: float | None = 1.0) -> list[DraftPost]:
+    """What a worker posts while lead, holding PROMPT, verifies and sends no news; lead's
+    step as the worker measured it is `step_s` (its draft calls cost next to nothing)."""
     state = State(version=1, lead_id="L", session_id="s", token_ids=PROMPT,
                   n_tokens=len(PROMPT), done=False, draft_len=draft_len)
     lead = RecordingLead(state)
@@ -298,6 +367,7 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     worker.eos_token_ids = frozenset({EOS})
     worker.mirror.attach("L")
     worker._settle(state)
+    worker.lead_step.step_s = step_s
     try:
         asyncio.run(asyncio.wait_for(worker._draft_ahead(), 20))  # until it has nothing new
     finally:
@@ -305,77 +375,44 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     return lead.posts
 
 
-def test_a_worker_as_far_ahead_as_it_drafts_posts_branches_off_its_draft() -> None:
+def test_a_worker_posts_branches_off_its_draft_where_they_fit_lead_s_step() -> None:
     chain = draft_model().greedy_continuation(PROMPT, ahead_for(2, 8))
     plain = worker_posts(branches=0)
     assert plain and all(not p.branches for p in plain)
     assert plain[-1].token_ids == chain  # as before: the chain alone
     posts = worker_posts(branches=2)
-    for p in posts:  # branching interleaves with the chain, whose tokens stay the same
+    for p in posts:  # branches grow beside the chain, whose tokens stay the same
         assert p.token_ids == chain[p.start - len(PROMPT):][:len(p.token_ids)]
     last = posts[-1]
     assert last.token_ids == chain and len(last.branches) == 2
     reference = draft_model()
-    for b in last.branches:  # half a draft (of 2) deep
+    for b in last.branches:  # a draft (of 2) deep after the root
         context = PROMPT + chain[:b.at]
         assert b.token_ids[0] == second(reference.logits_for(context))
-        assert b.token_ids[1:] == reference.greedy_continuation(context + b.token_ids[:1], 1)
+        assert b.token_ids[1:] == reference.greedy_continuation(context + b.token_ids[:1], 2)
+    # not knowing lead's step yet, it drafts the chain alone
+    assert all(not p.branches for p in worker_posts(branches=2, step_s=None))
 
 
 def test_a_worker_whose_model_cannot_fork_drafts_the_chain_alone() -> None:
-    """--branches with a model that has one sequence: the chain, posted as without."""
-    single = draft_model()
-    single.can_fork = False
+    """--branches with a model that has no branch sequences: the chain, as without."""
     chain = draft_model().greedy_continuation(PROMPT, ahead_for(2, 8))
-    posts = worker_posts(branches=2, model=single)  # (it used to spin, never posting)
-    assert posts and all(not p.branches for p in posts)
-    assert posts[-1].token_ids == chain
-
-
-def test_a_branch_leaves_the_main_sequence_room_in_a_shared_context() -> None:
-    """The branch's own cells count against the context the main sequence needs: they
-    are dropped when the main sequence grows into them, and a branch stops short."""
-    model = draft_model(n_ctx=len(PROMPT) + 6)
-    drafter, latest = ModelDrafter(model), LatestTokens()
-    latest.publish(tuple(PROMPT))
-    extend(drafter, DraftJob(tuple(PROMPT), GREEDY, 3, 100, frozenset({EOS}),
-                             np.random.default_rng(0), latest))
-    made = branch(drafter, BranchJob(tuple(PROMPT), GREEDY, 1, 8, frozenset({EOS}),
-                                     np.random.default_rng(1), latest)).branches
-    assert made and len(model.cached) + len(made[0].tokens) <= model.n_ctx
-    more = extend(drafter, DraftJob(tuple(PROMPT), GREEDY, 6, 100, frozenset({EOS}),
-                                    np.random.default_rng(0), latest))  # no "context full"
-    assert len(more.local) == len(PROMPT) + 6 and model.branch_cached == []
+    unforking = draft_model()
+    unforking.can_fork = False
+    for single in (draft_model(n_branches=0), unforking):
+        posts = worker_posts(branches=2, model=single)
+        assert posts and all(not p.branches for p in posts)
+        assert posts[-1].token_ids == chain
 
 
 def test_the_branches_setting_reaches_the_worker() -> None:
     from back.__main__ import build_worker
     from back.settings import BackSettings
 
-    assert BackSettings().branches == 0  # off until it pays (docs/benchmarks.md)
-    worker = build_worker(BackSettings(drafter="ngram", branches=0))
+    worker = build_worker(BackSettings(drafter="ngram", branches=3))
     try:
-        assert worker.branches == 0
+        assert worker.branches == 3 and worker.width() == 0  # n-grams do not branch
     finally:
         asyncio.run(worker.client.close())
     with pytest.raises(ValueError, match="branches"):
         BackSettings(branches=MAX_BRANCHES + 1)
-
-
-def test_branches_keep_to_the_grammar() -> None:
-    grammar = 'root ::= "abc" | "abd" | "axe" | "bee"'
-    ruled = SamplingParams(grammar=grammar)
-    model = draft_model()
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
-    drafter = ModelDrafter(model)
-    extend(drafter, DraftJob(tuple(PROMPT), ruled, ahead_for(3, 16), 100, frozenset({EOS}),
-                             np.random.default_rng(0), latest, n_prompt=len(PROMPT)))
-    job = BranchJob(tuple(PROMPT), ruled, 8, 3, frozenset({EOS}), np.random.default_rng(1),
-                    latest, n_prompt=len(PROMPT))
-    made = branch(drafter, job)
-    assert made.branches  # the grammar leaves a choice at the first tokens
-    replies = {tuple(model.tokenize(word)) for word in ("abc", "abd", "axe", "bee")}
-    for b in made.branches:
-        path = tuple(made.local[len(PROMPT):b.pos]) + b.tokens
-        assert path[-1] == EOS and path[:-1] in replies  # a whole reply the grammar allows

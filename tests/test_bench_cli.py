@@ -50,8 +50,11 @@ def test_the_simulated_draft_covers_what_the_ideal_is_priced_at() -> None:
 
     target, draft = sim_flags(parse(["--sim", "--cover", "0.3", "--sim-agree", "0.7"]))
     assert target[:4] == ["--call-s", "0.03", "--token-s", "0.0005"]
-    assert draft == ["--call-s", "0.003", "--agree", "0.7", "--cover", "0.3", "--branches", "0"]
+    assert draft == ["--call-s", "0.003", "--agree", "0.7", "--cover", "0.3", "--branches", "8"]
     assert sim_flags(parse(["--sim", "--sim-branches", "2"]))[1][-2:] == ["--branches", "2"]
+    # by default as many as a back grows: python -m bench --sim measures what users get
+    from back.settings import BackSettings
+    assert parse(["--sim"]).sim_branches == BackSettings().branches
 
 
 def test_quick_sets_its_own_defaults_but_keeps_what_the_user_gave() -> None:

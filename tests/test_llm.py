@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from shared.llm import LlamaModel, load_model
-from shared.model import EvaluationAborted
+from shared.model import MAIN, EvaluationAborted
 
 pytestmark = pytest.mark.real
 
@@ -62,41 +62,76 @@ def test_an_abort_check_that_never_fires_changes_nothing(model: LlamaModel) -> N
 
 @pytest.fixture(scope="module")
 def branching() -> LlamaModel:
-    return load_model("smollm2-135m", threads=1, n_ctx=512, branches=True)
+    return load_model("smollm2-135m", threads=1, n_ctx=512, branches=2)
 
 
-def test_a_forked_sequence_gives_a_fresh_evaluations_logits_and_leaves_the_main_one(
+# llama.cpp's logits for one context vary with the batch shapes and the cache's layout (up
+# to 0.9 here: the same tokens in one batch or one by one); a context one token off is off
+# by 2.5 or more
+def close(actual: np.ndarray, desired: np.ndarray) -> None:
+    np.testing.assert_allclose(actual, desired, atol=1.5)
+
+
+def test_branches_fork_off_the_main_sequence_and_grow_in_one_batch(
         model: LlamaModel, branching: LlamaModel) -> None:
     context = model.tokenize("def add(a, b):\n    return a")
     draft = model.tokenize(" + b\n\nprint", add_bos=False)
     other = model.tokenize(" - b  # no", add_bos=False)
+
+    def fresh(tokens: list[int]) -> np.ndarray:
+        model.truncate(0)
+        return model.evaluate(tokens, 1)[-1]
+
     branching.truncate(0)
     branching.evaluate([*context, *draft], 1)
-    evaluated_main = list(branching.cached)
+    main = list(branching.cached)
+    branching.fork(0, len(context))
+    branching.fork(1, 2)
+    assert branching.branch_cached == [context, context[:2]]
+    rows = branching.evaluate_many({MAIN: [other[0]], 0: other[:2], 1: [context[2]]})
+    assert sorted(rows) == [MAIN, 0, 1]
+    close(rows[MAIN], fresh([*main, other[0]]))
+    close(rows[0], fresh([*context, *other[:2]]))
+    close(rows[1], fresh(context[:3]))
+    assert branching.cached == [*main, other[0]]
+    assert branching.branch_cached == [[*context, *other[:2]], context[:3]]
+    # the branch becomes the main sequence: nothing evaluated again, and it goes on
+    branching.adopt(0)
+    assert branching.cached == [*context, *other[:2]]
+    assert branching.branch_cached[0] == [*main, other[0]]
+    close(branching.evaluate([other[2]], 1)[-1], fresh([*context, *other[:3]]))
+    branching.truncate(len(context))  # cut back below where it forked: the prefix stays
+    close(branching.evaluate([draft[0]], 1)[-1], fresh([*context, draft[0]]))
+    close(branching.evaluate_many({0: [other[1]]})[0], fresh([*main, other[0], other[1]]))
 
-    def fresh(tokens: list[int], n_logits: int) -> np.ndarray:
-        model.truncate(0)
-        return model.evaluate(tokens, n_logits)
 
-    # llama.cpp's logits for one context vary with the batch shapes and the cache's layout
-    # (up to 0.9 here: the same tokens in one batch or one by one); a context one token off
-    # is off by 2.5 or more
-    def close(actual: np.ndarray, desired: np.ndarray) -> None:
-        np.testing.assert_allclose(actual, desired, atol=1.5)
+def test_an_aborted_batch_leaves_every_sequence_as_it_was(
+        model: LlamaModel, branching: LlamaModel) -> None:
+    context = model.tokenize("print('hello')")
+    branching.truncate(0)
+    branching.evaluate(context, 1)
+    branching.fork(0, 3)
+    branching.fork(1, len(context))
+    before = (list(branching.cached), [list(b) for b in branching.branch_cached])
+    with pytest.raises(EvaluationAborted):
+        branching.evaluate_many({MAIN: [context[1]], 0: [context[3]], 1: [context[0]]},
+                                abort=lambda: True)
+    assert (branching.cached, branching.branch_cached) == before
+    rows = branching.evaluate_many({MAIN: [context[1]], 0: [context[3]]})
+    model.truncate(0)
+    close(rows[0], model.evaluate(context[:4], 1)[-1])
 
-    branching.fork(len(context))
-    assert branching.branch_cached == context
-    rows = branching.evaluate_branch(other, len(other))
-    close(rows, fresh([*context, *other], len(other)))
-    assert branching.cached == evaluated_main and branching.branch_cached == [*context, *other]
-    # the main sequence goes on as if no branch were there
-    after = branching.evaluate([other[0]], 1)
-    close(after, fresh([*evaluated_main, other[0]], 1))
-    # cutting the main sequence back below the fork leaves the branch's shared prefix
-    branching.truncate(2)
-    more = branching.evaluate_branch([draft[0]], 1)
-    close(more, fresh([*context, *other, draft[0]], 1))
-    # a second fork drops the first branch
-    branching.fork(2)
-    again = branching.evaluate_branch(context[2:], 1)
-    close(again, fresh(context, 1))
+
+def test_bad_branch_calls_are_value_errors(branching: LlamaModel) -> None:
+    branching.truncate(0)
+    branching.evaluate([1, 2, 3], 1)
+    with pytest.raises(ValueError, match="fork"):
+        branching.fork(2, 1)  # slots 0 and 1 only
+    with pytest.raises(ValueError, match="fork"):
+        branching.fork(0, 4)  # more than the main sequence holds
+    with pytest.raises(ValueError, match="sequence"):
+        branching.evaluate_many({5: [1]})
+    with pytest.raises(ValueError, match="batch"):
+        branching.evaluate_many({MAIN: [1] * 600})
+    with pytest.raises(ValueError, match="branch"):
+        branching.adopt(3)

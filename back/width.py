@@ -1,0 +1,89 @@
+"""How many branches the back grows beside its draft, priced from what it measures (pure).
+
+Each draft model call carries the draft's next guess and one more token of every branch,
+so branches make each guess cost what a batch of 1 + width tokens costs. After a
+rejection the back starts its chain over, and lead wants a whole draft (`draft_len`
+guesses) by the end of its next step: the widest batch that still makes them in time
+is the width. On a GPU a wider
+batch costs about one token's time and the back goes wide; on a CPU core it costs nearly
+`b` tokens' time and the back drafts the chain alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+EWMA = 0.2  # weight of a new measurement
+SLACK = 0.15  # a batch this much dearer than one token is as cheap (measurement noise)
+STALE_S = 5.0  # a gap this long between lead's steps is idleness, not a step
+
+
+@dataclass
+class DraftPrices:
+    """Seconds per draft model call, by tokens evaluated in it."""
+
+    seconds: dict[int, float] = field(default_factory=dict)
+
+    def note(self, tokens: int, seconds: float) -> None:
+        if tokens > 0:
+            old = self.seconds.get(tokens)
+            self.seconds[tokens] = seconds if old is None else old + EWMA * (seconds - old)
+
+    @property
+    def largest(self) -> int:
+        return max(self.seconds, default=0)
+
+    def of(self, tokens: int) -> float | None:
+        """The price of a batch of `tokens` no larger than the largest measured: on the
+        line fitted to every measured size (one size's noise would make the width
+        flicker); None if none was measured."""
+        if not self.seconds or tokens > self.largest:
+            return None
+        if len(self.seconds) == 1:
+            return self.seconds.get(tokens)
+        sizes = np.array(list(self.seconds), dtype=np.float64)
+        slope, base = np.polyfit(sizes, np.array(list(self.seconds.values())), 1)
+        return float(base + slope * tokens)
+
+
+@dataclass
+class StepClock:
+    """Lead's steps as the back sees them: seconds between states that add tokens."""
+
+    step_s: float | None = None
+    _last: tuple[int, float] | None = None  # (lead's tokens, when) at the last state
+
+    def note(self, n_tokens: int, now: float) -> None:
+        if self._last is not None and n_tokens > self._last[0]:
+            gap = now - self._last[1]
+            if gap < STALE_S:
+                old = self.step_s
+                self.step_s = gap if old is None else old + EWMA * (gap - old)
+        if self._last is None or n_tokens != self._last[0]:
+            self._last = (n_tokens, now)
+
+    def restart(self) -> None:
+        """A new session: its first state comes after a pause, not a step."""
+        self._last = None
+
+
+def choose_width(prices: DraftPrices, step_s: float | None, draft_len: int, most: int) -> int:
+    """The most branches (up to `most`) whose batch leaves a guess no dearer than lead's
+    step allows per guess of a draft, or than a lone guess within SLACK (where a wider
+    batch costs the same, as on a GPU, the draft is as fast with branches as without).
+    A batch larger than any measured is tried once, if every narrower one fits."""
+    lone = prices.of(1)
+    if step_s is None or lone is None or most <= 0:
+        return 0
+    allowed = max(step_s / max(draft_len, 1), lone * (1 + SLACK))
+    width = 0
+    for w in range(1, most + 1):
+        cost = prices.of(1 + w)
+        if cost is None:
+            return w  # (every narrower width fits)
+        if cost > allowed:
+            break
+        width = w
+    return width

@@ -1,0 +1,81 @@
+"""How many branches the back grows: its draft's prices per batch size against lead's step."""
+
+from __future__ import annotations
+
+import pytest
+
+from back.width import SLACK, STALE_S, DraftPrices, StepClock, choose_width
+
+
+def prices(**by_size: float) -> DraftPrices:
+    book = DraftPrices()
+    for size, seconds in by_size.items():
+        book.note(int(size.lstrip("b")), seconds)
+    return book
+
+
+def test_prices_follow_measurements_and_a_line_through_them() -> None:
+    book = DraftPrices()
+    assert book.of(1) is None
+    book.note(1, 0.010)
+    book.note(1, 0.020)  # a moving average: the old price still counts
+    assert book.of(1) == pytest.approx(0.012)
+    assert book.of(2) is None  # never measured that large
+    book.note(3, 0.030)
+    assert book.of(2) == pytest.approx(0.021)  # on the line through (1, 12 ms), (3, 30 ms)
+    assert book.of(4) is None
+
+
+def test_lead_s_step_is_the_time_between_states_that_add_tokens() -> None:
+    clock = StepClock()
+    clock.note(10, 100.0)
+    assert clock.step_s is None
+    clock.note(10, 100.05)  # no new tokens: not a step
+    clock.note(13, 100.2)
+    assert clock.step_s == pytest.approx(0.2)
+    clock.note(14, 100.2 + STALE_S + 1)  # a pause, not a step
+    assert clock.step_s == pytest.approx(0.2)
+    clock.note(16, 100.2 + STALE_S + 1.1)
+    assert 0.1 < clock.step_s < 0.2
+    clock.restart()
+    clock.note(40, 500.0)
+    clock.note(41, 500.3)
+    assert clock.step_s > 0.1
+
+
+def test_no_width_without_a_step_time_a_price_or_leave_to_branch() -> None:
+    flat = prices(b1=0.003, b9=0.003)
+    assert choose_width(flat, None, 8, 8) == 0
+    assert choose_width(DraftPrices(), 0.03, 8, 8) == 0
+    assert choose_width(flat, 0.03, 8, 0) == 0
+
+
+def test_where_a_wider_batch_costs_the_same_the_back_goes_wide() -> None:
+    # a GPU-like draft: a batch of 9 costs what one token does, even if lead's step
+    # leaves no time to spare per guess
+    flat = prices(b1=0.003, b5=0.0031, b9=0.0032)
+    assert choose_width(flat, 0.01, 8, 8) == 8
+    assert choose_width(flat, 0.01, 8, 3) == 3  # never past the setting
+
+
+def test_where_each_token_costs_its_own_time_and_lead_s_step_leaves_none_the_chain_is_alone(
+        ) -> None:
+    cpu = prices(b1=0.070, b2=0.093, b3=0.123)  # measured: the 0.5B draft on one core
+    assert choose_width(cpu, 0.205, 3, 8) == 0  # 3 guesses x 93 ms > lead's 205 ms step
+
+
+def test_spare_time_buys_as_many_branches_as_fit_in_lead_s_step() -> None:
+    cpu = prices(b1=0.070, b2=0.093, b3=0.123, b4=0.133, b5=0.200)
+    # on the line through them a batch of 4 costs 154 ms, of 5 184 ms: three guesses of
+    # the first fit in lead's 500 ms step, of the second not
+    assert choose_width(cpu, 0.5, 3, 8) == 3
+    assert choose_width(cpu, 0.4, 3, 8) < 3
+
+
+def test_a_batch_larger_than_any_measured_is_tried_once_narrower_ones_fit() -> None:
+    book = prices(b1=0.003)
+    assert choose_width(book, 0.03, 8, 8) == 1  # try a batch of 2
+    book.note(2, 0.003 * (1 + SLACK / 2))
+    assert choose_width(book, 0.03, 8, 8) == 2  # then 3
+    book.note(3, 0.010)  # far dearer: the line through all three says so
+    assert choose_width(book, 0.03, 8, 8) < 2
