@@ -175,9 +175,12 @@ class ModelDrafter:
         width = width if self.can_branch else 0
         self._open(width, params)
         batch = self._batch(chain, depth)
+        if self._growing and len(self.model.cached) + self._branch_cells() + \
+                sum(len(t) for t in batch.values()) > self.model.n_ctx:
+            self._drop(list(self._growing))  # the main sequence needs their cells
+            batch = self._batch(chain, depth)
         if not batch and not (chain and not self._pending):
             return None
-        self._make_room(sum(len(t) for t in batch.values()))
         try:
             rows = self._evaluate(batch, abort) if batch else {}
         except EvaluationAborted:
@@ -275,12 +278,6 @@ class ModelDrafter:
         """KV cells the branches hold beyond what they share with the main sequence: each
         its evaluated tokens (all but the pending last one)."""
         return sum(len(g.tokens) - 1 for g in self._growing.values())
-
-    def _make_room(self, n: int) -> None:
-        """Drop the branches where the main sequence needs their cells (one KV buffer)."""
-        if self._branch_cells() and len(self.model.cached) + self._branch_cells() + n \
-                > self.model.n_ctx:
-            self._drop(list(self._growing))
 
     def _grammar_state(self, grammar: str | None, n_prompt: int,
                        path: Sequence[int]) -> Constraint | None:

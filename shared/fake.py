@@ -64,6 +64,7 @@ class FakeModel:
         self.n_branches = n_branches
         self.can_fork = n_branches > 0
         self.branch_cached: list[list[int]] = [[] for _ in range(n_branches)]
+        self._shared = [0] * n_branches  # per slot: the prefix it shares with `cached`
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
         self.threads: set[int] = set()  # idents of the threads that evaluated
@@ -118,14 +119,15 @@ class FakeModel:
         if not (0 <= slot < self.n_branches and 0 <= n_keep <= len(self.cached)):
             raise ValueError(f"cannot fork {n_keep} of {len(self.cached)} tokens to {slot}")
         self.branch_cached[slot] = self.cached[:n_keep]
+        self._shared[slot] = n_keep
 
     def evaluate_many(self, tokens: Mapping[int, Sequence[int]],
                       abort: Callable[[], bool] | None = None) -> dict[int, np.ndarray]:
         parts = {key: list(ts) for key, ts in tokens.items() if ts}
         if any(key != MAIN and not 0 <= key < self.n_branches for key in parts):
             raise ValueError(f"no such sequence among {sorted(parts)}")
-        if any(len(self._sequence(k)) + len(ts) > self.n_ctx for k, ts in parts.items()):
-            raise RuntimeError("context full")
+        if self._cells() + sum(len(ts) for ts in parts.values()) > self.n_ctx:
+            raise RuntimeError("context full")  # one buffer of n_ctx cells, as llama.cpp's
         if not parts:
             return {}
         self._spend(sum(len(ts) for ts in parts.values()), abort)
@@ -138,15 +140,25 @@ class FakeModel:
             out[key] = self.logits_for(sequence)
         return out
 
+    def _cells(self) -> int:
+        """KV cells in use: the main sequence's, and each branch's beyond the prefix it
+        shares with it (shared cells count once, as llama.cpp's unified cache holds them)."""
+        return len(self.cached) + sum(len(b) - min(shared, len(b)) for b, shared in
+                                      zip(self.branch_cached, self._shared, strict=True))
+
     def adopt(self, slot: int) -> None:
         self.cached, self.branch_cached[slot] = self.branch_cached[slot], self.cached
+        # the others shared a prefix with the old main sequence; no more of it than it
+        # shares with the new one
+        self._shared = [s if i == slot else min(s, self._shared[slot])
+                        for i, s in enumerate(self._shared)]
 
     def _sequence(self, key: int) -> list[int]:
         return self.cached if key == MAIN else self.branch_cached[key]
 
     def _append(self, sequence: list[int], tokens: Sequence[int], n_logits: int,
                 abort: Callable[[], bool] | None) -> np.ndarray:
-        if len(sequence) + len(tokens) > self.n_ctx:
+        if self._cells() + len(tokens) > self.n_ctx:
             raise RuntimeError("context full")
         self.threads.add(threading.get_ident())
         self._spend(len(tokens), abort)
@@ -179,6 +191,7 @@ class FakeModel:
 
     def truncate(self, n: int) -> None:
         del self.cached[n:]
+        self._shared = [min(s, n) for s in self._shared]
 
     # --- grammars ---
     def constraint(self, gbnf: str) -> FakeGrammar:
