@@ -1,10 +1,10 @@
 """How many branches the back grows beside its draft, priced from what it measures (pure).
 
 Each draft model call carries the draft's next guess and one more token of every branch,
-so branches make each guess cost what a batch of 1 + width tokens costs. After a
-rejection the back starts its chain over, and lead wants a whole draft (`draft_len`
-guesses) by the end of its next step: the widest batch that still makes them in time
-is the width. On a GPU a wider
+so branches make each guess cost what a batch of 1 + width tokens costs. They are grown
+where that costs the chain nothing it needs: where a wider batch costs about what one
+token does (SLACK), or where even at its price the back makes a step's worth of guesses
+(draft_len + 1) in a fraction MARGIN of lead's step. On a GPU a wider
 batch costs about one token's time and the back goes wide; on a CPU core it costs nearly
 `b` tokens' time and the back drafts the chain alone.
 """
@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 EWMA = 0.2  # weight of a new measurement
-SLACK = 0.15  # a batch this much dearer than one token is as cheap (measurement noise)
+MARGIN = 0.8  # the share of lead's step the guesses may take: room for HTTP and noise
+SLACK = 0.25  # a batch this much dearer than one token is about as cheap
 STALE_S = 5.0  # a gap this long between lead's steps is idleness, not a step
 
 
@@ -70,14 +71,15 @@ class StepClock:
 
 
 def choose_width(prices: DraftPrices, step_s: float | None, draft_len: int, most: int) -> int:
-    """The most branches (up to `most`) whose batch leaves a guess no dearer than lead's
-    step allows per guess of a draft, or than a lone guess within SLACK (where a wider
-    batch costs the same, as on a GPU, the draft is as fast with branches as without).
-    A batch larger than any measured is tried once, if every narrower one fits."""
+    """The most branches (up to `most`) whose batch leaves a guess no dearer than a lone
+    guess within SLACK (where a wider batch costs the same, as on a GPU, the draft is as
+    fast with branches as without), or than lead's step allows per guess of a draft and
+    the one after it. A batch larger than any measured is tried once, if every narrower
+    one fits."""
     lone = prices.of(1)
     if step_s is None or lone is None or most <= 0:
         return 0
-    allowed = max(step_s / max(draft_len, 1), lone * (1 + SLACK))
+    allowed = max(MARGIN * step_s / (max(draft_len, 0) + 1), lone * (1 + SLACK))
     width = 0
     for w in range(1, most + 1):
         cost = prices.of(1 + w)

@@ -61,15 +61,18 @@ def test_where_a_wider_batch_costs_the_same_the_back_goes_wide() -> None:
 def test_where_each_token_costs_its_own_time_and_lead_s_step_leaves_none_the_chain_is_alone(
         ) -> None:
     cpu = prices(b1=0.070, b2=0.093, b3=0.123)  # measured: the 0.5B draft on one core
-    assert choose_width(cpu, 0.205, 3, 8) == 0  # 3 guesses x 93 ms > lead's 205 ms step
+    # lead's steps with the 1.5B on the other core (verify costs 1.67x one token at b=2,
+    # 1.58x at b=4): a draft and the guess after it at 93 ms each do not fit
+    for draft_len, step_s in ((1, 0.23), (2, 0.29), (3, 0.217), (8, 0.42)):
+        assert choose_width(cpu, step_s, draft_len, 8) == 0
 
 
 def test_spare_time_buys_as_many_branches_as_fit_in_lead_s_step() -> None:
     cpu = prices(b1=0.070, b2=0.093, b3=0.123, b4=0.133, b5=0.200)
-    # on the line through them a batch of 4 costs 154 ms, of 5 184 ms: three guesses of
-    # the first fit in lead's 500 ms step, of the second not
-    assert choose_width(cpu, 0.5, 3, 8) == 3
-    assert choose_width(cpu, 0.4, 3, 8) < 3
+    # on the line through them a batch of 4 costs 154 ms, of 5 184 ms: four guesses of
+    # the first fit in 0.8 of lead's 800 ms step, of the second not
+    assert choose_width(cpu, 0.8, 3, 8) == 3
+    assert choose_width(cpu, 0.7, 3, 8) < 3
 
 
 def test_a_batch_larger_than_any_measured_is_tried_once_narrower_ones_fit() -> None:
