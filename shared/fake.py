@@ -130,14 +130,13 @@ class FakeModel:
             raise RuntimeError("context full")  # one buffer of n_ctx cells, as llama.cpp's
         if not parts:
             return {}
-        self._spend(sum(len(ts) for ts in parts.values()), abort)
+        started = time.perf_counter()
+        out = {key: self.logits_for(self._sequence(key) + ts) for key, ts in parts.items()}
+        self._spend(sum(len(ts) for ts in parts.values()), abort, started)
         self.calls.append(sum(len(ts) for ts in parts.values()))
-        out = {}
         for key, ts in parts.items():
-            sequence = self._sequence(key)
-            sequence.extend(ts)
+            self._sequence(key).extend(ts)
             self.evaluated += len(ts)
-            out[key] = self.logits_for(sequence)
         return out
 
     def _cells(self) -> int:
@@ -161,24 +160,27 @@ class FakeModel:
         if self._cells() + len(tokens) > self.n_ctx:
             raise RuntimeError("context full")
         self.threads.add(threading.get_ident())
-        self._spend(len(tokens), abort)
-        start = len(sequence)
+        started, start = time.perf_counter(), len(sequence)
+        grown = sequence + list(tokens)
+        rows = [self.logits_for(grown[: start + i + 1])
+                for i in range(len(tokens) - n_logits, len(tokens))]
+        self._spend(len(tokens), abort, started)
         sequence.extend(tokens)
         self.evaluated += len(tokens)
         self.calls.append(len(tokens))
-        rows = [self.logits_for(sequence[: start + i + 1])
-                for i in range(len(tokens) - n_logits, len(tokens))]
         return np.stack(rows) if rows else np.zeros((0, self.n_vocab), np.float32)
 
     def cost_of(self, n_tokens: int) -> float:
         """Nominal seconds to evaluate `n_tokens` in one call."""
         return self.cost_s[0] + self.cost_s[1] * n_tokens
 
-    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
+    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None, started: float) -> None:
         """Simulated compute time (not synchronisation), polling `abort` as llama.cpp does:
-        slept in real time, so that lead and backs overlap, and added to `clock` exactly."""
+        slept in real time, so that lead and backs overlap, and added to `clock` exactly.
+        The call's own Python work since `started` counts towards it: a simulated call
+        costs what was asked, not that plus this fake's arithmetic."""
         seconds = self.cost_of(n_tokens)
-        end = time.perf_counter() + seconds
+        end = started + seconds
         while True:
             if abort is not None and abort():
                 raise EvaluationAborted()

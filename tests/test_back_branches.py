@@ -17,7 +17,7 @@ from back.posts import PostBook
 from back.tree import Branch
 from back.worker import Worker
 from shared.fake import ALPHABET, EOS, FakeModel
-from shared.model import MAIN, common_prefix
+from shared.model import MAIN, EvaluationAborted, common_prefix
 from shared.protocol import MAX_BRANCH_TOKENS, MAX_BRANCHES, DraftPost, SamplingParams, State
 from shared.sampling import Dist
 
@@ -56,6 +56,22 @@ def test_branches_fork_off_the_main_sequence_and_grow_in_one_call() -> None:
     with pytest.raises(ValueError):
         model.fork(0, len(model.cached) + 1)
 
+
+
+def test_an_aborted_fake_evaluation_changes_no_sequence() -> None:
+    # The fake computes its rows before it spends the call's time (so the call costs what
+    # was asked): an abort while it spends must still leave every sequence as it was.
+    model = draft_model(cost_s=(0.001, 0.0))
+    model.evaluate(PROMPT, 1)
+    model.fork(0, 3)
+    before = (list(model.cached), [list(b) for b in model.branch_cached], model.evaluated)
+    with pytest.raises(EvaluationAborted):
+        model.evaluate_many({MAIN: [9], 0: [40]}, abort=lambda: True)
+    with pytest.raises(EvaluationAborted):
+        model.evaluate([9, 10], 1, abort=lambda: True)
+    assert (model.cached, model.branch_cached, model.evaluated) == before
+    rows = model.evaluate_many({MAIN: [9], 0: [40]})
+    assert np.array_equal(rows[0], draft_model().logits_for(PROMPT[:3] + [40]))
 
 # --- the simulated draft's top-2 model ---
 

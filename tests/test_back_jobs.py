@@ -89,16 +89,16 @@ class SignalledDraft(FakeModel):
         self.evaluating = threading.Event()
         self.polls = 0  # of the abort check
 
-    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None) -> None:
+    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None, started: float) -> None:
         if abort is None:
-            return super()._spend(n_tokens, None)
+            return super()._spend(n_tokens, None, started)
         self.evaluating.set()
 
         def counted() -> bool:
             self.polls += 1
             return abort()
 
-        super()._spend(n_tokens, counted)
+        super()._spend(n_tokens, counted, started)
 
 
 def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from back.width import SLACK, STALE_S, DraftPrices, StepClock, choose_width
+from back.width import SLACK, STALE_S, DraftPrices, StepClock, choose_width, least_squares
 
 
 def prices(**by_size: float) -> DraftPrices:
@@ -24,6 +24,12 @@ def test_prices_follow_measurements_and_a_line_through_them() -> None:
     book.note(3, 0.030)
     assert book.of(2) == pytest.approx(0.021)  # on the line through (1, 12 ms), (3, 30 ms)
     assert book.of(4) is None
+
+
+def test_the_fitted_line_is_least_squares() -> None:
+    assert least_squares({1: 3.0, 2: 5.0, 4: 9.0}) == pytest.approx((2.0, 1.0))  # exact
+    slope, base = least_squares({1: 1.0, 2: 3.0, 3: 2.0})  # residuals balance
+    assert (slope, base) == pytest.approx((0.5, 1.0))
 
 
 def test_lead_s_step_is_the_time_between_states_that_add_tokens() -> None:

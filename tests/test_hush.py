@@ -22,10 +22,10 @@ class BusyDraft(FakeModel):
 
     busy = False
 
-    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None = None) -> None:
+    def _spend(self, n_tokens: int, abort: Callable[[], bool] | None, started: float) -> None:
         self.busy = True
         try:
-            super()._spend(n_tokens, abort)
+            super()._spend(n_tokens, abort, started)
         finally:
             self.busy = False
 
