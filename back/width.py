@@ -2,11 +2,11 @@
 
 Each draft model call carries the draft's next guess and one more token of every branch,
 so branches make each guess cost what a batch of 1 + width tokens costs. They are grown
-where that costs the chain nothing it needs: where a wider batch costs about what one
-token does (SLACK), or where even at its price the back makes a step's worth of guesses
-(draft_len + 1) in a fraction MARGIN of lead's step. On a GPU a wider
-batch costs about one token's time and the back goes wide; on a CPU core it costs nearly
-`b` tokens' time and the back drafts the chain alone.
+where that costs the chain nothing it needs: where each branch adds at most PER_BRANCH of
+a lone guess's price to a call, and all of them at most SLACK (a GPU, the simulation), or
+where even at the wider price the back drafts as far ahead as it holds in a fraction
+MARGIN of lead's step (a draft far faster than the target). On a CPU core a batch of 2
+costs 1.3x one token and lead's step leaves no such room: the back drafts the chain alone.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 
 EWMA = 0.2  # weight of a new measurement
 MARGIN = 0.8  # the share of lead's step the guesses may take: room for HTTP and noise
-SLACK = 0.25  # a batch this much dearer than one token is about as cheap
+PER_BRANCH = 0.1  # a branch adding this share of a lone guess's price to a call is cheap
+SLACK = 0.25  # ... and so are all of them, adding this much together
 STALE_S = 5.0  # a gap this long between lead's steps is idleness, not a step
 
 
@@ -77,22 +78,22 @@ class StepClock:
         self._last = None
 
 
-def choose_width(prices: DraftPrices, step_s: float | None, draft_len: int, most: int) -> int:
-    """The most branches (up to `most`) whose batch leaves a guess no dearer than a lone
-    guess within SLACK (where a wider batch costs the same, as on a GPU, the draft is as
-    fast with branches as without), or than lead's step allows per guess of a draft and
-    the one after it. A batch larger than any measured is tried once, if every narrower
-    one fits."""
+def choose_width(prices: DraftPrices, step_s: float | None, ahead: int, most: int) -> int:
+    """The most branches (up to `most`) that make a guess dearer than a lone one by at most
+    PER_BRANCH each and SLACK in all (where a wider batch costs the same, as on a GPU, the
+    chain is as fast with branches as without), or that leave the chain `ahead` guesses
+    within MARGIN of lead's step. A batch larger than any measured is tried once, if every
+    narrower one fits."""
     lone = prices.of(1)
     if step_s is None or lone is None or most <= 0:
         return 0
-    allowed = max(MARGIN * step_s / (max(draft_len, 0) + 1), lone * (1 + SLACK))
     width = 0
     for w in range(1, most + 1):
         cost = prices.of(1 + w)
         if cost is None:
             return w  # (every narrower width fits)
-        if cost > allowed:
+        cheap = cost <= lone * (1 + min(SLACK, PER_BRANCH * w))
+        if not (cheap or cost * max(ahead, 1) <= MARGIN * step_s):
             break
         width = w
     return width

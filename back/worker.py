@@ -59,6 +59,7 @@ class Worker:
         self.send_dists = True
         self.branches = 0  # most branches grown beside the draft (0: the main chain only)
         self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
+        self._width = 0  # the last width chosen (logged when it changes)
         self.lead_step = StepClock()  # lead's step time, from its states
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
@@ -279,8 +280,13 @@ class Worker:
         if not (self.branches and self.max_post > 1 and isinstance(self.drafter, ModelDrafter)
                 and self.drafter.can_branch):
             return 0
-        return choose_width(self.prices, self.lead_step.step_s, self.state.draft_len,
-                            self.branches)
+        width = choose_width(self.prices, self.lead_step.step_s,
+                             ahead_for(self.state.draft_len, self.max_post), self.branches)
+        if width != self._width:
+            log.debug("branches: %d (draft call %s; lead step %s s)", width,
+                      self.prices, self.lead_step.step_s)
+            self._width = width
+        return width
 
     def _launch_post(self, drafted: Drafted) -> asyncio.Task[State | None] | None:
         # A draft on a path lead has left since (its news came while the model thread

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from back.width import SLACK, STALE_S, DraftPrices, StepClock, choose_width, least_squares
+from back.jobs import ahead_for
+from back.width import PER_BRANCH, STALE_S, DraftPrices, StepClock, choose_width, least_squares
 
 
 def prices(**by_size: float) -> DraftPrices:
@@ -68,23 +69,31 @@ def test_where_each_token_costs_its_own_time_and_lead_s_step_leaves_none_the_cha
         ) -> None:
     cpu = prices(b1=0.070, b2=0.093, b3=0.123)  # measured: the 0.5B draft on one core
     # lead's steps with the 1.5B on the other core (verify costs 1.67x one token at b=2,
-    # 1.58x at b=4): a draft and the guess after it at 93 ms each do not fit
+    # 1.58x at b=4): two drafts' worth of guesses at 93 ms each do not fit in them
     for draft_len, step_s in ((1, 0.23), (2, 0.29), (3, 0.217), (8, 0.42)):
-        assert choose_width(cpu, step_s, draft_len, 8) == 0
+        assert choose_width(cpu, step_s, ahead_for(draft_len, 16), 8) == 0
+    assert choose_width(cpu, 0.23, 2, 8) == 0  # even two guesses in a step at b=2
+
+
+def test_a_branch_adding_a_tenth_of_a_guess_is_cheap_and_all_together_a_quarter() -> None:
+    assert choose_width(prices(b1=0.010, b9=0.0164), 0.03, 16, 8) == 3  # 8 % a branch
+    assert choose_width(prices(b1=0.010, b9=0.0196), 0.03, 16, 8) == 0  # 12 % a branch
+    linear = prices(b1=0.010, b9=0.0128)  # 3.5 % a branch
+    assert choose_width(linear, 0.03, 16, 8) == 7  # 8 would add 28 % in all
 
 
 def test_spare_time_buys_as_many_branches_as_fit_in_lead_s_step() -> None:
     cpu = prices(b1=0.070, b2=0.093, b3=0.123, b4=0.133, b5=0.200)
-    # on the line through them a batch of 4 costs 154 ms, of 5 184 ms: four guesses of
-    # the first fit in 0.8 of lead's 800 ms step, of the second not
-    assert choose_width(cpu, 0.8, 3, 8) == 3
-    assert choose_width(cpu, 0.7, 3, 8) < 3
+    # on the line through them a batch of 4 costs 154 ms, of 5 184 ms: eight guesses of
+    # the first fit in 0.8 of lead's 1.6 s step, of the second not
+    assert choose_width(cpu, 1.6, 8, 8) == 3
+    assert choose_width(cpu, 1.4, 8, 8) < 3
 
 
 def test_a_batch_larger_than_any_measured_is_tried_once_narrower_ones_fit() -> None:
     book = prices(b1=0.003)
     assert choose_width(book, 0.03, 8, 8) == 1  # try a batch of 2
-    book.note(2, 0.003 * (1 + SLACK / 2))
+    book.note(2, 0.003 * (1 + PER_BRANCH / 2))
     assert choose_width(book, 0.03, 8, 8) == 2  # then 3
     book.note(3, 0.010)  # far dearer: the line through all three says so
     assert choose_width(book, 0.03, 8, 8) < 2
