@@ -63,19 +63,21 @@ class StepClock:
 
     step_s: float | None = None
     _last: tuple[int, float] | None = None  # (lead's tokens, when) at the last state
+    _skip: bool = True  # the session's first gap: it may hold the prompt's evaluation
 
     def note(self, n_tokens: int, now: float) -> None:
         if self._last is not None and n_tokens > self._last[0]:
-            gap = now - self._last[1]
-            if gap < STALE_S:
+            gap, skip, self._skip = now - self._last[1], self._skip, False
+            if gap < STALE_S and not skip:
                 old = self.step_s
                 self.step_s = gap if old is None else old + EWMA * (gap - old)
         if self._last is None or n_tokens != self._last[0]:
             self._last = (n_tokens, now)
 
     def restart(self) -> None:
-        """A new session: its first state comes after a pause, not a step."""
-        self._last = None
+        """A new session: its first state comes after a pause, and its first gap may be
+        the prompt's evaluation (seconds on a CPU), neither a step."""
+        self._last, self._skip = None, True
 
 
 def choose_width(prices: DraftPrices, step_s: float | None, ahead: int, most: int) -> int:

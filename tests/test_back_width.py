@@ -35,19 +35,23 @@ def test_the_fitted_line_is_least_squares() -> None:
 
 def test_lead_s_step_is_the_time_between_states_that_add_tokens() -> None:
     clock = StepClock()
-    clock.note(10, 100.0)
+    clock.note(10, 98.0)
+    clock.note(11, 99.8)  # the session's first gap: the prompt's evaluation, not a step
     assert clock.step_s is None
-    clock.note(10, 100.05)  # no new tokens: not a step
-    clock.note(13, 100.2)
+    clock.note(11, 99.85)  # no new tokens: not a step
+    clock.note(13, 100.0)
     assert clock.step_s == pytest.approx(0.2)
     clock.note(14, 100.2 + STALE_S + 1)  # a pause, not a step
     assert clock.step_s == pytest.approx(0.2)
     clock.note(16, 100.2 + STALE_S + 1.1)
     assert 0.1 < clock.step_s < 0.2
+    step_s = clock.step_s
     clock.restart()
     clock.note(40, 500.0)
-    clock.note(41, 500.3)
-    assert clock.step_s > 0.1
+    clock.note(41, 502.0)  # a new session's prompt
+    assert clock.step_s == step_s
+    clock.note(42, 502.3)
+    assert clock.step_s > step_s
 
 
 def test_no_width_without_a_step_time_a_price_or_leave_to_branch() -> None:
