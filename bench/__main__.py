@@ -22,6 +22,7 @@ from bench.coverage import MEASURED_COVER
 from bench.load import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
+from lead.settings import LeadSettings
 from shared.placement import PlacementError
 
 
@@ -117,6 +118,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    choices=range(9), metavar="0-8",
                    help="most branches the simulated back grows beside its draft, as "
                    "`python -m back --branches` (0: the chain only)")
+    p.add_argument("--sim-tree", type=int, default=LeadSettings().tree, choices=range(9),
+                   metavar="0-8", help="most branches the simulated lead verifies beside a "
+                   "draft in one batch, as `python -m lead --tree` (0: chains only)")
     a = p.parse_args(argv)
     _fill_defaults(a)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
@@ -223,9 +227,13 @@ def sim_flags(a: argparse.Namespace) -> tuple[list[str], list[str]]:
     """bench.sim's flags for the simulated lead and back: the back's draft covers the
     share of rejections that the ideal with branches is priced at."""
     call, per_token = a.sim_target
-    return (["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"],
+    return (["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096",
+             "--tree", str(a.sim_tree)],
             ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree),
              "--cover", str(a.cover), "--branches", str(a.sim_branches)])
+
+
+SIM_CHAINS = "SIM duo, chains only (lead --tree 0)"
 
 
 def run_sim(a: argparse.Namespace) -> dict:
@@ -237,11 +245,14 @@ def run_sim(a: argparse.Namespace) -> dict:
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
             None, *target)}
+        if a.sim_tree:  # the same duo verifying chains only, for the trees' worth
+            leads[SIM_CHAINS] = SimLead(None, *target[:-1], "0")
         for lead in leads.values():
             stack.callback(lead.stop)
-        back = SimBack(leads["SIM duo: lead + back"], *draft)
-        stack.callback(back.stop)
-        back.wait_attached()
+        for name in list(leads)[1:]:
+            back = SimBack(leads[name], *draft)
+            stack.callback(back.stop)
+            back.wait_attached()
         runners = {name: configs.via(name, lead, chosen, a.tokens)  # type: ignore[arg-type]
                    for name, lead in leads.items()}
         results = configs.interleaved(runners, len(chosen), progress, a.repeat)

@@ -16,6 +16,7 @@ import logging
 import sys
 
 from bench.coverage import MEASURED_COVER
+from lead.settings import LeadSettings
 from shared.cli import setup_logging
 from shared.fake import FakeModel
 
@@ -27,11 +28,9 @@ def target_model(a: argparse.Namespace) -> FakeModel:
 def run_lead(a: argparse.Namespace) -> None:
     from lead.app import create_app
     from lead.serve import serve
-    from lead.settings import LeadSettings
-
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,
-                            max_tokens=a.max_tokens, api_key=a.api_key)
+                            max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree)
     app = create_app(settings, target_model(a))
     logging.getLogger("lead").info("SIMULATED lead (fake target) on %s:%d", a.host, a.port)
     serve(app, a.host, a.port, "warning")
@@ -62,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     lead.add_argument("--draft-len", type=int, default=None)
     lead.add_argument("--max-queue", type=int, default=8)
     lead.add_argument("--max-tokens", type=int, default=256)
+    lead.add_argument("--tree", type=int, default=LeadSettings().tree,
+                      help="most branches verified beside a draft (0: chains only)")
     back = roles.add_parser("back", help="a back drafting with a simulated draft model")
     back.add_argument("--lead", default="127.0.0.1:5555")
     back.add_argument("--agree", type=float, default=0.8,

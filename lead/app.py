@@ -47,7 +47,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     placement = lead_placement(settings)
     model = target if target is not None else _load_target(settings, placement.threads)
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
-                    max_queue=settings.max_queue, batch=settings.batch_size, clock=clock)
+                    max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
+                    tree=settings.tree)
     if settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
         engine.calibrate()
 
@@ -82,7 +83,7 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
 
     return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
-                      tensor_split=settings.tensor_split)
+                      tensor_split=settings.tensor_split, branches=settings.tree)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from lead.acceptance import Acceptance
+from lead.acceptance import MAX_ALPHA, Acceptance
 from lead.prices import Prices
 from lead.probes import AfterProbe, ProbeSchedule
+from lead.tree import Cover, branch_lengths
 
 
 def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
@@ -78,6 +79,8 @@ class CostModel:
     prices: Prices = field(default_factory=Prices)
     acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    cover: Cover = field(default_factory=Cover)
+    tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
 
     # --- measurements in ---
 
@@ -96,6 +99,11 @@ class CostModel:
         counted = self.acceptance.record(matches, missed, first)
         if counted and self.probes.probing and self.probes.outcome():
             self._end_probe()
+
+    def record_cover(self, hit: bool) -> None:
+        """A draft token was rejected where a branch was offered: was its root the token
+        emitted instead."""
+        self.cover.record(hit)
 
     def _schedule_probe(self) -> None:
         probes = self.probes
@@ -142,6 +150,18 @@ class CostModel:
             return 0
         best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
         return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
+
+    def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
+                 first: bool = False) -> list[int]:
+        """Per offered branch (at, tokens), the tokens to verify beside a draft of k
+        (lead/tree.py; 0: none), in a batch of at most `most` tokens and priced sizes."""
+        if self.fixed is not None or not self.tree_width or not k or not offered:
+            return [0] * len(offered)
+        lengths = branch_lengths(k, offered, min(self.alpha, MAX_ALPHA), self.cover.rate,
+                                 self.expected_tokens(k, first), self.prices.busy_s,
+                                 min(most, self.prices.largest))
+        kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
+        return [n if j in kept else 0 for j, n in enumerate(lengths)]
 
     def wanted(self, first: bool = False) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe or, while
@@ -221,4 +241,5 @@ class CostModel:
         out["hush"] = float(self.hush)
         out["alpha"] = self.alpha
         out["alpha_first"] = self.alpha_first
+        out["branch_cover"] = self.cover.rate
         return out

@@ -10,21 +10,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
+from typing import cast
 
 import numpy as np
 
 from lead.cost import CostModel
-from lead.drafts import Draft
+from lead.drafts import Branch, Draft
 from lead.session import Session, StepResult
-from lead.verify import Verdict, verify
+from lead.verify import TreeBranch, Verdict, verify_tree
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob, token_logprob
-from shared.model import Model, sync_cache
+from shared.model import Forking, Model, can_fork, sync_cache
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 
 log = logging.getLogger("lead")
 CALIBRATE_MAX_BATCH = 17  # larger sizes are priced like the largest calibrated one
+# Trees are priced only where a token more costs under 5 % of a batch: a branch adds at
+# most ~(1 - alpha) * cover * 3 tokens, about a tenth of a step's, and costs its tokens
+# (a CPU core: 9 %; a GPU-like target: 1-2 %).
+TREE_MARGINAL = 0.05
 Clock = Callable[[], float]
 
 
@@ -33,6 +39,8 @@ class Decoder:
                  batch: int = 512) -> None:
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
         self.batch = batch
+        # branch sequences the target holds for trees (0: it verifies chains only)
+        self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
     async def prefill(self, session: Session) -> None:
         session.prompt_evaluated = await self.thread.run(self._prefill, list(session.tokens))
@@ -44,23 +52,42 @@ class Decoder:
 
     def plan(self, session: Session, offered: Draft | None, max_tokens: int) -> Draft | None:
         """The offered draft cut to the length that pays and fits the context and the
-        reply (a step emits its accepted tokens and one more)."""
+        reply (a step emits its accepted tokens and one more), with the branches that pay
+        beside it (a tree)."""
         if offered is None:
             return None
         room = min(self.model.n_ctx - len(session.tokens),  # KV room for draft tokens
                    max_tokens - session.n_generated - 1)
-        usable = self.cost.choose(min(len(offered.token_ids), room), session.n_generated == 0)
+        first = session.n_generated == 0
+        usable = self.cost.choose(min(len(offered.token_ids), room), first)
         if usable == 0:
             return None
         dists = offered.dists[:usable] if offered.dists else None
-        return Draft(offered.back_id, offered.token_ids[:usable], dists)
+        roots = tuple((b.at, b.token_ids[0]) for b in offered.branches if b.at < usable)
+        tree = self._tree(offered.branches, usable, room, self.model.n_ctx -
+                          len(session.tokens) + 1, first)
+        return Draft(offered.back_id, offered.token_ids[:usable], dists, offered.branch,
+                     tree, roots)
+
+    def _tree(self, offered: tuple[Branch, ...], k: int, room: int, most: int, first: bool
+              ) -> tuple[Branch, ...]:
+        """The offered branches that pay beside a draft of k, cut to the length that pays
+        and reaches no further than `room`; `most` tokens in the batch."""
+        if not offered or not self.tree_slots:
+            return ()
+        lengths = self.cost.branches(k, [(b.at, min(len(b.token_ids), room - b.at))
+                                         for b in offered], most, first)
+        return tuple(replace(b, token_ids=b.token_ids[:n], dists=b.dists[:n] if b.dists else None)
+                     for b, n in zip(offered, lengths, strict=True) if n)[:self.tree_slots]
 
     async def step(self, session: Session, draft: Draft | None,
                    top_logprobs: int | None = None) -> StepResult:
-        """Evaluate the session's last token and `draft` in the batch size the cost model
-        prices best, and verify the draft; logprobs of what it emits if `top_logprobs`
-        is not None."""
-        size = self.cost.batch_for(len(draft.token_ids) + 1) if draft else 1
+        """Evaluate the session's last token and `draft` (and its branches) in the batch size
+        the cost model prices best, and verify them; logprobs of what it emits if
+        `top_logprobs` is not None."""
+        n_draft = len(draft.token_ids) + sum(len(b.token_ids) for b in draft.branches) if draft \
+            else 0
+        size = self.cost.batch_for(n_draft + 1) if draft else 1
         size = min(size, self.model.n_ctx - len(session.tokens) + 1)
         return await self.thread.run(self._score, tuple(session.tokens), session.n_prompt,
                                      draft, session.params, session.rng, size, top_logprobs,
@@ -72,17 +99,42 @@ class Decoder:
         if len(self.model.cached) != len(tokens) - 1:  # e.g. after a cancelled request
             raise RuntimeError("model cache out of step with the session")
         draft_ids = draft.token_ids if draft else []
-        n_rows = len(draft_ids) + 1
-        padding = [tokens[-1]] * (size - n_rows)  # their rows are not read; truncate drops them
+        tree = draft.branches if draft else ()
+        n_rows, n_tree = len(draft_ids) + 1, sum(len(b.token_ids) for b in tree)
         t0 = self.clock()
-        rows = self.model.evaluate([tokens[-1], *draft_ids, *padding], size)[:n_rows]
+        rows, branch_rows = self._evaluate(tokens[-1], draft_ids, tree, size)
         seconds = self.clock() - t0
-        verdict = verify(draft_ids, rows, params, rng, draft.dists if draft else None,
-                         tokens, n_prompt, constraint)
-        self.model.truncate(len(tokens) + len(verdict.accepted))
+        branches = [TreeBranch(b.at, b.token_ids, r, b.dists)
+                    for b, r in zip(tree, branch_rows, strict=True)]
+        verdict = verify_tree(draft_ids, rows[:n_rows], branches, params, rng,
+                              draft.dists if draft else None, tokens, n_prompt, constraint)
+        self._settle(len(tokens) + len(verdict.accepted), verdict.branch, len(tree))
         logprobs = None if top_logprobs is None else _logprobs(verdict, top_logprobs)
-        return StepResult(verdict, n_rows, seconds, draft.back_id if draft else "", size,
-                          logprobs)
+        taken = None if verdict.branch is None else tree[verdict.branch]
+        root_at = None if taken is None else taken.at
+        path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
+        return StepResult(verdict, n_rows + n_tree, seconds, draft.back_id if draft else "",
+                          size, logprobs, path, _covered(draft, verdict), len(tree), root_at)
+
+    def _evaluate(self, last: int, draft_ids: list[int], tree: tuple[Branch, ...], size: int
+                  ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The rows after `last` and each draft token, and after each branch's tokens."""
+        n_tree = sum(len(b.token_ids) for b in tree)
+        # padding's rows are not read, and _settle drops its cells
+        main = [last, *draft_ids, *[last] * (size - len(draft_ids) - 1 - n_tree)]
+        if not tree:
+            return self.model.evaluate(main, len(main)), []
+        forking = cast(Forking, self.model)
+        return forking.evaluate_tree(main, [(b.at, b.token_ids) for b in tree])
+
+    def _settle(self, n_keep: int, taken: int | None, n_branches: int) -> None:
+        """Keep the path verified: the branch taken (if one was) as the main sequence, up
+        to `n_keep` tokens; every branch slot used is emptied."""
+        if taken is not None:
+            cast(Forking, self.model).adopt(taken)
+        self.model.truncate(n_keep)
+        for slot in range(n_branches):
+            cast(Forking, self.model).fork(slot, 0)
 
     def apply(self, session: Session, result: StepResult, max_tokens: int, busy: bool
               ) -> list[int]:
@@ -91,14 +143,18 @@ class Decoder:
         verdict = result.verdict
         drafted = result.batch - 1
         self.cost.record_step(result.evaluated, result.seconds, busy)
+        if result.covered is not None:
+            self.cost.record_cover(result.covered)
         emitted = verdict.emitted[: max_tokens - session.n_generated]
         eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
         if eos is not None:
             emitted = emitted[: eos + 1]
             session.finish_reason = "stop"
-        accepted = min(len(verdict.accepted), len(emitted))  # none counted past an EOS
+        # none counted past an EOS
+        accepted = sum(result.from_draft(i) for i in range(min(len(verdict.accepted),
+                                                                len(emitted))))
         session.drafted += drafted
-        session.rejections += int(len(verdict.accepted) < drafted)
+        session.rejections += result.rejections
         session.accepted += accepted
         if drafted:
             _add(session.accepted_by_back, result.back_id, accepted)
@@ -127,10 +183,20 @@ class Decoder:
         self.thread.call(self._calibrate, max_draft, passes)
 
     def _calibrate(self, max_draft: int, passes: int) -> None:
-        sizes = range(1, min(max_draft + 1, CALIBRATE_MAX_BATCH) + 1)
-        log.info("pricing verify batches of 1-%d tokens", sizes[-1])
-        best: dict[int, float] = {}
+        chain, tree = calibrated_sizes(max_draft, bool(self.tree_slots))
+        log.info("pricing verify batches of 1-%d tokens", chain[-1])
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
+        best = self._price(chain, passes)
+        if tree and _marginal(best) < TREE_MARGINAL:
+            log.info("a token more costs %.0f %% of a batch: pricing trees of up to %d tokens",
+                     100 * _marginal(best), tree[-1])
+            best |= self._price(tree, passes)
+        self.cost.calibrate(best)
+        log.info("%s", self.cost.describe())
+
+    def _price(self, sizes: list[int], passes: int) -> dict[int, float]:
+        """The fastest of `passes` evaluations of each batch size, in seconds."""
+        best: dict[int, float] = {}
         for _ in range(passes):
             for b in sizes:
                 self.model.truncate(0)
@@ -138,13 +204,42 @@ class Decoder:
                 self.model.evaluate([0] * b, b)
                 best[b] = min(best.get(b, 1e9), self.clock() - t0)
         self.model.truncate(0)
-        self.cost.calibrate(best)
-        log.info("%s", self.cost.describe())
+        return best
+
+
+def calibrated_sizes(max_draft: int, trees: bool) -> tuple[list[int], list[int]]:
+    """Batch sizes to price: every one a chain may take; and, for trees, those past them
+    up to a draft's worth more."""
+    chain = min(max_draft + 1, CALIBRATE_MAX_BATCH)
+    top = min(chain + max_draft, CALIBRATE_MAX_BATCH) if trees else chain
+    return list(range(1, chain + 1)), list(range(chain + 1, top + 1))
+
+
+def _marginal(seconds: dict[int, float]) -> float:
+    """What a token more adds to the largest priced batch, over that batch's price, on
+    average over the sizes priced (one step is noise: CPU kernels make some sizes cheap)."""
+    top = max(seconds)
+    if top < 2:
+        return 1.0
+    return (seconds[top] - seconds[1]) / (top - 1) / seconds[top]
 
 
 def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
     assert verdict.rows is not None, "verify keeps the rows it verified"
     return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
+
+
+def _covered(draft: Draft | None, verdict: Verdict) -> bool | None:
+    """Whether the token emitted in place of a rejected draft token was the root of a branch
+    offered there; None where no draft token was rejected or none was offered there."""
+    if draft is None:
+        return None
+    at = len(verdict.accepted) if verdict.branch is None else \
+        draft.branches[verdict.branch].at
+    roots = {root for where, root in draft.roots if where == at}
+    if at >= len(draft.token_ids) or not roots:
+        return None
+    return verdict.emitted[at] in roots
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shared.sampling import Dist
 
@@ -41,16 +41,6 @@ class Candidate:
 
 
 @dataclass(frozen=True)
-class Draft:
-    """The useful tail of a candidate: what the next verify step can check."""
-
-    back_id: str
-    token_ids: list[int]
-    dists: list[Dist] | None
-    branch: bool = False  # it came from a branch: lead emitted the branch's root
-
-
-@dataclass(frozen=True)
 class Branch:
     """A post's branch as lead reads it: `token_ids` in place of the main chain's from
     index `at` on (token_ids[0], the root, differs from the main chain's token there)."""
@@ -58,6 +48,20 @@ class Branch:
     at: int
     token_ids: tuple[int, ...]
     dists: tuple[Dist, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Draft:
+    """The useful tail of a candidate: what the next verify step can check; with the
+    branches of its post that fork off it (`at` counted from its first token), which a
+    step may verify beside it (a tree)."""
+
+    back_id: str
+    token_ids: list[int]
+    dists: list[Dist] | None
+    branch: bool = False  # it came from a branch: lead emitted the branch's root
+    branches: tuple[Branch, ...] = ()
+    roots: tuple[tuple[int, int], ...] = ()  # (at, root) of every branch offered with it
 
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
@@ -87,6 +91,20 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     ids = list(candidate.token_ids[skip:skip + limit])
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
     return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None)
+
+
+def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], limit: int
+          ) -> tuple[Branch, ...]:
+    """The branches among `kept` that fork off main's useful tail within its first `limit`
+    tokens, `at` counted from that tail's first token."""
+    n, out = len(tokens), []
+    for c in kept:
+        at = c.start + (c.root or 0) - n
+        if c.root is None or c.start != main.start or not 0 <= at < limit \
+                or c.token_ids[:c.root] != main.token_ids[:c.root]:
+            continue
+        out.append(Branch(at, c.token_ids[c.root:], c.dists[c.root:] if c.dists else None))
+    return tuple(out)
 
 
 @dataclass
@@ -120,7 +138,11 @@ class DraftBoard:
         if limit <= 0 or not ready:
             return None
         furthest = max(ready, key=lambda c: (c.end, c.root is None))
-        return useful_tail(tokens, furthest, limit)
+        draft = useful_tail(tokens, furthest, limit)
+        if furthest.root is not None:
+            return draft
+        branches = forks(tokens, furthest, self.candidates[furthest.back_id], len(draft.token_ids))
+        return replace(draft, branches=branches)
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]

@@ -36,9 +36,10 @@ log = logging.getLogger("lead")
 
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
-                 max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter
-                 ) -> None:
-        """`clock` times steps for the cost model (tests give fakes a virtual one)."""
+                 max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
+                 tree: int = 0) -> None:
+        """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
+        most branches verified beside a draft (the model's branch slots bound it)."""
         self.model, self.max_draft, self.clock = model, max_draft, clock
         self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
         self.cost = CostModel(max_draft=max_draft, fixed=draft_len)
@@ -46,6 +47,7 @@ class Engine:
         self.admission = Admission(max_queue)
         self.model_thread = ModelThread("model")  # every model call, calibration too
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch)
+        self.decoder.tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self._ids = itertools.count(1)
@@ -92,7 +94,8 @@ class Engine:
             self.metrics.record_step(after_rejection, bool(offered and offered.token_ids),
                                      bool(draft and offered and offered.branch))
             result = await self.decoder.step(session, draft, req.top_logprobs)
-            after_rejection = len(result.verdict.accepted) < result.batch - 1
+            self.metrics.record_tree(result.tree, result.verdict.branch is not None)
+            after_rejection = result.rejected
             if offered is not None:  # verified or not, an offer shows what drafts are worth
                 offers.offered(session.tokens, offered.token_ids, first)
             emitted = self.decoder.apply(session, result, req.max_tokens, busy)
@@ -122,7 +125,7 @@ class Engine:
 
     def _emission(self, result: StepResult, i: int, token: int, chunk: str) -> Emission:
         """The step's i-th token, `token`, releasing `chunk`."""
-        drafted = i < len(result.verdict.accepted)
+        drafted = result.from_draft(i)
         # An end-of-generation token has no logprob entry: its text is no part of the reply.
         logprobs = [] if result.logprobs is None or token in self.model.eos_token_ids else \
             [result.logprobs[i]]

@@ -40,6 +40,9 @@ class Metrics:
     steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
     ready_after_rejection: int = 0  # of those, the ones that found a draft on the board
     branch_drafts: int = 0  # verify steps whose draft came from a branch
+    tree_steps: int = 0  # verify steps with branches beside the draft
+    tree_branches: int = 0  # branches verified in them
+    tree_taken: int = 0  # tree steps that went on along a branch
 
     def record_session(self, s: _Session, now: float) -> None:
         self.requests += 1
@@ -58,6 +61,12 @@ class Metrics:
         self.steps_after_rejection += after_rejection
         self.ready_after_rejection += after_rejection and ready
         self.branch_drafts += from_branch
+
+    def record_tree(self, branches: int, taken: bool) -> None:
+        """Count a verify step's branches beside its draft and whether it took one."""
+        self.tree_steps += branches > 0
+        self.tree_branches += branches
+        self.tree_taken += taken
 
     @staticmethod
     def session_line(s: _Session, now: float) -> str:
@@ -86,6 +95,8 @@ EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
     ("drafts_stale", "draft_posts_stale"), ("drafts_invalid", "draft_posts_invalid"),
     ("state_polls", "state_polls"), ("steps_after_rejection", "steps_after_rejection"),
     ("ready_after_rejection", "ready_after_rejection"), ("branch_drafts", "branch_drafts"),
+    ("tree_steps", "tree_steps"), ("tree_branches", "tree_branches"),
+    ("tree_taken", "tree_branches_taken"),
 )
 
 

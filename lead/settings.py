@@ -33,6 +33,10 @@ class LeadSettings(BaseSettings):
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)")
+    tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "
+                      "its draft in one batch (a tree); only those that pay at the measured "
+                      "prices are, so on a CPU, where a token more costs about a token, steps "
+                      "stay chains (0: chains only)")
     calibrate: bool = Field(True, description="price verify batches of 1..max-draft+1 tokens "
                             "at startup (seconds on a CPU), so drafts are verified at the "
                             "length that pays from the first reply")

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from shared.model import MAIN, EvaluationAborted
+from shared.model import MAIN, EvaluationAborted, check_tree
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -138,6 +138,30 @@ class FakeModel:
             self._sequence(key).extend(ts)
             self.evaluated += len(ts)
         return out
+
+    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
+                      ) -> tuple[np.ndarray, list[np.ndarray]]:
+        check_tree(len(tokens), branches, self.n_branches)
+        n_past, n_tokens = len(self.cached), len(tokens) + sum(len(ids) for _, ids in branches)
+        if self._cells() + n_tokens > self.n_ctx:
+            raise RuntimeError("context full")
+        started = time.perf_counter()
+        main = self.cached + list(tokens)
+        paths = [main[:n_past + at + 1] + list(ids) for at, ids in branches]
+        main_rows = self._rows(main, n_past)
+        branch_rows = [self._rows(path, n_past + at + 1) for path, (at, _) in zip(paths, branches,
+                                                                                 strict=True)]
+        self._spend(n_tokens, None, started)
+        self.calls.append(n_tokens)
+        self.evaluated += n_tokens
+        self.cached.extend(tokens)
+        for slot, (path, (at, _)) in enumerate(zip(paths, branches, strict=True)):
+            self.branch_cached[slot], self._shared[slot] = path, n_past + at + 1
+        return main_rows, branch_rows
+
+    def _rows(self, sequence: list[int], start: int) -> np.ndarray:
+        """The rows after each of sequence[start:]."""
+        return np.stack([self.logits_for(sequence[:i + 1]) for i in range(start, len(sequence))])
 
     def _cells(self) -> int:
         """KV cells in use: the main sequence's, and each branch's beyond the prefix it

@@ -15,6 +15,8 @@ from collections.abc import Callable
 
 from llama_cpp.llama_cpp import _lib as libllama
 
+from shared.presets import ModelError
+
 REBUILD = ("reinstall llama-cpp-python with RPC on: make install (or CMAKE_ARGS='-DGGML_RPC=on' "
            "pip install --force-reinstall --no-cache-dir llama-cpp-python==0.3.36)")
 DEVICE_TYPE_CPU, DEVICE_TYPE_GPU, DEVICE_TYPE_ACCEL = 0, 1, 3
@@ -128,3 +130,24 @@ def _on_abort(who: str) -> ctypes._CFuncPtr:
 
 
 _abort_hook: ctypes._CFuncPtr | None = None
+
+
+def attach_rpc(spec: str | None) -> list[str]:
+    """Register --rpc servers before a model loads: its GPU layers then go to them."""
+    if not spec:
+        return []
+    from shared.rpcwire import RpcError, hello, parse_endpoints
+
+    if not rpc_supported():
+        raise ModelError(f"--rpc: this llama-cpp-python has no RPC backend; {REBUILD}")
+    try:
+        endpoints = parse_endpoints(spec)
+        for endpoint in endpoints:
+            hello(endpoint)
+    except RpcError as exc:
+        raise ModelError(str(exc)) from None
+    for endpoint in endpoints:
+        if add_rpc_server(str(endpoint)) == 0:
+            raise ModelError(f"RPC server {endpoint} offers no device")
+    exit_on_abort(f"RPC {spec}")  # a server lost mid-decode aborts llama.cpp
+    return [str(e) for e in endpoints]

@@ -26,11 +26,12 @@ from llama_cpp._internals import LlamaContext
 from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from shared.llm_grammar import GrammarState, captured, schema_grammar
-from shared.model import MAIN, EvaluationAborted
+from shared.model import MAIN, EvaluationAborted, check_tree
 from shared.presets import ModelError, resolve_model
 
 log = logging.getLogger(__name__)
 _PIECE_BUF = 256
+_Entry = tuple[int, int, tuple[int, ...], bool]  # token, position, roles, wants its logits
 _DECODE_ABORTED = 2  # llama_decode's return code when the abort callback said stop
 _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
@@ -64,7 +65,7 @@ class LlamaModel:
         # token lists and llama.cpp sequence ids by role: the main sequence, then the slots
         self._lists: list[list[int]] = [[] for _ in range(1 + self.n_branches)]
         self._ids = list(range(1 + self.n_branches))
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1)
+        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1 + self.n_branches)
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
         # the GGUF's own template (None: it has none, and a default one is used)
@@ -193,28 +194,70 @@ class LlamaModel:
         each one's last token."""
         if any(len(self._lists[role]) + len(ts) > self.n_ctx for role, ts in parts):
             raise RuntimeError(f"context full ({self.n_ctx} tokens)")
-        b, i, last = self._batch, 0, []
+        entries: list[_Entry] = []
         for role, ts in parts:
             n_past = len(self._lists[role])
-            for j, token in enumerate(ts):
-                b.token[i], b.pos[i], b.n_seq_id[i] = token, n_past + j, 1
-                b.seq_id[i][0] = self._ids[role]
-                b.logits[i] = j == len(ts) - 1
-                i += 1
-            last.append(i - 1)
-        b.n_tokens = i
-        rc = llama_cpp.llama_decode(self._ctx, b)
-        _aborting.now = False
-        if rc != 0:
+            entries += [(t, n_past + j, (role,), j == len(ts) - 1) for j, t in enumerate(ts)]
+        try:
+            rows = self._decode_entries(entries)
+        except (EvaluationAborted, RuntimeError):
             for role, _ in parts:  # a failed or aborted decode may leave entries
                 self._forget_from(role, len(self._lists[role]))
-            if rc == _DECODE_ABORTED:
-                raise EvaluationAborted()
-            raise RuntimeError(f"llama_decode failed with code {rc}")
+            raise
         for role, ts in parts:
             self._lists[role].extend(ts)
-        return [np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, k),
-                                      shape=(self.n_vocab,)).copy() for k in last]
+        return list(rows)
+
+    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
+                      ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One batch: `tokens` on the main sequence and branch j's ids on slot j, the
+        tokens they share (tokens[:at + 1]) in both sequences' cells at once."""
+        check_tree(len(tokens), branches, self.n_branches)
+        n_past = len(self.cached)
+        if n_past + len(tokens) + sum(len(ids) for _, ids in branches) > self.n_ctx:
+            raise RuntimeError(f"context full ({self.n_ctx} tokens)")
+        self._check_thread()
+        for slot in range(len(branches)):
+            self.fork(slot, n_past)  # the context: its cells gain the slot's id
+        entries: list[_Entry] = [
+            (t, n_past + m, (0, *(1 + j for j, (at, _) in enumerate(branches) if m <= at)), True)
+            for m, t in enumerate(tokens)]
+        for j, (at, ids) in enumerate(branches):
+            entries += [(t, n_past + at + 1 + i, (1 + j,), True) for i, t in enumerate(ids)]
+        try:
+            rows = self._decode_entries(entries)
+        except (EvaluationAborted, RuntimeError):
+            self._forget_from(0, n_past)
+            for slot in range(len(branches)):
+                self.fork(slot, 0)
+            raise
+        self.cached.extend(tokens)
+        for j, (at, ids) in enumerate(branches):
+            self._lists[1 + j] = self.cached[:n_past + at + 1] + list(ids)
+        starts = np.cumsum([len(tokens), *(len(ids) for _, ids in branches)])
+        return rows[:len(tokens)], np.split(rows, starts)[1:-1]
+
+    def _decode_entries(self, entries: list[_Entry]) -> np.ndarray:
+        """Decode one batch of (token, position, roles, wants logits); the logits rows
+        asked for, in order. Raises EvaluationAborted or RuntimeError."""
+        if len(entries) > self.n_batch:
+            raise ValueError(f"{len(entries)} tokens exceed the batch ({self.n_batch})")
+        b, wanted = self._batch, []
+        for i, (token, pos, roles, logits) in enumerate(entries):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, len(roles), logits
+            for k, role in enumerate(roles):
+                b.seq_id[i][k] = self._ids[role]
+            if logits:
+                wanted.append(i)
+        b.n_tokens = len(entries)
+        rc = llama_cpp.llama_decode(self._ctx, b)
+        _aborting.now = False
+        if rc == _DECODE_ABORTED:
+            raise EvaluationAborted()
+        if rc != 0:
+            raise RuntimeError(f"llama_decode failed with code {rc}")
+        return np.stack([np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, k),
+                                               shape=(self.n_vocab,)) for k in wanted])
 
     def _evaluate(self, role: int, tokens: Sequence[int], n_logits: int,
                   abort: Callable[[], bool] | None) -> np.ndarray:
@@ -336,37 +379,16 @@ def render_chat(formatter: Jinja2ChatFormatter, messages: list[dict[str, Any]],
         raise ValueError(str(exc) or type(exc).__name__) from None
 
 
-def attach_rpc(spec: str | None) -> list[str]:
-    """Register --rpc servers before a model loads: its GPU layers then go to them."""
-    if not spec:
-        return []
-    from shared import ggml
-    from shared.rpcwire import RpcError, hello, parse_endpoints
-
-    if not ggml.rpc_supported():
-        raise ModelError(f"--rpc: this llama-cpp-python has no RPC backend; {ggml.REBUILD}")
-    try:
-        endpoints = parse_endpoints(spec)
-        for endpoint in endpoints:
-            hello(endpoint)
-    except RpcError as exc:
-        raise ModelError(str(exc)) from None
-    for endpoint in endpoints:
-        if ggml.add_rpc_server(str(endpoint)) == 0:
-            raise ModelError(f"RPC server {endpoint} offers no device")
-    ggml.exit_on_abort(f"RPC {spec}")  # a server lost mid-decode aborts llama.cpp
-    return [str(e) for e in endpoints]
-
-
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
                n_batch: int = 512, rpc: str | None = None,
                tensor_split: str | None = None, branches: int = 0) -> LlamaModel:
     """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split;
     `branches`: sequences to draft branches on, beside the main one."""
+    from shared import ggml
     from shared.rpcwire import parse_weights
 
     path = resolve_model(spec)
-    servers = attach_rpc(rpc)
+    servers = ggml.attach_rpc(rpc)
     if servers and n_gpu_layers == 0:
         log.warning("--rpc without --n-gpu-layers: every layer stays local (-1 sends all)")
     elif servers:

@@ -94,6 +94,15 @@ class Forking(Model, Protocol):
         roles, nothing evaluated or copied."""
         ...
 
+    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
+                      ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """One model call appending `tokens` to the main sequence and, beside them, branch
+        j's (at, ids) to slot j, forked off the main sequence so that it shares its cells
+        and tokens[:at + 1] (ids[0] stands where tokens[at + 1] does; at + 1 < len(tokens)).
+        The logits rows after every token: the main sequence's, then each branch's. On
+        failure the main sequence is as before and the slots are empty."""
+        ...
+
 
 def can_fork(model: object) -> bool:
     return bool(getattr(model, "can_fork", False))
@@ -123,3 +132,15 @@ def sync_cache(model: Model, tokens: Sequence[int], batch: int = 512,
         if progress:
             progress(min(i + batch, len(todo)), len(todo))
     return len(todo)
+
+
+def check_tree(n_tokens: int, branches: Sequence[tuple[int, Sequence[int]]], n_slots: int
+               ) -> None:
+    """ValueError unless `branches` fit evaluate_tree: a slot each, every one forking off a
+    token of the main part before its last and holding at least one token."""
+    if len(branches) > n_slots:
+        raise ValueError(f"{len(branches)} branches for {n_slots} branch slots")
+    for at, ids in branches:
+        if not 0 <= at < n_tokens - 1 or not ids:
+            raise ValueError(f"a branch at {at} with {len(ids)} tokens cannot fork off "
+                             f"{n_tokens} tokens")

@@ -35,7 +35,7 @@ def test_lead_metrics_export_each_counter_and_gauge() -> None:
     samples = dict(line.split() for line in lines if not line.startswith("#"))
     assert samples["duo_requests_total"] == "2" and samples["duo_state_polls_total"] == "7"
     assert samples["duo_acceptance_rate"] == "0.4" and samples["duo_backs_active"] == "1"
-    assert len([line for line in lines if line.startswith("# TYPE")]) == len(samples) == 19
+    assert len([line for line in lines if line.startswith("# TYPE")]) == len(samples) == 22
 
 
 def test_a_reply_cut_inside_a_character_ends_before_it() -> None:
