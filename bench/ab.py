@@ -1,11 +1,13 @@
-"""A/B: the back of another commit against this one's, interleaved, one core per role.
+"""A/B: the back (or lead and back) of another commit against this one's, interleaved.
 
     python -m bench.ab --before 748181c --b-flags="--branches 8"
+    python -m bench.ab --before 748181c --lead-too
 
-Two leads of this tree serve the target on `--lead-cpus`, each with a back on
-`--back-cpus`: A runs the back of `--before` (from a git worktree), B this tree's, with
-its flags. Each prompt runs on A and on B in turn (the order flips each prompt), so
-drift cancels; per prompt it prints B / A. Only one reply is decoded at a time.
+Two leads serve the target on `--lead-cpus`, each with a back on `--back-cpus`: A runs
+the back of `--before` (from a git worktree), and with `--lead-too` its lead as well; B
+this tree's, with its flags. Both leads are this tree's unless `--lead-too`. Each
+prompt runs on A and on B in turn (the order flips each prompt), so drift cancels; per
+prompt it prints B / A. Only one reply is decoded at a time.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--before", required=True, help="the commit whose back is A")
     p.add_argument("--b-flags", default="", help="flags for this tree's back (B)")
+    p.add_argument("--lead-too", action="store_true", help="A's lead is of --before too")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
     p.add_argument("--lead-cpus", default=SPLIT["lead_cpus"])
@@ -50,7 +53,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def start(a: argparse.Namespace, stack: ExitStack, tree: Path | None, flags: list[str]
           ) -> Lead:
-    lead = Lead(a.target, "--cpus", a.lead_cpus)
+    lead_tree = tree if tree is not None and a.lead_too else ROOT
+    lead = Lead(a.target, "--cpus", a.lead_cpus, cwd=lead_tree)
     stack.callback(lead.stop)
     common = ("--cpus", a.back_cpus, *flags)
     back = Back(lead, a.draft, *common, cwd=tree or ROOT)
@@ -64,8 +68,10 @@ def main(argv: list[str] | None = None) -> None:
     chosen = prompts.load()[: a.prompts]
     with ExitStack() as stack:
         before = worktree(a.before, stack)
-        leads = {f"A: back of {a.before}": start(a, stack, before, []),
-                 f"B: this back {a.b_flags}".strip(): start(a, stack, None, a.b_flags.split())}
+        side = "lead and back" if a.lead_too else "back"
+        leads = {f"A: {side} of {a.before}": start(a, stack, before, []),
+                 f"B: this {side} {a.b_flags}".strip(): start(a, stack, None,
+                                                              a.b_flags.split())}
         runners = {name: configs.via(name, lead, chosen, a.tokens) for name, lead in leads.items()}
         results = configs.interleaved(runners, len(chosen), lambda s: print(s, flush=True),
                                       a.repeat)

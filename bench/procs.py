@@ -70,11 +70,13 @@ class Proc:
 
 class Lead(Proc):
     def __init__(self, model: str = "smollm2-135m", *extra: str,
-                 env: dict[str, str] | None = None, cpus: str | None = None) -> None:
+                 env: dict[str, str] | None = None, cpus: str | None = None,
+                 cwd: Path = ROOT) -> None:
+        """`cwd`: the checkout whose lead runs (another commit's, for an A/B)."""
         self.port = free_port()
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
                           str(self.port), "--threads", "1", "--ctx-size", "2048", *extra],
-                         env, "lead", cpus)
+                         env, "lead", cpus, cwd)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self._healthy, 120, f"lead to serve (log: {self.log_path})")
 
