@@ -23,7 +23,7 @@ from shared.fake import FakeModel
 from shared.protocol import MAX_BRANCHES, SamplingParams
 from shared.sampling import Dist
 from tests.conftest import chat_body, make_settings
-from tests.test_inprocess import ask, new_lead, reference, run, text_of
+from tests.test_inprocess import TARGET_COST, ask, new_lead, reference, run, text_of
 
 GREEDY = SamplingParams()
 
@@ -320,24 +320,33 @@ async def tree_back(http: httpx.AsyncClient, twin: FakeModel) -> None:
         reaches = len(tokens) + 8
 
 
+async def with_tree_back(cost_s: tuple[float, float] = TARGET_COST, **settings: object
+                         ) -> tuple[str, dict[str, float], FakeModel]:
+    """A reply of a lead over a fake target (`cost_s`, `settings`) with tree_back posting
+    to it over HTTP: its text, lead's /metrics after it, and the target."""
+    app, target = new_lead(cost_s, **settings)
+    transport = httpx.ASGITransport(app=app)
+    twin = FakeModel(eos_bias=-100.0)  # the target's own greedy continuation
+    async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+        back = asyncio.create_task(tree_back(http, twin))
+        try:
+            reply = await ask(transport)
+        finally:
+            back.cancel()
+            await asyncio.gather(back, return_exceptions=True)
+        metrics = (await http.get("/metrics")).text
+    counters = {name: float(v) for name, v in
+                (line.split() for line in metrics.splitlines() if line[0] != "#")}
+    return text_of(reply), counters, target
+
+
 def test_a_back_posting_trees_over_http_changes_no_output_and_its_branches_are_used() -> None:
     async def body() -> None:
         alone = await reference()
-        app, target = new_lead(draft_len=4)
-        transport = httpx.ASGITransport(app=app)
-        twin = FakeModel(eos_bias=-100.0)  # the target's own greedy continuation
-        async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-            back = asyncio.create_task(tree_back(http, twin))
-            try:
-                reply = await ask(transport)
-            finally:
-                back.cancel()
-                await asyncio.gather(back, return_exceptions=True)
-            metrics = (await http.get("/metrics")).text
-        assert text_of(reply) == alone
-        counters = dict(line.split() for line in metrics.splitlines() if line[0] != "#")
-        assert float(counters["duo_branch_drafts_total"]) >= 1, metrics
-        assert float(counters["duo_ready_after_rejection_total"]) >= 1, metrics
-        assert float(counters["duo_steps_after_rejection_total"]) >= \
-            float(counters["duo_ready_after_rejection_total"])
+        text, counters, _ = await with_tree_back(draft_len=4)
+        assert text == alone
+        assert counters["duo_branch_drafts_total"] >= 1, counters
+        assert counters["duo_ready_after_rejection_total"] >= 1, counters
+        assert counters["duo_steps_after_rejection_total"] >= \
+            counters["duo_ready_after_rejection_total"]
     run(body())

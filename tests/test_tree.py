@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 
-import httpx
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -26,8 +25,8 @@ from lead.verify import TreeBranch, Verdict, verify_tree
 from shared.fake import FakeModel, VirtualClock
 from shared.model import MAIN
 from shared.protocol import SamplingParams
-from tests.test_branches import random_tree, tree_back
-from tests.test_inprocess import ask, new_lead, reference, run, text_of
+from tests.test_branches import random_tree, with_tree_back
+from tests.test_inprocess import reference, run
 
 GREEDY = SamplingParams()
 
@@ -232,20 +231,11 @@ def test_the_engine_verifies_trees_that_pay_and_keeps_the_path_it_took() -> None
 def test_a_back_over_http_gets_its_trees_verified_whole_and_changes_no_output() -> None:
     async def body() -> None:
         alone = await reference()
-        app, target = new_lead(cost_s=(0.003, 0.00005))  # a token more: under 2 % of a step
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-            back = asyncio.create_task(tree_back(http, FakeModel(eos_bias=-100.0)))
-            try:
-                reply = await ask(transport)
-            finally:
-                back.cancel()
-                await asyncio.gather(back, return_exceptions=True)
-            metrics = (await http.get("/metrics")).text
-        assert text_of(reply) == alone
-        counters = dict(line.split() for line in metrics.splitlines() if line[0] != "#")
-        assert float(counters["duo_tree_branches_taken_total"]) >= 1, metrics
-        assert float(counters["duo_branch_cover"]) > 0.5, metrics
+        # a token more costs under 2 % of a step: trees pay
+        text, counters, target = await with_tree_back(cost_s=(0.003, 0.00005))
+        assert text == alone
+        assert counters["duo_tree_branches_taken_total"] >= 1, counters
+        assert counters["duo_branch_cover"] > 0.5, counters
         assert not any(target.branch_cached)
     run(body())
 
