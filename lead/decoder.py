@@ -85,9 +85,7 @@ class Decoder:
         """Evaluate the session's last token and `draft` (and its branches) in the batch size
         the cost model prices best, and verify them; logprobs of what it emits if
         `top_logprobs` is not None."""
-        n_draft = len(draft.token_ids) + sum(len(b.token_ids) for b in draft.branches) if draft \
-            else 0
-        size = self.cost.batch_for(n_draft + 1) if draft else 1
+        size = self.cost.batch_for(draft.n_tokens + 1) if draft else 1
         size = min(size, self.model.n_ctx - len(session.tokens) + 1)
         return await self.thread.run(self._score, tuple(session.tokens), session.n_prompt,
                                      draft, session.params, session.rng, size, top_logprobs,
@@ -100,9 +98,9 @@ class Decoder:
             raise RuntimeError("model cache out of step with the session")
         draft_ids = draft.token_ids if draft else []
         tree = draft.branches if draft else ()
-        n_rows, n_tree = len(draft_ids) + 1, sum(len(b.token_ids) for b in tree)
+        n_rows = len(draft_ids) + 1
         t0 = self.clock()
-        rows, branch_rows = self._evaluate(tokens[-1], draft_ids, tree, size)
+        rows, branch_rows = self._evaluate(tokens[-1], draft, size)
         seconds = self.clock() - t0
         branches = [TreeBranch(b.at, b.token_ids, r, b.dists)
                     for b, r in zip(tree, branch_rows, strict=True)]
@@ -113,19 +111,20 @@ class Decoder:
         taken = None if verdict.branch is None else tree[verdict.branch]
         root_at = None if taken is None else taken.at
         path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
-        return StepResult(verdict, n_rows + n_tree, seconds, draft.back_id if draft else "",
-                          size, logprobs, path, _covered(draft, verdict), len(tree), root_at)
+        return StepResult(verdict, 1 + (draft.n_tokens if draft else 0), seconds,
+                          draft.back_id if draft else "", size, logprobs, path,
+                          _covered(draft, verdict), len(tree), root_at)
 
-    def _evaluate(self, last: int, draft_ids: list[int], tree: tuple[Branch, ...], size: int
+    def _evaluate(self, last: int, draft: Draft | None, size: int
                   ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The rows after `last` and each draft token, and after each branch's tokens."""
-        n_tree = sum(len(b.token_ids) for b in tree)
+        draft_ids = draft.token_ids if draft else []
         # padding's rows are not read, and _settle drops its cells
-        main = [last, *draft_ids, *[last] * (size - len(draft_ids) - 1 - n_tree)]
-        if not tree:
+        main = [last, *draft_ids, *[last] * (size - 1 - (draft.n_tokens if draft else 0))]
+        if draft is None or not draft.branches:
             return self.model.evaluate(main, len(main)), []
         forking = cast(Forking, self.model)
-        return forking.evaluate_tree(main, [(b.at, b.token_ids) for b in tree])
+        return forking.evaluate_tree(main, [(b.at, b.token_ids) for b in draft.branches])
 
     def _settle(self, n_keep: int, taken: int | None, n_branches: int) -> None:
         """Keep the path verified: the branch taken (if one was) as the main sequence, up

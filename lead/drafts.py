@@ -63,6 +63,11 @@ class Draft:
     branches: tuple[Branch, ...] = ()
     roots: tuple[tuple[int, int], ...] = ()  # (at, root) of every branch offered with it
 
+    @property
+    def n_tokens(self) -> int:
+        """Draft tokens to evaluate: its own and its branches'."""
+        return len(self.token_ids) + sum(len(b.token_ids) for b in self.branches)
+
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
                     main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = ()
