@@ -18,18 +18,28 @@ MARGIN = 0.8  # the share of lead's step the guesses may take: room for HTTP and
 PER_BRANCH = 0.1  # a branch adding this share of a lone guess's price to a call is cheap
 SLACK = 0.25  # ... and so are all of them, adding this much together
 STALE_S = 5.0  # a gap this long between lead's steps is idleness, not a step
+FORGET_CALLS = 200  # a batch size not measured in this many calls is measured afresh
 
 
 @dataclass
 class DraftPrices:
-    """Seconds per draft model call, by tokens evaluated in it."""
+    """Seconds per draft model call, by tokens evaluated in it. A size not measured for
+    FORGET_CALLS calls is forgotten: one slow call (a busy machine) would otherwise keep
+    the back from ever trying that width again, and so from measuring it cheaper."""
 
     seconds: dict[int, float] = field(default_factory=dict)
+    calls: int = 0
+    noted_at: dict[int, int] = field(default_factory=dict, repr=False)  # size -> its last call
 
     def note(self, tokens: int, seconds: float) -> None:
-        if tokens > 0:
-            old = self.seconds.get(tokens)
-            self.seconds[tokens] = seconds if old is None else old + EWMA * (seconds - old)
+        if tokens <= 0:
+            return
+        self.calls += 1
+        old = self.seconds.get(tokens)
+        self.seconds[tokens] = seconds if old is None else old + EWMA * (seconds - old)
+        self.noted_at[tokens] = self.calls
+        for size in [s for s, at in self.noted_at.items() if self.calls - at >= FORGET_CALLS]:
+            del self.seconds[size], self.noted_at[size]
 
     @property
     def largest(self) -> int:

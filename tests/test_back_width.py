@@ -5,7 +5,15 @@ from __future__ import annotations
 import pytest
 
 from back.jobs import ahead_for
-from back.width import PER_BRANCH, STALE_S, DraftPrices, StepClock, choose_width, least_squares
+from back.width import (
+    FORGET_CALLS,
+    PER_BRANCH,
+    STALE_S,
+    DraftPrices,
+    StepClock,
+    choose_width,
+    least_squares,
+)
 
 
 def prices(**by_size: float) -> DraftPrices:
@@ -101,3 +109,17 @@ def test_a_batch_larger_than_any_measured_is_tried_once_narrower_ones_fit() -> N
     assert choose_width(book, 0.03, 8, 8) == 2  # then 3
     book.note(3, 0.010)  # far dearer: the line through all three says so
     assert choose_width(book, 0.03, 8, 8) < 2
+
+
+def test_a_size_not_measured_for_a_while_is_measured_afresh() -> None:
+    """One slow wide call on a busy machine must not keep the back narrow for good: at
+    width 0 only lone guesses are measured, so the slow price would never be replaced."""
+    book = prices(b1=0.003, b2=0.0031, b9=0.050)  # b9: a call that met a busy machine
+    assert choose_width(book, 0.03, 16, 8) == 0
+    for _ in range(FORGET_CALLS):
+        book.note(1, 0.003)  # the chain alone, all the back measures at width 0
+    assert book.of(9) is None and book.of(2) is None
+    assert choose_width(book, 0.03, 16, 8) == 1  # tries a batch of 2 again
+    for width in range(1, 9):
+        book.note(1 + width, 0.0031)
+    assert choose_width(book, 0.03, 16, 8) == 8
