@@ -28,8 +28,9 @@ class DraftPrices:
     the back from ever trying that width again, and so from measuring it cheaper."""
 
     seconds: dict[int, float] = field(default_factory=dict)
-    calls: int = 0
-    noted_at: dict[int, int] = field(default_factory=dict, repr=False)  # size -> its last call
+    # note()'s own bookkeeping, never passed in: a size set without it would never be forgotten
+    calls: int = field(default=0, init=False, repr=False)
+    noted_at: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # size -> call
 
     def note(self, tokens: int, seconds: float) -> None:
         if tokens <= 0:
