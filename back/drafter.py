@@ -14,6 +14,7 @@ after it, on the model's second sequence (docs/back-loop.md, "Branches").
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
@@ -31,6 +32,7 @@ from back.tree import (
     taken_by_lead,
 )
 from shared.constraint import Constraint, Track, best, masked
+from shared.grammar_bounds import check_gbnf
 from shared.model import (
     MAIN,
     EvaluationAborted,
@@ -46,6 +48,7 @@ from shared.sampling import Dist, distribution, is_greedy, sample
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
 MAX_GRAMMARS = 8  # parsed grammars kept, by text
+GRAMMAR_PICK_S = 1.0  # a grammar taking longer than this on one guess is dropped
 log = logging.getLogger("back")
 
 
@@ -85,6 +88,20 @@ def _runner_up(row: np.ndarray, state: Constraint | None, token: int) -> int | N
     return other if other != token and allowed else None  # (a mask lets EOS through)
 
 
+def _draw(row: np.ndarray, state: Constraint | None, params: SamplingParams,
+          rng: np.random.Generator, ranked: bool) -> Pick:
+    """The guess from `row` (adjusted) under `state`; `ranked`: with its runner-up."""
+    if is_greedy(params):
+        token = best(row, state)
+        if not ranked:
+            return Pick(token, None, None, 1.0)
+        return Pick(token, None, _runner_up(row, state, token), _prob(row, token))
+    dist = distribution(masked(row, state), params, MAX_SUPPORT)
+    token = sample(dist, rng)
+    others = [int(t) for t in dist.token_ids if t != token]  # by descending probability
+    return Pick(token, dist, others[0] if others else None, dist.prob_of(token))
+
+
 def _prob(row: np.ndarray, token: int) -> float:
     """`token`'s probability in softmax(row) (unmasked: only to rank guesses)."""
     shifted = np.exp(row.astype(np.float64) - float(np.max(row)))
@@ -99,10 +116,12 @@ class ModelDrafter:
     same call as the next guess."""
 
     def __init__(self, model: Model, batch: int = 512,
-                 progress: Callable[[int, int], None] | None = None, blind: bool = False
-                 ) -> None:
-        """`blind`: draft without the request's grammar (benchmarks compare the two)."""
+                 progress: Callable[[int, int], None] | None = None, blind: bool = False,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """`blind`: draft without the request's grammar (benchmarks compare the two);
+        `clock` times the grammar's work on a guess (tests give a virtual one)."""
         self.model, self.batch, self.progress, self.blind = model, batch, progress, blind
+        self.clock = clock
         self._logits: np.ndarray | None = None  # next-token logits after model.cached
         self._pending: list[int] = []  # a guess handed out, not yet evaluated
         self._grammars: dict[str, Constraint | None] = {}  # text -> start state (None: bad)
@@ -230,16 +249,12 @@ class ModelDrafter:
         grows branches: each guess is a site a branch may start at)."""
         # q is what the guess is drawn from: the adjusted, masked logits, as lead's p
         row = adjust(logits, params, path, n_prompt)
+        started = self.clock()
         state = self._grammar_state(params.grammar, n_prompt, path)
-        if is_greedy(params):
-            token = best(row, state)
-            if not ranked:
-                return Pick(token, None, None, 1.0)
-            return Pick(token, None, _runner_up(row, state, token), _prob(row, token))
-        dist = distribution(masked(row, state), params, MAX_SUPPORT)
-        token = sample(dist, rng)
-        others = [int(t) for t in dist.token_ids if t != token]  # by descending probability
-        return Pick(token, dist, others[0] if others else None, dist.prob_of(token))
+        pick = _draw(row, state, params, rng, ranked)
+        if state is not None and params.grammar and self.clock() - started > GRAMMAR_PICK_S:
+            self._give_up(params.grammar, self.clock() - started)
+        return pick
 
     def dist_at(self, pos: int) -> Dist | None:
         """The distribution the guess at `pos` was drawn from (None: greedy, or not one)."""
@@ -291,14 +306,23 @@ class ModelDrafter:
         # None if lead's tokens leave the grammar (they cannot): then drafted blind
         return self._track.at(path) if self._track is not None else None
 
+    def _give_up(self, grammar: str, seconds: float) -> None:
+        """Draft without a grammar too slow to apply (lead ends such replies: the back's
+        model thread would be held just as long)."""
+        log.warning("the request's grammar took %.1f s to apply to one guess (over %.1f s); "
+                    "drafting without it", seconds, GRAMMAR_PICK_S)
+        self._grammars[grammar] = None
+        self._track = self._track_key = None
+
     def _parsed(self, grammar: str) -> Constraint | None:
         if grammar not in self._grammars:
             if len(self._grammars) >= MAX_GRAMMARS:
                 self._grammars.clear()
-            try:
+            try:  # lead checked and parsed it; another lead or llama.cpp may not have
+                check_gbnf(grammar)  # before any parser: a bomb would crash this back
                 self._grammars[grammar] = self.model.constraint(grammar)
-            except ValueError as exc:  # lead parsed it: another llama.cpp may not
-                log.warning("the request's grammar does not parse here (%s); drafting "
+            except ValueError as exc:
+                log.warning("the request's grammar cannot be used here (%s); drafting "
                             "without it", exc)
                 self._grammars[grammar] = None
         return self._grammars[grammar]

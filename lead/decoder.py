@@ -36,9 +36,11 @@ Clock = Callable[[], float]
 
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
-                 batch: int = 512) -> None:
+                 batch: int = 512, grammar_s: float = 1.0) -> None:
+        """`grammar_s`: most seconds of verifying per token emitted that a constrained
+        reply may take (an ambiguous grammar's masks can cost seconds a row)."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
-        self.batch = batch
+        self.batch, self.grammar_s = batch, grammar_s
         # branch sequences the target holds for trees (0: it verifies chains only)
         self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
@@ -106,6 +108,7 @@ class Decoder:
                     for b, r in zip(tree, branch_rows, strict=True)]
         verdict = verify_tree(draft_ids, rows[:n_rows], branches, params, rng,
                               draft.dists if draft else None, tokens, n_prompt, constraint)
+        verify_s = self.clock() - t0 - seconds
         self._settle(len(tokens) + len(verdict.accepted), verdict.branch, len(tree))
         logprobs = None if top_logprobs is None else _logprobs(verdict, top_logprobs)
         taken = None if verdict.branch is None else tree[verdict.branch]
@@ -113,7 +116,7 @@ class Decoder:
         path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
         return StepResult(verdict, 1 + (draft.n_tokens if draft else 0), seconds,
                           draft.back_id if draft else "", size, logprobs, path,
-                          _covered(draft, verdict), len(tree), root_at)
+                          _covered(draft, verdict), len(tree), root_at, verify_s)
 
     def _evaluate(self, last: int, draft: Draft | None, size: int
                   ) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -164,9 +167,21 @@ class Decoder:
         # tokens it holds past the cut are never followed.
         session.constraint = verdict.constraint
         if session.finish_reason is None and (session.n_generated >= max_tokens
-                                              or len(session.tokens) >= self.model.n_ctx):
+                                              or len(session.tokens) >= self.model.n_ctx
+                                              or self._grammar_too_slow(session, result)):
             session.finish_reason = "length"
         return emitted
+
+    def _grammar_too_slow(self, session: Session, result: StepResult) -> bool:
+        """Whether a constrained reply's verifying took over `grammar_s` per token emitted:
+        then it ends here (as llama.cpp's server ends one over its time limit), else it
+        would hold lead for minutes."""
+        per_token = result.verify_s / max(len(result.verdict.emitted), 1)
+        if session.constraint is None or per_token <= self.grammar_s:
+            return False
+        log.warning("%s: its grammar took %.1f s a token to apply (over %.1f s): the reply "
+                    "ends here", session.id, per_token, self.grammar_s)
+        return True
 
     @staticmethod
     def cut(session: Session, n: int) -> None:

@@ -70,6 +70,7 @@ class StepResult:
     covered: bool | None = None  # a rejection's correction was a branch's root (None: no try)
     tree: int = 0  # branches verified beside the draft
     root_at: int | None = None  # where the branch taken has its root among the emitted
+    verify_s: float = 0.0  # seconds verifying took: penalties, sampling and the grammar
 
     @property
     def rejected(self) -> bool:

@@ -5,14 +5,17 @@ that tool_choice forces is given as a grammar too.
 json_object is a JSON object (OpenAI's meaning; the schema {"type": "object"}); a
 json_schema is converted as llama.cpp's server converts it (shared/llm.py), and a schema
 with a keyword the grammar cannot enforce (minimum, ...) is refused unless `strict` is
-false, so that a reply always validates. The grammar
-text goes to backs with the sampling settings; the state made here is lead's own.
+false, so that a reply always validates. A grammar or schema over a bound that keeps
+llama.cpp from crashing or stalling (shared/grammar_bounds.py, shared/schema_bounds.py)
+is refused before any parser sees it. The grammar text goes to backs with the sampling
+settings; the state made here is lead's own.
 """
 
 from __future__ import annotations
 
 from lead.api import CommonRequest, FieldRefused
 from shared.constraint import Constraint
+from shared.grammar_bounds import check_gbnf
 from shared.model import Model
 
 JSON_OBJECT = {"type": "object"}
@@ -33,6 +36,10 @@ def grammar_of(body: CommonRequest, model: Model,
         raise FieldRefused("grammar", "grammar: give either grammar or a response_format "
                                       "of json_object or json_schema, not both")
     if body.grammar:
+        try:
+            check_gbnf(body.grammar, "grammar")
+        except ValueError as exc:
+            raise FieldRefused("grammar", str(exc)) from None
         return body.grammar, "grammar"
     if fmt is None or not structured:
         return None

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from lead.toolparse import HERMES, LLAMA3, MISTRAL, CallFormat, ToolStream, parse_reply
+from shared.schema_bounds import check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
@@ -165,12 +166,24 @@ def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
     """The shape a forced call takes ("required": any one tool; named: that one)."""
     if choice.mode != "required":
         return None
+    for i, tool in enumerate(tools):
+        if choice.name in (None, tool["function"]["name"]):
+            _check_parameters(f"tools[{i}].function.parameters", tool["function"]["parameters"])
     allowed = [t["function"] for t in tools if choice.name in (None, t["function"]["name"])]
     options = [_call_schema(fmt.key, f["name"], _without(f["parameters"], _DEFS))
                for f in allowed]
     one = options[0] if len(options) == 1 else {"anyOf": options}
     schema = {"type": "array", "items": one, "minItems": 1} if fmt.array else one
     return CallGrammar(fmt.prefix, {**schema, **_hoisted_defs(allowed)}, fmt.suffix)
+
+
+def _check_parameters(where: str, parameters: dict[str, Any]) -> None:
+    """A forced call's grammar is converted from its parameters: the schema bounds apply
+    (shared/schema_bounds.py), named here by the tool's field."""
+    try:
+        check_schema(parameters, where)
+    except ValueError as exc:
+        raise ToolsError(where, str(exc).removeprefix(where).lstrip(".: ")) from None
 
 
 _DEFS = ("$defs", "definitions")  # where "#/$defs/X" refs point: the schema's root

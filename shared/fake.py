@@ -18,7 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from shared.grammar_bounds import check_gbnf
 from shared.model import MAIN, EvaluationAborted, check_tree
+from shared.schema_bounds import check_schema
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -221,11 +223,15 @@ class FakeModel:
 
     # --- grammars ---
     def constraint(self, gbnf: str) -> FakeGrammar:
+        check_gbnf(gbnf)  # as shared/llm_grammar.py does, before the parser
         return FakeGrammar.parse(gbnf, self.tokenize, self.n_vocab)
 
     def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
         """A stand-in for JSON (the alphabet has no braces): `name:value` per property;
-        ValueError where `type` is no JSON type, or (if `strict`) for `minimum`."""
+        ValueError for a schema over a bound (shared/schema_bounds.py), where `type` is
+        no JSON type, or (if `strict`) for `minimum`."""
+        if isinstance(schema, dict):
+            check_schema(schema)
         if not isinstance(schema, dict) or schema.get("type", "object") not in JSON_TYPES:
             raise ValueError(f"unsupported or invalid JSON schema: {schema!r}")
         if strict and "minimum" in schema:

@@ -8,6 +8,7 @@ import contextlib
 import ctypes
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -17,9 +18,16 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp.llama_grammar import json_schema_to_gbnf
+from llama_cpp.llama_grammar import (
+    PRIMITIVE_RULES,
+    RESERVED_NAMES,
+    STRING_FORMAT_RULES,
+    SchemaConverter,
+)
 
 from shared.constraint import ENFORCED, unenforced
+from shared.grammar_bounds import check_gbnf
+from shared.schema_bounds import check_schema
 
 captured = threading.local()  # .lines: where this thread's llama.cpp log goes, if set
 
@@ -70,6 +78,7 @@ class GrammarState:
               gbnf: str) -> GrammarState:
         if not gbnf.strip():
             raise ValueError("the grammar is empty")
+        check_gbnf(gbnf)  # llama.cpp's parser has no limits of its own
         printed: list[bytes] = []
         captured.lines = []
         try:
@@ -138,15 +147,17 @@ def _parse_error(printed: str, logged: list[str]) -> str:
 
 def schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
     """GBNF for JSON valid against `schema` (llama-cpp-python's converter, as llama.cpp's
-    server's); ValueError for a schema it cannot convert, or, if `strict`, one with a
-    keyword it would not enforce."""
+    server's, lengths written as llama.cpp's own converter writes them); ValueError for a
+    schema over a bound (shared/schema_bounds.py) or it cannot convert, or, if `strict`,
+    one with a keyword it would not enforce."""
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema is an object")
+    check_schema(schema)
     if strict and (keyword := unenforced(schema)) is not None:
         raise ValueError(f"{keyword} is not enforced here (supported: "
                          f"{', '.join(sorted(ENFORCED))}); strict: false ignores it")
     try:
-        grammar = json_schema_to_gbnf(json.dumps(schema))
+        grammar = _convert(schema)
     except RecursionError:
         raise ValueError("the schema nests too deeply") from None
     except Exception as exc:  # its converter asserts, and fails on shapes it does not know
@@ -154,8 +165,80 @@ def schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
             from None
     # This converter lets control characters into strings, which JSON forbids (a newline
     # in a string failed json.loads); llama.cpp's own converter excludes them, as here.
-    return grammar.replace(_LOOSE_CHAR, _JSON_CHAR)
+    grammar = grammar.replace(_LOOSE_CHAR, _JSON_CHAR)
+    check_gbnf(grammar, "the grammar this schema converts to")
+    return grammar
 
 
 _LOOSE_CHAR = r'char ::= [^"\\] |'
 _JSON_CHAR = r'char ::= [^"\\\x7F\x00-\x1F] |'
+
+
+def _convert(schema: dict[str, Any]) -> str:
+    """llama_cpp.llama_grammar.json_schema_to_gbnf, over _FlatConverter."""
+    converter = _FlatConverter(prop_order={}, allow_fetch=False, dotall=False,
+                               raw_pattern=False)
+    converter.visit(converter.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
+    return converter.format_grammar()
+
+
+class _FlatConverter(SchemaConverter):
+    """llama-cpp-python's converter writes a string's or an array's length range {m,n} as
+    n - m nested groups, and llama.cpp's parser recurses once per group (a maxLength of
+    60,000 overflowed the stack). This one writes x{m,n}, as llama.cpp's own converter
+    does: its parser unrolls that without recursing, up to MAX_REPEAT. Everything else,
+    and the order in which keywords are taken, is the parent's."""
+
+    def visit(self, schema: dict[str, Any], name: str) -> str:
+        rule = name + "-" if name in RESERVED_NAMES else name or "root"
+        if _length_string(schema):
+            char = self._add_primitive("char", PRIMITIVE_RULES["char"])
+            chars = _repeat(char, schema.get("minLength", 0), schema.get("maxLength"))
+            return str(self._add_rule(rule, rf'"\"" {chars} "\"" space'))
+        if _item_array(schema):
+            item = self.visit(schema["items"], f"{name}{'-' if name else ''}item")
+            items = _items(item, self._add_rule(f"{item}-next", f'"," space {item}'),
+                           schema.get("minItems", 0), schema.get("maxItems"))
+            return str(self._add_rule(rule, f'"[" space {items} "]" space'))
+        return str(super().visit(schema, name))
+
+
+_TAKEN_FIRST = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})  # by the parent
+
+
+def _length_string(schema: dict[str, Any]) -> bool:
+    """Where the parent writes a string's min/maxLength (and nothing before it applies)."""
+    fmt = schema.get("format") or ""
+    return schema.get("type") == "string" and \
+        ("minLength" in schema or "maxLength" in schema) and \
+        not (_TAKEN_FIRST | {"pattern"}) & schema.keys() and \
+        not re.match(r"^uuid[1-5]?$", fmt) and f"{fmt}-string" not in STRING_FORMAT_RULES
+
+
+def _item_array(schema: dict[str, Any]) -> bool:
+    """Where the parent writes an array of `items` with min/maxItems."""
+    kind = schema.get("type")
+    object_first = kind is None and ("properties" in schema or "allOf" in schema or
+                                     schema.get("additionalProperties", True) is not True)
+    return kind in (None, "array") and isinstance(schema.get("items"), dict) and \
+        bool(schema["items"]) and not _TAKEN_FIRST & schema.keys() and not object_first
+
+
+def _items(item: str, then: str, low: int, high: int | None) -> str:
+    """`item` repeated low to high times (None: no maximum), `then` (", item") between."""
+    if high == 0:
+        return ""
+    rest = _repeat(then, max(low - 1, 0), None if high is None else high - 1)
+    listed = f"{item} {rest}".strip()
+    return listed if low > 0 else f"({listed})?"
+
+
+def _repeat(item: str, low: int, high: int | None) -> str:
+    """GBNF for `item` low to high times (None: no maximum)."""
+    if high is None:
+        return {0: f"{item}*", 1: f"{item}+"}.get(low, f"{item}{{{low},}}")
+    if high == 0:
+        return ""
+    if low == high:
+        return item if low == 1 else f"{item}{{{low}}}"
+    return f"{item}?" if (low, high) == (0, 1) else f"{item}{{{low},{high}}}"

@@ -23,7 +23,7 @@ from back.worker import Worker
 from lead.app import create_app
 from lead.verify import verify
 from shared.constraint import Constraint, Track, best
-from shared.fake import EOS, FakeGrammar, FakeModel
+from shared.fake import EOS, FakeGrammar, FakeModel, VirtualClock
 from shared.protocol import SamplingParams, State
 from shared.web import sse_events
 from tests.conftest import async_wait_until, chat_body, make_settings
@@ -321,3 +321,52 @@ def test_a_back_drafts_under_the_grammar_and_output_equals_lead_alone() -> None:
                 assert drafter._track_key is None
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+# --- a grammar that costs seconds a token ends its reply ---
+
+
+class SlowGrammar:
+    """The fake grammar with every check costing `cost_s` on the virtual clock, as an
+    ambiguous real grammar's masks can cost seconds a row."""
+
+    def __init__(self, inner: FakeGrammar, clock: VirtualClock, cost_s: float) -> None:
+        self.inner, self.clock, self.cost_s = inner, clock, cost_s
+
+    def allows(self, token_id: int) -> bool:
+        self.clock.advance(self.cost_s)
+        return self.inner.allows(token_id)
+
+    def mask(self, row: np.ndarray) -> np.ndarray:
+        self.clock.advance(self.cost_s)
+        return self.inner.mask(row)
+
+    def advanced(self, tokens: list[int]) -> SlowGrammar:
+        return SlowGrammar(self.inner.advanced(tokens), self.clock, self.cost_s)
+
+
+class SlowGrammarModel(FakeModel):
+    def __init__(self, cost_s: float) -> None:
+        super().__init__(eos_bias=-100.0, clock=VirtualClock())
+        self.check_s = cost_s
+
+    def constraint(self, gbnf: str) -> SlowGrammar:  # type: ignore[override]
+        assert self.clock is not None
+        return SlowGrammar(super().constraint(gbnf), self.clock, self.check_s)
+
+
+@pytest.mark.parametrize(("check_s", "finish"), [(0.002, "stop"), (0.6, "length")])
+def test_a_grammar_over_its_time_a_token_ends_the_reply(
+        check_s: float, finish: str, caplog: pytest.LogCaptureFixture) -> None:
+    model = SlowGrammarModel(check_s)
+    app = create_app(make_settings(max_grammar_s=1.0, calibrate=False), model,
+                     clock=model.clock)  # type: ignore[arg-type]
+    with TestClient(app) as client:
+        r = client.post(CHAT, json=chat_body(grammar=gbnf(literals(2)), max_tokens=60))
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == finish, r.text
+    warned = [m.getMessage() for m in caplog.records if "a token to apply" in m.getMessage()]
+    if finish == "length":  # two checks a token at the least: 1.2 s, over the 1 s allowed
+        assert r.json()["usage"]["completion_tokens"] == 1 and len(warned) == 1, warned
+    else:
+        assert choice["message"]["content"] in literals(2) and not warned
