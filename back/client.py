@@ -1,11 +1,20 @@
-"""The back's HTTP client for lead's /duo protocol (transport injectable for tests)."""
+"""The back's HTTP client for lead's /duo protocol (transport injectable for tests).
+
+Whatever lead answers becomes the protocol's model or a LeadError: an HTTP error, a body
+that is not JSON, or JSON that is not the model (`BadAnswer`), never another exception.
+"""
 
 from __future__ import annotations
 
-import httpx
+from typing import TypeVar
 
-from shared.protocol import DraftPost, Info, State
+import httpx
+from pydantic import BaseModel, ValidationError
+
+from shared.protocol import DraftPost, Grammar, Info, State
 from shared.web import auth_headers, error_message, lead_url, retry_after
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class LeadError(Exception):
@@ -14,6 +23,10 @@ class LeadError(Exception):
     def __init__(self, message: str, status: int = 0, retry_after: float = 0.0) -> None:
         super().__init__(message)
         self.status, self.retry_after = status, retry_after
+
+
+class BadAnswer(LeadError):
+    """A success whose body is not the protocol's: not JSON, or not the model expected."""
 
 
 class LeadClient:
@@ -34,7 +47,7 @@ class LeadClient:
         await self._http.aclose()
 
     async def info(self) -> Info:
-        return Info.model_validate(await self._get("/duo/info", {}))
+        return _model(Info, await self._http.get("/duo/info"))
 
     async def state(self, since: int, offset: int, wait: float | None = None,
                     back_id: str = "", quiet: str = "", idle: bool = False) -> State:
@@ -47,18 +60,32 @@ class LeadClient:
             params["kind"] = self.kind
         if idle:
             params["idle"] = 1
-        return State.model_validate(await self._get("/duo/state", params))
+        return _model(State, await self._http.get("/duo/state", params=params))
+
+    async def grammar(self, session_id: str) -> Grammar:
+        """The session's grammar text (asked once per session: states carry its id)."""
+        return _model(Grammar, await self._http.get("/duo/grammar",
+                                                    params={"session": session_id}))
 
     async def post_draft(self, post: DraftPost) -> State:
         response = await self._http.post("/duo/draft", json=post.model_dump(exclude_none=True))
-        return State.model_validate(self._json(response))
+        return _model(State, response)
 
-    async def _get(self, path: str, params: dict[str, float | str]) -> object:
-        return self._json(await self._http.get(path, params=params))
 
-    @staticmethod
-    def _json(response: httpx.Response) -> object:
-        if response.status_code >= 400:
-            raise LeadError(f"lead answered {response.status_code}: {error_message(response)}",
-                            response.status_code, retry_after(response))
-        return response.json()
+def _model(model: type[M], response: httpx.Response) -> M:
+    if response.status_code >= 400:
+        raise LeadError(f"lead answered {response.status_code}: {error_message(response)}",
+                        response.status_code, retry_after(response))
+    path = response.request.url.path
+    try:
+        return model.model_validate(response.json())
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        raise BadAnswer(f"{path} answered {response.status_code} with no {model.__name__} "
+                        f"({where or 'body'}: {first.get('msg')})", response.status_code) \
+            from None
+    except ValueError:  # not JSON
+        raise BadAnswer(f"{path} answered {response.status_code} with no JSON "
+                        f"({response.headers.get('content-type', 'no content type')})",
+                        response.status_code) from None

@@ -4,6 +4,11 @@ Lead sends its session's tokens from the offset the back asks for; the mirror sp
 them onto what it holds, refuses states older than one it took, and asks again from
 scratch where a splice would garble its copy. From its copy it says whether the back
 follows a session, whether it should draft for it, and where a draft continues lead.
+
+A state names its session's grammar by `grammar_id`; the text comes once per session
+(`hold_grammar`) and the mirror puts it back into every state's `sampling`, so the drafter
+sees `sampling.grammar` as lead's request holds it. It drafts for a session only once it
+holds that text.
 """
 
 from __future__ import annotations
@@ -29,13 +34,19 @@ class Taken:
     outgrew: bool = False  # the session just became longer than the draft model holds
 
 
+GRAMMARS_KEPT = 8  # grammar texts held, by id, as many as the drafter keeps parsed
+
+
 class LeadMirror:
     def __init__(self, fits: Callable[[int], bool] = lambda _: True) -> None:
         self.fits = fits  # whether the draft model holds this many tokens and a draft
         self.state = State()
         self.tokens: tuple[int, ...] = ()  # lead's session tokens; replaced, never mutated
         self.lead_id = ""
-        self.too_long: str | None = None  # a session sat out: more than the draft model holds
+        # a session sat out: more than the draft model holds, its grammar is gone, or the
+        # draft model failed on it
+        self.skipped: str | None = None
+        self.grammars: dict[str, str] = {}  # grammar id -> text
         self._floor = -1  # no state older than this is taken, even while refetching
 
     def attach(self, lead_id: str) -> None:
@@ -64,33 +75,62 @@ class LeadMirror:
             self.state = state.model_copy(update={"version": -1})
             return Taken(new_session, refetch=True)
         self.tokens = self.tokens[:state.offset] + tuple(state.token_ids)
-        self.state = state
+        self.state = self._with_grammar(state)
         return Taken(new_session, outgrew=self._outgrew())
 
     def _outgrew(self) -> bool:
         sid = self.state.session_id
-        if sid and not self.state.done and sid != self.too_long \
+        if sid and not self.state.done and sid != self.skipped \
                 and not self.fits(len(self.tokens)):
-            self.too_long = sid
+            self.skipped = sid
             return True
         return False
+
+    def skip(self, session_id: str | None) -> None:
+        """Draft nothing more for this session (the back sits it out to its end)."""
+        self.skipped = session_id
+
+    def missing_grammar(self) -> str | None:
+        """The id of the followed session's grammar where its text is not held yet."""
+        s = self.state
+        gid = s.grammar_id
+        if gid is None or gid in self.grammars or s.session_id is None or s.done \
+                or s.session_id == self.skipped:
+            return None
+        return gid
+
+    def hold_grammar(self, gid: str, text: str) -> None:
+        self.grammars.pop(gid, None)
+        self.grammars[gid] = text  # re-added last: the oldest goes first
+        if len(self.grammars) > GRAMMARS_KEPT:
+            self.grammars.pop(next(iter(self.grammars)))
+        self.state = self._with_grammar(self.state)
+
+    def _with_grammar(self, state: State) -> State:
+        """`state` with its grammar's text in `sampling`, where the mirror holds it."""
+        text = self.grammars.get(state.grammar_id) if state.grammar_id else None
+        if text is None or state.sampling.grammar == text:
+            return state
+        sampling = state.sampling.model_copy(update={"grammar": text})
+        return state.model_copy(update={"sampling": sampling})
 
     @property
     def following(self) -> bool:
         """A live session the back can hold, whose every token it holds."""
         s = self.state
-        return (s.session_id is not None and not s.done and s.session_id != self.too_long
+        return (s.session_id is not None and not s.done and s.session_id != self.skipped
                 and len(self.tokens) == s.n_tokens > 0)
 
     def should_draft(self, sit_out: bool = False) -> bool:
-        return self.following and self.state.draft_len > 0 and not sit_out
+        return self.following and self.state.draft_len > 0 and not sit_out \
+            and self.missing_grammar() is None
 
     def quiet(self, sit_out: bool = False) -> str:
         """The session to long-poll quietly (woken when it wants drafts, or only when it
         ends where `sit_out`): a live one this back does not draft for now; else ''."""
         s = self.state
         if s.session_id and not s.done and (
-                s.draft_len == 0 or s.session_id == self.too_long or sit_out):
+                s.draft_len == 0 or s.session_id == self.skipped or sit_out):
             return s.session_id
         return ""
 

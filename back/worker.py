@@ -4,9 +4,10 @@ The Worker wires small pieces to the network and the model thread: `LeadMirror` 
 copy of lead's state), `Sessions` (stats and draft generator per session), `PostBook`
 (what it posted), `jobs` (the model-thread work) and `Backoff` (reconnecting). Only the
 event loop touches them; model-thread jobs get what they need as arguments and return
-what they did. With nothing to do it waits on lead's long-poll. A network failure means
-"lead is gone for now": it logs once, retries with backoff and resumes.
-How the loop works, and why: docs/back-loop.md.
+what they did. With nothing to do it waits on lead's long-poll. A failure means "lead is
+gone for now": it logs once, retries with backoff and resumes; only the few that
+retrying cannot fix stop the back, and a draft model failing ends only that session's
+drafting (back/failures.py). How the loop works, and why: docs/back-loop.md.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable
-
-import httpx
+from typing import Any, TypeVar
 
 from back import jobs
 from back.backoff import Backoff
-from back.client import LeadClient, LeadError
+from back.client import BadAnswer, LeadClient, LeadError
 from back.drafter import Drafter, ModelDrafter
+from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
 from back.mirror import LeadMirror
 from back.posts import PostBook
@@ -33,17 +34,11 @@ from back.tree import hanging_off
 from back.width import DraftPrices, StepClock, choose_width
 from shared.modelthread import ModelThread
 from shared.placement import Placement
-from shared.protocol import DraftPost, Info, State
+from shared.protocol import DraftPost, Info, State, grammar_id
 
+__all__ = ["BackFatal", "IncompatibleModel", "Worker"]
 log = logging.getLogger("back")
-
-
-class BackFatal(Exception):
-    """A problem retrying cannot fix; the back stops with this one-line message."""
-
-
-class IncompatibleModel(BackFatal):
-    pass
+T = TypeVar("T")
 
 
 class Worker:
@@ -69,6 +64,8 @@ class Worker:
         self.sessions = Sessions()
         self.posts = PostBook()
         self.backoff = Backoff()
+        self.flaps = Flaps()
+        self._refused_in: str | None = None  # the session a refused post was logged for
         self.model_thread = ModelThread("draft")
         self._latest = LatestTokens()  # lead's tokens, for the model thread's abort check
         self._stop = asyncio.Event()
@@ -105,27 +102,20 @@ class Worker:
                 if (down := self.backoff.reached(time.monotonic())) is not None:
                     log.info("lead is back after %.1f s", down)
                 await self.follow()
-            except (httpx.TransportError, httpx.InvalidURL, LeadError) as exc:
-                if (fatal := self._fatal(exc)) is not None:
-                    raise fatal from None
-                began, wait = self.backoff.failed(time.monotonic())
-                if began:
-                    log.warning("lead unreachable (%s); retrying with backoff", _brief(exc))
-                await self._sleep(wait)
+            except BackFatal:
+                raise
+            except Exception as exc:  # whatever lead, the network or a bug throws
+                if (stop := fatal(exc, self.client.base_url, bool(self.mirror.lead_id))):
+                    raise stop from None
+                await self._back_off(exc)
         self.close()
 
-    def _fatal(self, exc: Exception) -> BackFatal | None:
-        """The error to stop with, where retrying cannot help (a refused connection can:
-        lead may start later)."""
-        if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-            return BackFatal(f"cannot reach lead at {self.client.base_url}: {_brief(exc)}")
-        if isinstance(exc, LeadError) and exc.status == 401:
-            return BackFatal("lead refused the API key: pass --api-key (or BACK_API_KEY)")
-        # Once attached, a 404 may come from a proxy while lead restarts: retried then.
-        if isinstance(exc, LeadError) and exc.status == 404 and not self.mirror.lead_id:
-            return BackFatal(f"{self.client.base_url} is not a duo lead (it answered 404 to "
-                             "/duo/info): check --lead")
-        return None
+    async def _back_off(self, exc: Exception) -> None:
+        began, wait = self.backoff.failed(time.monotonic())
+        if began:
+            log.warning("%s (%s); retrying with backoff", outage(exc), brief(exc))
+        log.debug("failure", exc_info=exc)
+        await self._sleep(self.flaps.wait(wait, self.backoff.first, self.backoff.most))
 
     def close(self) -> None:
         self._end_session()  # a back stopped mid-session still reports it
@@ -137,11 +127,14 @@ class Worker:
                 await self._stop.wait()
 
     async def handshake(self) -> Info:
+        self.flaps.steady = False
         try:
             info = await self.client.info()
-        except ValueError as exc:  # an answer, but no Info: another server, or another duo
+        except BadAnswer as exc:  # an answer, but no Info: another server, or another duo
+            if self.mirror.lead_id:
+                raise  # attached before: something answers while lead restarts
             raise BackFatal(f"{self.client.base_url}/duo/info is not a duo lead's answer: "
-                            f"{_brief(exc).splitlines()[0]}") from None
+                            f"{brief(exc)}") from None
         if self.n_vocab is not None and (info.n_vocab != self.n_vocab
                                          or info.fingerprint != self.fingerprint):
             raise IncompatibleModel(
@@ -164,7 +157,12 @@ class Worker:
         try:
             while not self._stop.is_set() and not watch.done():
                 self._news.clear()
-                await self._draft_ahead()
+                try:
+                    await self._draft_ahead()
+                except ModelFailed as exc:
+                    log.warning("session %s: the draft model failed (%s); not drafting for "
+                                "it", exc.session_id, exc)
+                    self.mirror.skip(exc.session_id)
                 await self._news.wait()
             if watch.done():
                 watch.result()  # its error ends this lead: run() backs off and retries
@@ -175,17 +173,49 @@ class Worker:
     async def _watch(self) -> None:
         try:
             while not self._stop.is_set():
-                sit_out = self.placement.sit_out
-                state = await self.client.state(self.state.version, len(self.mirror.tokens),
-                                                back_id=self.back_id,
-                                                quiet=self.mirror.quiet(sit_out), idle=sit_out)
+                await self._fetch_grammar()
+                state = await self._poll()
+                if state is None:
+                    continue
                 if self.mirror.other_lead(state):
                     log.info("lead restarted; starting over")
                     await self.handshake()
                     continue
                 self._settle(state)
+                self.flaps.steady = True
         finally:
             self._news.set()  # wake follow(): it reads how the watch ended
+
+    async def _poll(self) -> State | None:
+        """Lead's next state (a long-poll); None where lead asked the back to wait (429)."""
+        sit_out = self.placement.sit_out
+        try:
+            return await self.client.state(self.state.version, len(self.mirror.tokens),
+                                           back_id=self.back_id,
+                                           quiet=self.mirror.quiet(sit_out), idle=sit_out)
+        except LeadError as exc:
+            if exc.status != 429:
+                raise
+            await self._sleep(exc.retry_after)
+            return None
+
+    async def _fetch_grammar(self) -> None:
+        """The followed session's grammar text, once, where a state named one not held."""
+        gid, sid = self.mirror.missing_grammar(), self.state.session_id
+        if gid is None or sid is None:
+            return
+        try:
+            got = await self.client.grammar(sid)
+        except LeadError as exc:
+            if exc.status != 404:
+                raise
+            got = None  # that session is over (or lead's a stranger to it)
+        if got is None or got.session_id != sid or grammar_id(got.grammar) != gid:
+            log.info("session %s: lead sent no grammar named %s; not drafting for it", sid, gid)
+            self.mirror.skip(sid)
+        else:
+            self.mirror.hold_grammar(gid, got.grammar)
+        self._news.set()
 
     def _settle(self, reply: State | None) -> None:
         """Take a state from the watch or a post's reply, unless a newer one came first."""
@@ -255,9 +285,17 @@ class Worker:
             if job is not None:  # (its model call cannot be stopped: its result is kept)
                 await asyncio.gather(job, return_exceptions=True)
 
+    async def _on_model(self, fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the model thread; its failure is the session's (ModelFailed)."""
+        session_id = self.state.session_id
+        try:
+            return await self.model_thread.run(fn, *args)
+        except Exception as exc:
+            raise ModelFailed(session_id, exc) from exc
+
     async def _catch_up(self) -> None:
         stats = self.sessions.current
-        work = await self.model_thread.run(jobs.catch_up, self.drafter, self.mirror.tokens)
+        work = await self._on_model(jobs.catch_up, self.drafter, self.mirror.tokens)
         self.sessions.add(stats, work)  # dropped if that session ended meanwhile
 
     async def _extend(self) -> Drafted:
@@ -267,7 +305,7 @@ class Worker:
                        self.eos_token_ids, self.sessions.rng, self._latest,
                        n_prompt=state.n_prompt, width=self.width(),
                        depth=min(max(1, state.draft_len), self.max_post - 1))
-        drafted = await self.model_thread.run(jobs.extend, self.drafter, job)
+        drafted = await self._on_model(jobs.extend, self.drafter, job)
         self.sessions.add(stats, drafted.work)  # dropped if that session ended meanwhile
         self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists)
         for tokens, seconds in drafted.calls:
@@ -311,11 +349,12 @@ class Worker:
         try:
             return await self.client.post_draft(post)
         except LeadError as exc:
-            if exc.status != 429:
+            if exc.status == 429:
+                await self._sleep(exc.retry_after)  # lead asked this back to post less often
+                return None
+            if not 400 <= exc.status < 500 or exc.status == 401:
                 raise
-            await self._sleep(exc.retry_after)  # lead asked this back to post less often
+            if self._refused_in != post.session_id:  # one line per session, not per post
+                log.warning("lead refused a draft post (%s); dropped", brief(exc))
+                self._refused_in = post.session_id
             return None
-
-
-def _brief(exc: Exception) -> str:
-    return str(exc) or type(exc).__name__

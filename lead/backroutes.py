@@ -1,29 +1,43 @@
-"""The back protocol (/duo/*) and /metrics."""
+"""The back protocol (/duo/*) and /metrics.
+
+Backs choose their own ids, so what one address may hold is bounded: posts per second
+(PostLimiter), places on the draft board, long-polls open (PollSlots); a back over a bound
+gets a 429 with Retry-After, which a back waits out. Draft probabilities count only from a
+back with the back key (lead/keys.py)."""
 
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Callable
 
 import numpy as np
 from fastapi import APIRouter, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse, Response
 
 from lead.api import FieldRefused
+from lead.backfeed import POLLS_PER_ADDRESS
 from lead.drafts import BACKS_PER_ADDRESS, Branch, PostLimiter
 from lead.engine import Engine
+from lead.keys import Keys
 from lead.metrics import Metrics
 from shared.placement import LeadPlace
-from shared.protocol import DraftBranch, DraftDist, DraftPost, Info, State
+from shared.protocol import DraftBranch, DraftDist, DraftPost, Grammar, Info, State
 from shared.sampling import Dist
 
 MAX_WAIT_S = 30.0
+POLL_RETRY_S = "1"  # a back refused a long-poll waits this long, seconds
 
 
 def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0,
-                max_poll_s: float = MAX_WAIT_S) -> APIRouter:
+                max_poll_s: float = MAX_WAIT_S, keys: Keys | None = None,
+                clock: Callable[[], float] = time.monotonic) -> APIRouter:
+    """`keys`: who is a trusted back; None: no key at all, every back is trusted; `clock`:
+    the time posts are rated by (tests give a fake one)."""
     router = APIRouter()
+    keys = keys or Keys()
     model, feed = engine.model, engine.feed
-    limiter = PostLimiter(max_posts_per_s)
+    limiter = PostLimiter(max_posts_per_s, clock)
     retry_after = str(max(1, math.ceil(1 / max_posts_per_s)))  # seconds until one refills
     fingerprint = model.fingerprint()  # hashed here, before serving: not per request
 
@@ -48,12 +62,29 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                     kind: str = Query("", max_length=16, description="the asking back's "
                                       "drafter (model, ngram), shown on lead's page"),
                     ) -> Response:
+        address = _address(request)
         if back:
-            feed.back_seen(back, _address(request), kind, sits_out=idle)
+            feed.back_seen(back, address, kind, sits_out=idle)
         if wait > 0 and feed.version <= since:
-            await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
+            if not feed.polls.take(address):
+                raise HTTPException(429, f"more than {POLLS_PER_ADDRESS} long-polls open at "
+                                         "once from this address",
+                                    headers={"Retry-After": POLL_RETRY_S})
+            try:
+                await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle)
+            finally:
+                feed.polls.give(address)
         engine.metrics.state_polls += 1
         return _json(feed.state(offset, back))
+
+    @router.get("/duo/grammar", response_model=Grammar)
+    async def grammar(session: str = Query(..., max_length=64, description="the session "
+                                           "whose grammar to send")) -> Grammar:
+        held = feed.grammar_of(session)
+        if held is None:
+            raise HTTPException(404, f"session {session!r} is not lead's current session, or "
+                                     "its reply follows no grammar")
+        return Grammar(session_id=session, grammar_id=held[0], grammar=held[1])
 
     @router.post("/duo/draft", response_model=State)
     async def draft(post: DraftPost, request: Request) -> Response:
@@ -65,9 +96,13 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                 headers={"Retry-After": retry_after})
         _check_size(post, engine.max_post, engine.metrics)
         _check_vocab(post, model.n_vocab, engine.metrics)
-        feed.back_seen(post.back_id, address)
+        if feed.board_full_for(address, post.back_id):
+            raise HTTPException(429, f"{BACKS_PER_ADDRESS} other backs from this address hold "
+                                     "drafts on lead's board; this one's post was not taken",
+                                headers={"Retry-After": retry_after})
         feed.post_draft(post.session_id, post.start, post.token_ids, _dists(post.dists),
-                        post.back_id, [_branch(b) for b in post.branches])
+                        post.back_id, [_branch(b) for b in post.branches], address=address,
+                        trusted=keys.trusted_back(_authorization(request)))
         return _json(feed.state(post.start, post.back_id))
 
     @router.get("/metrics", response_class=PlainTextResponse)
@@ -79,6 +114,11 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
 
 def _address(request: Request) -> str:
     return request.client.host if request.client else "?"
+
+
+def _authorization(request: Request) -> bytes:
+    # Starlette decodes headers as latin-1: encoding back gives the bytes as sent.
+    return request.headers.get("authorization", "").encode("latin-1")
 
 
 def _json(state: State) -> Response:

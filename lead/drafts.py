@@ -11,15 +11,29 @@ A branch's root is the draft's next likeliest token, chosen, not sampled: verifi
 a draft token with its q, it would bias sampling. So a branch is offered only once lead
 has emitted its root itself (after rejecting the main chain there), and its useful tail
 starts after the root.
+
+A back chooses its own id, so the board keys a back by its id and address, holds at most
+BACKS_PER_ADDRESS backs per address, and ranks them by their own measured acceptance
+(lead/backrank.py), not by how far they reach: made-up ids cannot fill it, nor long junk
+win it.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
+from lead.backrank import BackScores, expected_yield
 from shared.sampling import Dist
+
+BACKS_PER_ADDRESS = 4  # backs' worth of posts, board places and registry records per address
+
+
+def poster(back_id: str, address: str) -> str:
+    """A back as the board knows it: its id, and its address where known (another address
+    posting under the same id is another back, and cannot replace its drafts)."""
+    return f"{back_id}@{address}" if address else back_id
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,11 @@ class Candidate:
     token_ids: tuple[int, ...]
     dists: tuple[Dist, ...] | None = None
     root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
+    address: str = ""  # where it was posted from ("": by lead's own code)
+
+    @property
+    def poster(self) -> str:
+        return poster(self.back_id, self.address)
 
     @property
     def end(self) -> int:
@@ -70,14 +89,16 @@ class Draft:
 
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
-                    main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = ()
-                    ) -> list[Candidate]:
+                    main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = (),
+                    address: str = "") -> list[Candidate]:
     """The candidates of one post: its main chain, then each branch spelled out over the
     session's positions (the main chain's prefix, then the branch)."""
-    out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None)]
+    out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None,
+                     address=address)]
     for b in branches:
         dists = (*main_dists[:b.at], *b.dists) if main_dists and b.dists else None
-        out.append(Candidate(back_id, start, (*main[:b.at], *b.token_ids), dists, root=b.at))
+        out.append(Candidate(back_id, start, (*main[:b.at], *b.token_ids), dists, root=b.at,
+                             address=address))
     return out
 
 
@@ -114,40 +135,60 @@ def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], lim
 
 @dataclass
 class DraftBoard:
-    """Candidates of the current session, a main chain and its branches per back; counts
-    the posts it drops."""
+    """Candidates of the current session, a main chain and its branches per back (keyed by
+    `Candidate.poster`); counts the posts it drops; each back's acceptance (`scores`)."""
 
     max_backs: int = 16
+    per_address: int = BACKS_PER_ADDRESS
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     stale: int = 0
+    scores: BackScores = field(default_factory=BackScores)
 
     def post(self, tokens: Sequence[int], candidate: Candidate,
              branches: Sequence[Candidate] = ()) -> bool:
         """Replace the back's candidates with this post's; False (and counted stale) if
-        none of them can still be verified."""
-        back_id = candidate.back_id
+        none of them can still be verified, or a new back finds no place."""
+        key = candidate.poster
         kept = [c for c in (candidate, *branches) if consistent(tokens, c)]
-        if not kept or (back_id not in self.candidates
-                        and len(self.candidates) >= self.max_backs):
+        if not kept or (key not in self.candidates and (
+                len(self.candidates) >= self.max_backs
+                or self.address_full(tokens, candidate.address, candidate.back_id))):
             self.stale += 1
             return False
-        self.candidates[back_id] = kept
+        self.candidates[key] = kept
         return True
 
+    def address_full(self, tokens: Sequence[int], address: str, back_id: str) -> bool:
+        """Whether a back new to the board finds its address's places all taken by backs
+        whose drafts lead may still verify (lead's own posts, address '', are not capped)."""
+        if not address or poster(back_id, address) in self.candidates:
+            return False
+        held = sum(1 for kept in self.candidates.values() if kept[0].address == address
+                   and any(consistent(tokens, c) for c in kept))
+        return held >= self.per_address
+
     def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
-        """The useful tail of the candidate that agrees and reaches furthest (ties: a main
-        chain); candidates that can no longer be verified are dropped."""
+        """The useful tail of the candidate expected to yield the most accepted tokens at
+        its back's own acceptance (ties: the one reaching furthest, then a main chain);
+        candidates that can no longer be verified are dropped. What each back offers is
+        scored against the tokens lead holds at the next call."""
+        self.scores.settle(tokens)
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
         ready = [c for kept in self.candidates.values() for c in kept
                  if len(tokens) >= c.opens]
+        self.scores.watch(len(tokens), _tails(tokens, ready))
         if limit <= 0 or not ready:
             return None
-        furthest = max(ready, key=lambda c: (c.end, c.root is None))
-        draft = useful_tail(tokens, furthest, limit)
-        if furthest.root is not None:
+        chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
+        draft = useful_tail(tokens, chosen, limit)
+        if chosen.root is not None:
             return draft
-        branches = forks(tokens, furthest, self.candidates[furthest.back_id], len(draft.token_ids))
+        branches = forks(tokens, chosen, self.candidates[chosen.poster], len(draft.token_ids))
         return replace(draft, branches=branches)
+
+    def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
+        yielded = expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
+        return yielded, c.end, c.root is None
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]
@@ -156,6 +197,15 @@ class DraftBoard:
 
     def clear(self) -> None:
         self.candidates.clear()
+        self.scores.forget_step()
+
+
+def _tails(tokens: Sequence[int], ready: Sequence[Candidate]) -> dict[str, tuple[int, ...]]:
+    """Per back, the useful tail of its ready candidate reaching furthest."""
+    n, tails = len(tokens), {}
+    for c in sorted(ready, key=lambda c: (c.end, c.root is None)):
+        tails[c.poster] = c.token_ids[n - c.start:]
+    return tails
 
 
 ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last <= 30 s)
@@ -188,6 +238,7 @@ class BackRegistry:
         record = self.records.get(back_id)
         arrived = record is None or now - record.last_seen > window_s
         if record is None:
+            self._make_room(address)
             record = self.records[back_id] = BackRecord(now)
             self._bound()
         record.last_seen = now
@@ -195,6 +246,13 @@ class BackRegistry:
         record.kind = kind or record.kind
         record.sits_out = sits_out
         return arrived
+
+    def _make_room(self, address: str) -> None:
+        """A new id from an address that has BACKS_PER_ADDRESS takes the place of its least
+        recently seen one: made-up ids push out only each other."""
+        mine = [k for k, r in self.records.items() if address and r.address == address]
+        if len(mine) >= BACKS_PER_ADDRESS:
+            del self.records[min(mine, key=lambda k: self.records[k].last_seen)]
 
     def _bound(self) -> None:
         if len(self.records) > 1024:  # bound memory against many ids
@@ -229,9 +287,10 @@ class RateLimiter:
 
     rate: float
     buckets: dict[str, tuple[float, float]] = field(default_factory=dict)  # tokens, time
+    clock: Callable[[], float] = time.monotonic  # tests give a fake one
 
     def allow(self, client: str, now: float | None = None) -> bool:
-        now = time.monotonic() if now is None else now
+        now = self.clock() if now is None else now
         cap = max(self.rate, 1.0)
         tokens, last = self.buckets.pop(client, (cap, now))  # re-added last: LRU order
         tokens = min(cap, tokens + (now - last) * self.rate)
@@ -242,16 +301,13 @@ class RateLimiter:
         return allowed
 
 
-BACKS_PER_ADDRESS = 4
-
-
 class PostLimiter:
     """Draft posts: `rate` per second per back, and BACKS_PER_ADDRESS backs' worth per
     address, since a back chooses its own id and could take a new one for every post."""
 
-    def __init__(self, rate: float) -> None:
-        self.per_back = RateLimiter(rate)
-        self.per_address = RateLimiter(rate * BACKS_PER_ADDRESS)
+    def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.per_back = RateLimiter(rate, clock=clock)
+        self.per_address = RateLimiter(rate * BACKS_PER_ADDRESS, clock=clock)
 
     def allow(self, address: str, back_id: str, now: float | None = None) -> bool:
         return self.per_back.allow(f"{address}/{back_id}", now) and \

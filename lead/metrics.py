@@ -36,6 +36,7 @@ class Metrics:
     drafts_posted: int = 0
     drafts_stale: int = 0
     drafts_invalid: int = 0
+    drafts_untrusted: int = 0  # posts from backs without the back key: their dists dropped
     state_polls: int = 0  # /duo/state answers: with the posts, a back's load on lead
     steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
     ready_after_rejection: int = 0  # of those, the ones that found a draft on the board
@@ -43,6 +44,10 @@ class Metrics:
     tree_steps: int = 0  # verify steps with branches beside the draft
     tree_branches: int = 0  # branches verified in them
     tree_taken: int = 0  # tree steps that went on along a branch
+    clients_cut: int = 0  # connections cut off: their client read nothing for --write-timeout
+
+    def count_cut(self) -> None:
+        self.clients_cut += 1
 
     def record_session(self, s: _Session, now: float) -> None:
         self.requests += 1
@@ -93,10 +98,11 @@ EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
     ("accepted", "accepted_tokens"), ("steps", "verify_steps"),
     ("rejections", "rejecting_steps"), ("drafts_posted", "draft_posts"),
     ("drafts_stale", "draft_posts_stale"), ("drafts_invalid", "draft_posts_invalid"),
-    ("state_polls", "state_polls"), ("steps_after_rejection", "steps_after_rejection"),
+    ("drafts_untrusted", "draft_posts_untrusted"), ("state_polls", "state_polls"),
+    ("steps_after_rejection", "steps_after_rejection"),
     ("ready_after_rejection", "ready_after_rejection"), ("branch_drafts", "branch_drafts"),
     ("tree_steps", "tree_steps"), ("tree_branches", "tree_branches"),
-    ("tree_taken", "tree_branches_taken"),
+    ("tree_taken", "tree_branches_taken"), ("clients_cut", "clients_cut_off"),
 )
 
 

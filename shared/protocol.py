@@ -2,6 +2,7 @@
 
 GET  /duo/info                                          -> Info
 GET  /duo/state?since=&offset=&wait=&back=&quiet=&idle=  -> State (long-poll)
+GET  /duo/grammar?session=                               -> Grammar (once per session)
 POST /duo/draft  DraftPost                               -> State (tokens from its start)
 
 The whole protocol, with the meaning of each field: docs/protocol.md.
@@ -9,6 +10,7 @@ The whole protocol, with the meaning of each field: docs/protocol.md.
 
 from __future__ import annotations
 
+import hashlib
 from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
@@ -90,7 +92,12 @@ class State(BaseModel):
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     your_accepted: int = Field(0, description="the asking back's tokens accepted in this "
                                               "session so far")
+    grammar_id: str | None = Field(None, description="names the session's grammar (a hash "
+                                   "of its text), or null: a back fetches the text once, "
+                                   "from GET /duo/grammar?session=ID")
 
+    # Lead sends null here (the text comes once, from /duo/grammar); a lead that predates
+    # grammar_id sent the text in every state, and a back reads it from there.
     @computed_field(description="the GBNF grammar the reply follows (sampling.grammar), "
                     "or null")  # type: ignore[prop-decorator]
     @property
@@ -106,6 +113,19 @@ class State(BaseModel):
                 dict(sampling or {})
             data = {**data, "sampling": {**sampling, "grammar": data["grammar"]}}
         return data
+
+
+def grammar_id(text: str) -> str:
+    """A grammar's name on the wire: the first 16 hex digits of its text's SHA-256."""
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Grammar(BaseModel):
+    """A session's grammar, sent once per back and session (GET /duo/grammar)."""
+
+    session_id: str
+    grammar_id: str
+    grammar: str = Field(description="the GBNF text; its grammar_id is its hash")
 
 
 class DraftDist(BaseModel):

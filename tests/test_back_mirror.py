@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from back.mirror import LeadMirror, parted
-from shared.protocol import State
+from shared.protocol import State, grammar_id
 
 
 def live(version: int, tokens: list[int], offset: int = 0, n_tokens: int | None = None,
@@ -151,3 +151,37 @@ def test_a_state_from_a_lead_no_longer_followed_is_not_taken() -> None:
     taken = mirror.take(State(version=2, lead_id="M", session_id="m", token_ids=[5],
                               n_tokens=1, done=False, draft_len=2))
     assert taken is not None and mirror.tokens == (5,) and mirror.should_draft()
+
+
+GBNF = 'root ::= "yes" | "no"'
+
+
+def test_a_named_grammar_is_drafted_under_only_once_its_text_is_held() -> None:
+    mirror = attached()
+    mirror.take(live(1, [1, 2, 3], grammar_id=grammar_id(GBNF)))
+    assert mirror.following and not mirror.should_draft()  # the text is not here yet
+    assert mirror.missing_grammar() == grammar_id(GBNF)
+    mirror.hold_grammar(grammar_id(GBNF), GBNF)
+    assert mirror.should_draft() and mirror.state.sampling.grammar == GBNF
+    mirror.take(live(2, [4], offset=3, grammar_id=grammar_id(GBNF)))  # later states: no text
+    assert mirror.state.sampling.grammar == GBNF and mirror.missing_grammar() is None
+    mirror.take(live(3, [1, 2], session="t", grammar_id=grammar_id(GBNF)))
+    assert mirror.should_draft()  # another session, the same grammar: held already
+    mirror.take(live(4, [5], session="u"))
+    assert mirror.state.sampling.grammar is None  # a free reply
+
+
+def test_a_lead_that_sends_the_text_in_every_state_is_still_followed() -> None:
+    mirror = attached()
+    old = State.model_validate({**live(1, [1, 2]).model_dump(), "grammar": GBNF})
+    mirror.take(old)
+    assert mirror.missing_grammar() is None and mirror.should_draft()
+    assert mirror.state.sampling.grammar == GBNF
+
+
+def test_a_session_whose_grammar_cannot_be_had_is_sat_out() -> None:
+    mirror = attached()
+    mirror.take(live(1, [1, 2], grammar_id="0123456789abcdef"))
+    mirror.skip("s")
+    assert mirror.missing_grammar() is None and not mirror.following
+    assert mirror.quiet() == "s"  # polled quietly: no request per token

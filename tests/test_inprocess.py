@@ -364,9 +364,9 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
         posted_dists: list[bool] = []
         original = engine.feed.post_draft
 
-        def spy(session_id, start, token_ids, dists, back_id, branches=()):  # type: ignore[no-untyped-def]
+        def spy(session_id, start, token_ids, dists, *rest, **kw):  # type: ignore[no-untyped-def]
             posted_dists.append(dists is not None)
-            return original(session_id, start, token_ids, dists, back_id, branches)
+            return original(session_id, start, token_ids, dists, *rest, **kw)
 
         engine.feed.post_draft = spy
 

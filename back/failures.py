@@ -1,0 +1,75 @@
+"""What the back does with a failure: stop on the few that retrying cannot fix, else log
+one line, back off and retry (pure; docs/back-loop.md, "Failures").
+
+Fatal: lead refuses the key (401) or this back's address (403: a keyless lead answers only
+requests addressed to loopback by name), an address no retry can reach, and, before the back
+first attached, an answer that is not a duo lead's (a 404, or a 200 that is not `Info`).
+Everything else, whatever lead or the network throws, is retried; a failure of the draft
+model ends that session's drafting, not the back (`ModelFailed`).
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from back.client import LeadError
+
+
+class BackFatal(Exception):
+    """A problem retrying cannot fix; the back stops with this one-line message."""
+
+
+class IncompatibleModel(BackFatal):
+    pass
+
+
+class ModelFailed(Exception):
+    """A model-thread job raised: the draft model failed while drafting for a session."""
+
+    def __init__(self, session_id: str | None, cause: BaseException) -> None:
+        super().__init__(brief(cause))
+        self.session_id = session_id
+
+
+def brief(exc: BaseException) -> str:
+    return (str(exc) or type(exc).__name__).splitlines()[0]
+
+
+def fatal(exc: Exception, base_url: str, attached: bool) -> BackFatal | None:
+    """The error to stop with, where retrying cannot help (a refused connection can: lead
+    may start later); `attached`: the back has reached a lead at this address before."""
+    if isinstance(exc, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
+        return BackFatal(f"cannot reach lead at {base_url}: {brief(exc)}")
+    if not isinstance(exc, LeadError):
+        return None
+    if exc.status == 401:
+        return BackFatal("lead refused the API key: pass --api-key (or BACK_API_KEY)")
+    if exc.status == 403:  # lead's own message says why and what to pass
+        return BackFatal(f"lead refused this back: {brief(exc)}")
+    # Once attached, a 404 may come from a proxy while lead restarts: retried then.
+    if exc.status == 404 and not attached:
+        return BackFatal(f"{base_url} is not a duo lead (it answered 404 to /duo/info): "
+                         "check --lead")
+    return None
+
+
+def outage(exc: Exception) -> str:
+    """How the first failure of an outage is logged (one line, with `brief(exc)`)."""
+    if isinstance(exc, httpx.TransportError):
+        return "lead unreachable"
+    if isinstance(exc, LeadError):
+        return "lead's answer is unusable"
+    return "following lead failed"
+
+
+class Flaps:
+    """Handshakes that lead answered but no usable state followed: each ends an outage, so
+    backoff alone would start over at its shortest wait every time; this wait doubles."""
+
+    def __init__(self) -> None:
+        self.steady = False  # a state was taken since the last handshake
+        self.count = 0
+
+    def wait(self, backoff_wait: float, first: float, most: float) -> float:
+        self.count = 0 if self.steady else self.count + 1
+        return max(backoff_wait, min(most, first * 2 ** max(self.count - 1, 0)))

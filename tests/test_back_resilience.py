@@ -1,0 +1,189 @@
+"""The back survives whatever lead or its model throws: one log line, backoff, retry.
+
+Lead in process (httpx.ASGITransport) behind a transport that answers some requests with
+faults first: a 200 that is not JSON, a state that fails validation, a 5xx, a 429, posts
+refused with a 400. A draft model that raises ends that session's drafting, not the back.
+Only the truly fatal cases stop it (tests/test_worker.py: key, not a lead, URL).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+import httpx
+import pytest
+
+from back.backoff import Backoff
+from back.client import BadAnswer, LeadClient, LeadError
+from back.drafter import ModelDrafter
+from back.failures import Flaps, fatal, outage
+from back.worker import Worker
+from shared.fake import FakeModel
+from tests.conftest import async_wait_until
+from tests.test_inprocess import ask, new_lead, reference, text_of
+
+Fault = Callable[[], httpx.Response]
+
+
+def html() -> httpx.Response:
+    return httpx.Response(200, text="<html>a proxy's page</html>")
+
+
+def status(code: int, retry_after: str | None = None) -> Fault:
+    headers = {"Retry-After": retry_after} if retry_after else {}
+    return lambda: httpx.Response(code, json={"error": {"message": f"fault {code}"}},
+                                  headers=headers)
+
+
+class Faulty(httpx.AsyncBaseTransport):
+    """Lead in process; requests to a path in `faults` get those answers first, in order."""
+
+    def __init__(self, app: object, faults: dict[str, list[Fault]]) -> None:
+        self.inner = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        self.faults = faults
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        queue = self.faults.get(request.url.path)
+        if queue:
+            return queue.pop(0)()
+        return await self.inner.handle_async_request(request)
+
+
+def fast_worker(transport: httpx.AsyncBaseTransport, drafter: ModelDrafter | None = None
+                ) -> Worker:
+    draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
+    worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
+                    drafter or ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
+                    back_id="m")
+    worker.backoff = Backoff(first=0.001, most=0.01)
+    return worker
+
+
+async def following(worker: Worker, body: Callable[[asyncio.Task[None]], object]) -> None:
+    task = asyncio.create_task(worker.run())
+    try:
+        await body(task)  # type: ignore[misc]
+    finally:
+        worker.stop()
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+def test_bad_answers_5xx_429_and_refused_posts_are_survived(
+        caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        alone = await reference()
+        app, _ = new_lead()
+        transport = Faulty(app, {
+            "/duo/state": [html, lambda: httpx.Response(200, json={"version": "seven"}),
+                           status(503), status(429, "0")],
+            "/duo/draft": [status(400), status(400), html, status(502)]})
+        worker = fast_worker(transport)
+
+        async def check(task: asyncio.Task[None]) -> None:
+            await async_wait_until(lambda: not transport.faults["/duo/state"],
+                                   what="the state faults")
+            await async_wait_until(lambda: worker.state.version >= 0, what="a state taken")
+            reply = await ask(transport)
+            assert text_of(reply) == alone
+            assert not transport.faults["/duo/draft"]  # every post fault was met...
+            assert reply["usage"]["accepted_tokens"] > 0  # ...and drafts helped after them
+            assert not task.done()
+
+        await following(worker, check)
+        # each fault but the 429 and the refused posts is an outage, logged in one line
+        assert worker.outages == 5
+        unusable = [r for r in caplog.records if "answer is unusable" in r.getMessage()]
+        assert len(unusable) == 5 and all(r.exc_info is None for r in unusable)
+        refused = [r for r in caplog.records if "refused a draft post" in r.getMessage()]
+        assert len(refused) == 1  # both refusals came in one session: one line
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+class FailsFirstSession(ModelDrafter):
+    """A draft model whose first catch-up raises, as llama.cpp's decode may."""
+
+    def __init__(self, model: FakeModel, error: Exception) -> None:
+        super().__init__(model)
+        self.error: Exception | None = error
+
+    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+        if self.error is not None:
+            error, self.error = self.error, None
+            raise error
+        return super().catch_up(lead_tokens)
+
+
+@pytest.mark.parametrize("error", [RuntimeError("llama_decode returned -1"),
+                                   ValueError("odd logits")])
+def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
+        error: Exception, caplog: pytest.LogCaptureFixture) -> None:
+    async def body() -> None:
+        app, _ = new_lead()
+        transport = httpx.ASGITransport(app=app)
+        draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
+        worker = fast_worker(transport, FailsFirstSession(draft, error))
+
+        async def check(task: asyncio.Task[None]) -> None:
+            await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+            first = await ask(transport, "first")
+            assert first["usage"]["drafted_tokens"] == 0  # that session: no drafts
+            second = await ask(transport, "second")
+            assert second["usage"]["accepted_tokens"] > 0  # the next: drafts again
+            assert not task.done()
+
+        await following(worker, check)
+        failed = [r for r in caplog.records if "the draft model failed" in r.getMessage()]
+        assert len(failed) == 1 and str(error) in failed[0].getMessage()
+        assert worker.outages == 0  # lead was never at fault
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+# --- the pieces ---
+
+
+@pytest.mark.parametrize(("exc", "attached", "stops"), [
+    (LeadError("", 401), True, "API key"),
+    (LeadError("lead answered 403: lead has no API key, so ...", 403), False, "no API key"),
+    (LeadError("", 404), False, "not a duo lead"),
+    (LeadError("", 404), True, None),  # a proxy while lead restarts
+    (httpx.UnsupportedProtocol("ftp"), False, "cannot reach"),
+    (BadAnswer("not JSON", 200), True, None),
+    (LeadError("", 503), False, None),
+    (LeadError("", 400), True, None),
+    (httpx.ConnectError("refused"), False, None),
+    (RuntimeError("a bug"), True, None),
+])
+def test_only_the_truly_fatal_stop_the_back(exc: Exception, attached: bool,
+                                            stops: str | None) -> None:
+    stop = fatal(exc, "http://lead", attached)
+    assert (stop is None) if stops is None else (stop is not None and stops in str(stop))
+
+
+def test_each_failure_is_named_in_its_one_line() -> None:
+    assert outage(httpx.ConnectError("refused")) == "lead unreachable"
+    assert outage(BadAnswer("x", 200)) == "lead's answer is unusable"
+    assert outage(KeyError("x")) == "following lead failed"
+
+
+def test_handshakes_that_lead_answers_without_a_usable_state_back_off_too() -> None:
+    flaps = Flaps()
+    waits = [flaps.wait(0.25, 0.25, 5.0) for _ in range(7)]  # backoff restarting each time
+    assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
+    flaps.steady = True  # a state was taken: the next failure starts over
+    assert flaps.wait(0.25, 0.25, 5.0) == 0.25
+
+
+def test_the_client_turns_any_answer_into_the_model_or_a_lead_error() -> None:
+    answers = iter([html(), httpx.Response(200, json={"n_vocab": "many"}),
+                    status(503)()])
+    transport = httpx.MockTransport(lambda _: next(answers))
+    client = LeadClient("http://lead", transport=transport)
+
+    async def body() -> None:
+        for kind, words in ((BadAnswer, "no JSON"), (BadAnswer, "no Info"),
+                            (LeadError, "503")):
+            with pytest.raises(kind, match=words):
+                await client.info()
+    asyncio.run(body())
