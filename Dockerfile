@@ -16,4 +16,6 @@ RUN CMAKE_ARGS="-DGGML_RPC=on" pip install --no-cache-dir .
 ENV DUO_CACHE=/models PYTHONUNBUFFERED=1
 VOLUME /models
 EXPOSE 5555
+# lead listens on 127.0.0.1 unless told: to be reached from outside the container give it
+# LEAD_HOST=0.0.0.0 and LEAD_API_KEY (docker-compose.yml does; it requires DUO_API_KEY).
 CMD ["python", "-m", "lead"]

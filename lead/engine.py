@@ -15,7 +15,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
 
-from lead.admission import Admission, QueueFull
+from lead.admission import Admission, Place, QueueFull
 from lead.backfeed import BackFeed
 from lead.cost import CostModel
 from lead.decoder import Clock, Decoder
@@ -37,7 +37,7 @@ log = logging.getLogger("lead")
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
-                 tree: int = 0) -> None:
+                 tree: int = 0, grammar_s: float = 1.0) -> None:
         """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
         most branches verified beside a draft (the model's branch slots bound it)."""
         self.model, self.max_draft, self.clock = model, max_draft, clock
@@ -46,7 +46,7 @@ class Engine:
         self.metrics = Metrics()
         self.admission = Admission(max_queue)
         self.model_thread = ModelThread("model")  # every model call, calibration too
-        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch)
+        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, grammar_s)
         self.decoder.tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
@@ -60,24 +60,34 @@ class Engine:
         """Price verify batches before serving (blocking)."""
         self.decoder.calibrate(self.max_draft, passes)
 
-    async def generate(self, req: GenRequest) -> AsyncIterator[Emission]:
-        """Queue, then run one generation, yielding text as it is decided."""
+    def reserve(self) -> Place:
+        """A place in line for one generation, or QueueFull (counted) if there is none."""
         try:
-            async with self.admission.turn():
-                try:
-                    async for emission in self._run(req):
-                        yield emission
-                finally:
-                    self._finish()
+            return self.admission.reserve()
         except QueueFull:
             self.metrics.rejected += 1
             raise
 
-    async def _run(self, req: GenRequest) -> AsyncIterator[Emission]:
-        session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
-                          tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
-                          params=req.params, rng=make_rng(req.params.seed),
-                          constraint=req.constraint, t_start=self.clock())
+    async def generate(self, req: GenRequest, place: Place | None = None
+                       ) -> AsyncIterator[Emission]:
+        """Wait in `place` (reserved now if None), then run one generation, yielding text as
+        it is decided. A caller that never starts it gives the place back (`place.leave`)."""
+        place = place or self.reserve()
+        async with place.turn():
+            session = self._new_session(req)
+            try:
+                async for emission in self._run(req, session):
+                    yield emission
+            finally:
+                self._finish(session)
+
+    def _new_session(self, req: GenRequest) -> Session:
+        return Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
+                       tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
+                       params=req.params, rng=make_rng(req.params.seed),
+                       constraint=req.constraint, t_start=self.clock())
+
+    async def _run(self, req: GenRequest, session: Session) -> AsyncIterator[Emission]:
         self.feed.start(session)
         self.live.bump()
         await self.decoder.prefill(session)
@@ -132,10 +142,9 @@ class Engine:
         return Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "",
                         logprobs=logprobs)
 
-    def _finish(self) -> None:
-        session = self.feed.session
-        if session is None:
-            return
+    def _finish(self, session: Session) -> None:
+        """End `session`, the one this generation made (the feed's may be another by now
+        only if this one never started: then nothing of the feed is touched)."""
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
         session.done = True
@@ -143,7 +152,8 @@ class Engine:
         self.metrics.record_session(session, now)
         log.info("%s", self.metrics.session_line(session, now))
         self.feed.backs.credit(session.drafted_by_back, session.accepted_by_back)
-        self.feed.end()
+        if self.feed.session is session:
+            self.feed.end()
         self.live.add_reply(session, now)
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:

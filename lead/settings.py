@@ -10,13 +10,26 @@ from shared.placement import parse_cpus
 from shared.rpcwire import parse_endpoints, parse_weights
 
 
+def parse_costs(text: str) -> list[float]:
+    """'1.6,2.1' -> [1.6, 2.1]; ValueError naming what is wrong."""
+    try:
+        costs = [float(part) for part in text.split(",")]
+    except ValueError:
+        raise ValueError(f"not a list of numbers: {text!r} (e.g. 1.6,2.1,2.4)") from None
+    if not costs or not all(0 < c < 1000 for c in costs):
+        raise ValueError(f"costs are positive numbers under 1000: {text!r}")
+    return costs
+
+
 class LeadSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="LEAD_", extra="ignore")
 
     model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
                        "(qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m)",
                        json_schema_extra={"short": "m"})
-    host: str = Field("0.0.0.0", description="address to listen on")
+    host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every "
+                      "interface; give --api-key there, or anyone who reaches the port uses "
+                      "lead)")
     port: int = Field(5555, ge=1, le=65535, description="port to listen on")
     threads: int = Field(0, ge=0, description="CPU threads for the target (0: one per CPU "
                          "lead runs on)")
@@ -37,12 +50,27 @@ class LeadSettings(BaseSettings):
                       "its draft in one batch (a tree); only those that pay at the measured "
                       "prices are, so on a CPU, where a token more costs about a token, steps "
                       "stay chains (0: chains only)")
+    verify_cost: str | None = Field(None, description="verify costs given instead of "
+                                    "measured: a batch of 2, 3, ... tokens over one token, "
+                                    "e.g. 1.1,1.2,1.3 (later sizes go on by the last step); "
+                                    "for a machine already measured, and for tests ('2,3': "
+                                    "drafts never pay; '1': they always do)")
     calibrate: bool = Field(True, description="price verify batches of 1..max-draft+1 tokens "
                             "at startup (seconds on a CPU), so drafts are verified at the "
                             "length that pays from the first reply")
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
+    back_key: ApiKey = Field(None, description="the key that makes a back trusted: its draft "
+                             "probabilities count (exact rejection sampling); a back without it "
+                             "(but with --api-key) is verified as if its drafts were chosen, "
+                             "not sampled (default: the API key)")
+    write_timeout: float = Field(10.0, gt=0, le=600, description="seconds a client may read "
+                                 "nothing of its reply while lead has more to send; then its "
+                                 "generation is cancelled and its place freed")
+    max_grammar_s: float = Field(1.0, gt=0, description="most seconds of grammar work per "
+                                 "token a constrained reply may take; one over it ends there "
+                                 "(finish_reason length) with a warning")
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
     max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
                               "to a back, seconds")
@@ -52,6 +80,13 @@ class LeadSettings(BaseSettings):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("verify_cost")
+    @classmethod
+    def _costs(cls, value: str | None) -> str | None:
+        if value:
+            parse_costs(value)
+        return value
 
     @field_validator("rpc")
     @classmethod

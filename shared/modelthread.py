@@ -17,15 +17,17 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class ModelThread:
-    def __init__(self, name: str = "model") -> None:
-        self.name = name
+class Threads:
+    """A pool of worker threads made on demand, so that an app survives a lifespan restart
+    (shutdown() ends the pool; the next call makes another)."""
+
+    def __init__(self, name: str, n: int = 1) -> None:
+        self.name, self.n = name, n
         self._executor: ThreadPoolExecutor | None = None
 
     def _pool(self) -> ThreadPoolExecutor:
-        # Made on demand, so an app survives a lifespan restart (shutdown() ends it).
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix=self.name)
+            self._executor = ThreadPoolExecutor(self.n, thread_name_prefix=self.name)
         return self._executor
 
     def call(self, fn: Callable[..., T], *args: Any) -> T:
@@ -40,3 +42,8 @@ class ModelThread:
         if self._executor is not None:
             self._executor.shutdown(wait=wait, cancel_futures=True)
             self._executor = None
+
+
+class ModelThread(Threads):
+    def __init__(self, name: str = "model") -> None:
+        super().__init__(name, 1)

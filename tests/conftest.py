@@ -8,6 +8,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from bench.procs import wait_until
@@ -64,19 +65,21 @@ class ScriptedModel(FakeModel):
 
 
 class LiveServer:
-    """A real uvicorn server on a free loopback port, in a thread (for sockets and PTYs)."""
+    """A lead app served as `python -m lead` serves it (lead/serve.py's uvicorn config), on
+    a free loopback port, in a thread (for sockets and PTYs)."""
 
-    def __init__(self, app: object) -> None:
+    def __init__(self, app: FastAPI) -> None:
         import socket
         import threading
 
         import uvicorn
 
+        from lead.serve import uvicorn_config
+
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning")
-        self.server = uvicorn.Server(config)
+        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", self.port, "warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         wait_until(lambda: self.server.started, 10, "uvicorn to start")

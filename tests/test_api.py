@@ -420,7 +420,7 @@ def test_a_non_streamed_reply_stops_when_its_client_leaves() -> None:
         scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1",
                  "method": "POST", "scheme": "http", "path": "/v1/chat/completions",
                  "raw_path": b"/v1/chat/completions", "query_string": b"", "root_path": "",
-                 "headers": [(b"content-type", b"application/json"),
+                 "headers": [(b"host", b"127.0.0.1"), (b"content-type", b"application/json"),
                              (b"content-length", str(len(body)).encode())],
                  "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80)}
         served = asyncio.create_task(app(scope, receive, send))

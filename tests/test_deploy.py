@@ -1,12 +1,14 @@
 """docker-compose.yml and Dockerfile: no Docker engine runs here, so check what can be.
 
 Every LEAD_*/BACK_* variable must name a real settings field (a typo would be ignored
-silently at run time), back must reach lead by service name, and the healthcheck must
-probe /health. Where the `docker compose` plugin exists, its own validation runs too.
+silently at run time), back must reach lead by service name, the healthcheck must
+probe /health, and lead, listening on every interface of its container, needs a key.
+Where the `docker compose` plugin exists, its own validation runs too.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -42,6 +44,15 @@ def test_compose_wiring() -> None:
     assert "models" in COMPOSE["volumes"]
 
 
+def test_compose_lead_listens_for_the_back_and_requires_a_key() -> None:
+    lead, back = COMPOSE["services"]["lead"], COMPOSE["services"]["back"]
+    assert lead["environment"]["LEAD_HOST"] == "0.0.0.0"  # the back container reaches it
+    # ${VAR:?message}: compose refuses to start without the key, rather than run keyless on
+    # a published port
+    for key in (lead["environment"]["LEAD_API_KEY"], back["environment"]["BACK_API_KEY"]):
+        assert re.fullmatch(r"\$\{DUO_API_KEY:\?[^}]+\}", key), key
+
+
 def test_dockerfile_copies_what_exists() -> None:
     text = (ROOT / "Dockerfile").read_text()
     for line in re.findall(r"^COPY (.+)$", text, re.M):
@@ -56,6 +67,10 @@ def test_docker_compose_config_where_available() -> None:
     check = subprocess.run(["docker", "compose", "version"], capture_output=True, text=True)
     if check.returncode != 0:
         pytest.skip("the docker compose plugin is not installed here")
+    env = {k: v for k, v in os.environ.items() if k != "DUO_API_KEY"}
     done = subprocess.run(["docker", "compose", "config", "--quiet"], cwd=ROOT,
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={**env, "DUO_API_KEY": "k"})
     assert done.returncode == 0, done.stderr
+    keyless = subprocess.run(["docker", "compose", "config", "--quiet"], cwd=ROOT,
+                             capture_output=True, text=True, env=env)
+    assert keyless.returncode != 0 and "DUO_API_KEY" in keyless.stderr

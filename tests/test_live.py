@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from lead import api
-from lead.app import _sse, create_app
+from lead.app import create_app
 from lead.cost import CostModel
+from lead.delivery import sse as _sse
 from lead.drafts import BackRecord, BackRegistry
 from lead.live import LiveNews, ReplyRecord, reply_record, snapshot
 from lead.metrics import Metrics
