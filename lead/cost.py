@@ -88,6 +88,11 @@ class CostModel:
         """Quiet seconds per batch size, measured before serving."""
         self.prices.calibrate(seconds)
 
+    def fix_prices(self, relative: list[float]) -> None:
+        """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
+        i + 2 tokens over one token's; priced up to a draft and its branches."""
+        self.prices.fix(relative, 2 * self.max_draft + 1)
+
     def record_step(self, batch_size: int, seconds: float, busy: bool = False) -> None:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
         (a verify step always is)."""

@@ -24,6 +24,16 @@ class Prices:
     shape: dict[int, float] = field(default_factory=lambda: {1: 1.0})  # quiet cost(b)/cost(1)
     plain_s: float | None = None  # a one-token step with no back drafting
     slowdown: float = 1.0  # a step while a back drafts over its quiet price
+    fixed: bool = False  # shape given (--verify-cost): steps update only plain_s
+
+    def fix(self, relative: list[float], up_to: int) -> None:
+        """Take `relative` as the quiet cost of 2, 3, ... tokens over one, for good; sizes
+        past it, up to `up_to`, continue its last step (a list of one: the same cost)."""
+        step = relative[-1] - relative[-2] if len(relative) > 1 else 0.0
+        costs = [*relative, *(relative[-1] + step * (i + 1)
+                              for i in range(max(0, up_to - 1 - len(relative))))]
+        self.shape = {1: 1.0, **{b: max(c, 1e-3) for b, c in enumerate(costs, start=2)}}
+        self.fixed = True
 
     def calibrate(self, seconds: dict[int, float]) -> None:
         """Quiet seconds per batch size, measured before serving (must include b=1)."""
@@ -35,6 +45,8 @@ class Prices:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted."""
         old = self.cost_s.get(batch_size)
         self.cost_s[batch_size] = seconds if old is None else _ewma(old, seconds)
+        if self.fixed and (batch_size != 1 or busy):
+            return  # the shape and slowdown are what the user gave
         if batch_size == 1 and not busy:
             self.plain_s = seconds if self.plain_s is None else _ewma(self.plain_s, seconds)
         elif self.plain_s is None or batch_size not in self.shape:

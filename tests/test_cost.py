@@ -382,3 +382,35 @@ def test_snapshot_reports_measured_prices_and_estimates() -> None:
     assert snap["cost_b4"] == 0.2 and "cost_b1" not in snap  # measured, not calibrated
     assert snap["slowdown"] == model.slowdown > 1.0 and snap["hush"] == 0.0
     assert snap["alpha"] == pytest.approx(0.9) and snap["alpha_first"] == 0.5
+
+
+# --- prices given, not measured (--verify-cost) ---
+
+
+def test_given_prices_go_on_by_their_last_step() -> None:
+    prices = Prices()
+    prices.fix([1.5, 1.8], up_to=6)
+    assert prices.shape == pytest.approx({1: 1.0, 2: 1.5, 3: 1.8, 4: 2.1, 5: 2.4, 6: 2.7})
+    prices.fix([1.2], up_to=4)  # one cost: every larger batch costs the same
+    assert prices.shape == pytest.approx({1: 1.0, 2: 1.2, 3: 1.2, 4: 1.2})
+
+
+def test_prices_where_drafts_never_pay_ask_no_back_even_for_perfect_drafts() -> None:
+    model = CostModel(max_draft=8)
+    model.fix_prices([2.0, 3.0])  # a batch costs what its tokens cost one at a time
+    for _ in range(50):
+        model.record_outcome(8, False)  # every draft right
+    assert model.alpha > 0.95 and model.choose() == 0 and model.wanted(first=True) == 0
+    assert not model.could_pay(1.0)
+
+
+def test_prices_where_drafts_always_pay_stay_given_whatever_steps_cost() -> None:
+    model = CostModel(max_draft=8)
+    model.fix_prices([1.0])
+    for _ in range(30):  # measured steps say a wide batch is dear and a back slows lead
+        model.record_step(9, 0.9, busy=True)
+        model.record_step(1, 0.1)
+        model.record_step(1, 0.3, busy=True)
+    assert model.prices.shape[9] == 1.0 and model.slowdown == 1.0 and not model.hush
+    assert model.plain() == pytest.approx(0.1)  # one token's time is still measured
+    assert model.choose() == 8 and model.wanted() == 8

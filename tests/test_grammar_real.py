@@ -17,6 +17,7 @@ from bench.procs import Back, Lead, metric, wait_until
 from shared.constraint import best, unenforced
 from shared.llm import LlamaModel, load_model
 from shared.web import sse_events
+from tests.drafting import FORCED, roles
 
 pytestmark = pytest.mark.real
 
@@ -53,7 +54,8 @@ CASES = [(SCHEMAS[i % 5], PROMPTS[(i + i // 5) % 5]) for i in range(20)]  # 20 p
 
 @pytest.fixture(scope="module")
 def lead() -> Iterator[Lead]:
-    proc = Lead()
+    """Drafts verified at a fixed length, lead on a CPU of its own (tests/drafting.py)."""
+    proc = Lead("smollm2-135m", *FORCED, cpus=roles()[0])
     yield proc
     proc.stop()
 
@@ -94,7 +96,7 @@ def test_json_schema_replies_validate_without_a_back(lead: Lead) -> None:
 
 def test_json_schema_replies_validate_with_a_back_drafting_under_the_grammar(
         lead: Lead) -> None:
-    back = Back(lead)
+    back = Back(lead, cpus=roles()[1])
     try:
         back.wait_attached()
         wait_until(lambda: metric(lead, "duo_backs_active") >= 1, 30, "back active")

@@ -220,30 +220,32 @@ def test_a_stop_string_inside_an_accepted_draft_ends_the_reply_where_decoding_al
 @pytest.fixture(scope="module")
 def real_lead() -> Iterator[object]:
     from bench.procs import Lead
+    from tests.drafting import FORCED, roles
 
-    proc = Lead("smollm2-135m", "--draft-len", "4")  # drafts always verified: no cost model
+    proc = Lead("smollm2-135m", *FORCED, cpus=roles()[0])  # drafts verified: no cost model
     yield proc
     proc.stop()
 
 
-def real_chat(url: str, **body: object) -> httpx.Response:
+def real_chat(url: str, text: str = "Write a Python function that adds two numbers.",
+              **body: object) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", timeout=120, json={
-        "messages": [{"role": "user", "content": "Write a Python function that adds two "
-                      "numbers."}], **body})
+        "messages": [{"role": "user", "content": text}], **body})
 
 
 @pytest.mark.real
 def test_real_logprobs_with_a_back_match_logprobs_without(real_lead: object) -> None:
     from bench.procs import Back
+    from tests.drafting import HELD_PROMPT, roles
 
     url = real_lead.url  # type: ignore[attr-defined]
     body = {"max_tokens": 40, "logprobs": True, "top_logprobs": 3, "repeat_penalty": 1.1}
-    alone = real_chat(url, **body).json()
-    back = Back(real_lead)  # type: ignore[arg-type]
+    alone = real_chat(url, HELD_PROMPT, **body).json()
+    back = Back(real_lead, cpus=roles()[1])  # type: ignore[arg-type]
     try:
         back.wait_attached()
-        real_chat(url, **body)  # the back's cache now holds the reply: it drafts it whole
-        helped = real_chat(url, **body).json()
+        real_chat(url, HELD_PROMPT, **body)  # the back's cache now holds the reply
+        helped = real_chat(url, HELD_PROMPT, **body).json()
     finally:
         back.stop()
     assert helped["usage"]["accepted_tokens"] > 0, helped["usage"]
