@@ -28,9 +28,11 @@ def target_model(a: argparse.Namespace) -> FakeModel:
 def run_lead(a: argparse.Namespace) -> None:
     from lead.app import create_app
     from lead.serve import serve
+    # verify_cost: a simulation's prices are its models' own, never LEAD_VERIFY_COST's
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,
-                            max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree)
+                            max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree,
+                            verify_cost=None)
     app = create_app(settings, target_model(a))
     logging.getLogger("lead").info("SIMULATED lead (fake target) on %s:%d", a.host, a.port)
     serve(app, a.host, a.port, "warning")

@@ -142,7 +142,7 @@ def test_a_server_killed_mid_reply_ends_lead_with_a_clear_line(
 
 
 def test_a_back_whose_server_dies_leaves_lead_serving(servers: list[RpcServer]) -> None:
-    lead = Lead()
+    lead = Lead("smollm2-135m", "--draft-len", "4")  # lead asks for drafts on any machine
     back = Back(lead, "smollm2-135m", "--rpc", str(servers[0].endpoint), "--n-gpu-layers", "99")
     try:
         back.wait_attached()
