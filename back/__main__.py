@@ -35,7 +35,8 @@ def build_worker(settings: BackSettings) -> Worker:
         # Its threads are set at the handshake, where the back learns where lead runs.
         model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,
                            settings.ctx_size, settings.batch_size, settings.rpc,
-                           settings.tensor_split, branches=settings.branches)
+                           settings.tensor_split, branches=settings.branches,
+                           flash_attn=settings.flash_attn)
         set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
         drafter = ModelDrafter(model, settings.batch_size, _progress, blind=settings.blind)

@@ -46,7 +46,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     model = target if target is not None else _load_target(settings, placement.threads)
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
-                    tree=settings.tree, grammar_s=settings.max_grammar_s)
+                    tree=settings.tree, grammar_s=settings.max_grammar_s,
+                    ngram=settings.ngram_max if settings.ngram else 0)
     if settings.verify_cost:
         engine.cost.fix_prices(parse_costs(settings.verify_cost))
     elif settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
@@ -87,7 +88,8 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
 
     return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
-                      tensor_split=settings.tensor_split, branches=settings.tree)
+                      tensor_split=settings.tensor_split, branches=settings.tree,
+                      flash_attn=settings.flash_attn)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -81,6 +81,7 @@ class CostModel:
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     cover: Cover = field(default_factory=Cover)
     tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
+    longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
 
     # --- measurements in ---
 
@@ -91,7 +92,7 @@ class CostModel:
     def fix_prices(self, relative: list[float]) -> None:
         """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
         i + 2 tokens over one token's; priced up to a draft and its branches."""
-        self.prices.fix(relative, 2 * self.max_draft + 1)
+        self.prices.fix(relative, max(2 * self.max_draft, self.longest) + 1)
 
     def record_step(self, batch_size: int, seconds: float, busy: bool = False) -> None:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
@@ -155,6 +156,22 @@ class CostModel:
             return 0
         best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
         return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
+
+    def choose_odds(self, odds: Sequence[float], first: bool = False) -> int:
+        """The length of a draft whose tokens lead accepts with `odds` (each given the ones
+        before it) that pays best: the shortest within 1 % of the best rate, 0 where none
+        pays `margin` over plain decoding (lead's own drafts, up to 64 tokens)."""
+        if self.fixed is not None:
+            return min(self.fixed, len(odds))
+        upper = min(len(odds), self.prices.largest - 1)
+        rates, expected, reach = [1.0 / max(self.prices.plain(), 1e-9)], 1.0, 1.0
+        for k in range(1, upper + 1):
+            reach *= odds[k - 1]
+            expected += reach
+            rates.append(expected / max(self.prices.busy_s(k + 1), 1e-9))
+        best = max(rates)
+        k = next(k for k, rate in enumerate(rates) if rate >= 0.99 * best)
+        return k if rates[k] >= self.margin * rates[0] else 0
 
     def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
                  first: bool = False) -> list[int]:

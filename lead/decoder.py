@@ -26,7 +26,8 @@ from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 
 log = logging.getLogger("lead")
-CALIBRATE_MAX_BATCH = 17  # larger sizes are priced like the largest calibrated one
+CALIBRATE_MAX_BATCH = 17  # every size up to this one is priced
+LONG_SIZES = (24, 32, 48, 65)  # past it, these (lead's own drafts run up to 64 tokens)
 # Trees are priced only where a token more costs under 5 % of a batch: a branch adds at
 # most ~(1 - alpha) * cover * 3 tokens, about a tenth of a step's, and costs its tokens
 # (a CPU core: 9 %; a GPU-like target: 1-2 %).
@@ -61,7 +62,8 @@ class Decoder:
         room = min(self.model.n_ctx - len(session.tokens),  # KV room for draft tokens
                    max_tokens - session.n_generated - 1)
         first = session.n_generated == 0
-        usable = self.cost.choose(min(len(offered.token_ids), room), first)
+        usable = self.cost.choose_odds(offered.odds[:room], first) if offered.odds else \
+            self.cost.choose(min(len(offered.token_ids), room), first)
         if usable == 0:
             return None
         dists = offered.dists[:usable] if offered.dists else None
@@ -191,21 +193,23 @@ class Decoder:
         if n > 0:
             del session.tokens[-n:]
 
-    def calibrate(self, max_draft: int, passes: int = 2) -> None:
+    def calibrate(self, max_draft: int, passes: int = 2, longest: int = 0) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`) before
-        serving, so lead need not explore batch sizes on live replies. Blocking."""
-        self.thread.call(self._calibrate, max_draft, passes)
+        serving, so lead need not explore batch sizes on live replies, and a few sizes up
+        to `longest`+1 (lead's own drafts; sizes between are interpolated). Blocking."""
+        self.thread.call(self._calibrate, max_draft, passes, longest)
 
-    def _calibrate(self, max_draft: int, passes: int) -> None:
+    def _calibrate(self, max_draft: int, passes: int, longest: int) -> None:
         chain, tree = calibrated_sizes(max_draft, bool(self.tree_slots))
-        log.info("pricing verify batches of 1-%d tokens", chain[-1])
+        long = [b for b in LONG_SIZES if chain[-1] < b <= min(longest + 1, self.model.n_ctx)]
+        log.info("pricing verify batches of 1-%d tokens", (long or chain)[-1])
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
         best = self._price(chain, passes)
         if tree and _marginal(best) < TREE_MARGINAL:
             log.info("a token more costs %.0f %% of a batch: pricing trees of up to %d tokens",
                      100 * _marginal(best), tree[-1])
             best |= self._price(tree, passes)
-        self.cost.calibrate(best)
+        self.cost.calibrate(best | self._price(long, passes))
         log.info("%s", self.cost.describe())
 
     def _price(self, sizes: list[int], passes: int) -> dict[int, float]:

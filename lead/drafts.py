@@ -44,6 +44,7 @@ class Candidate:
     dists: tuple[Dist, ...] | None = None
     root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
     address: str = ""  # where it was posted from ("": by lead's own code)
+    odds: tuple[float, ...] | None = None  # per token, that lead accepts it (lead's own drafts)
 
     @property
     def poster(self) -> str:
@@ -81,6 +82,7 @@ class Draft:
     branch: bool = False  # it came from a branch: lead emitted the branch's root
     branches: tuple[Branch, ...] = ()
     roots: tuple[tuple[int, int], ...] = ()  # (at, root) of every branch offered with it
+    odds: list[float] | None = None  # per token, that lead accepts it given the ones before
 
     @property
     def n_tokens(self) -> int:
@@ -116,7 +118,18 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     skip = len(tokens) - candidate.start
     ids = list(candidate.token_ids[skip:skip + limit])
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
-    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None)
+    odds = list(candidate.odds[skip:skip + len(ids)]) if candidate.odds else None
+    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds)
+
+
+def odds_yield(odds: Sequence[float]) -> float:
+    """Draft tokens a step verifying all of them is expected to accept, token i right
+    with odds[i] given the ones before it."""
+    total, reach = 0.0, 1.0
+    for p in odds:
+        reach *= p
+        total += reach
+    return total
 
 
 def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], limit: int
@@ -180,14 +193,18 @@ class DraftBoard:
         if limit <= 0 or not ready:
             return None
         chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
-        draft = useful_tail(tokens, chosen, limit)
+        own_limit = limit if chosen.odds is None else len(chosen.token_ids)  # lead's: its own
+        draft = useful_tail(tokens, chosen, own_limit)
         if chosen.root is not None:
             return draft
         branches = forks(tokens, chosen, self.candidates[chosen.poster], len(draft.token_ids))
         return replace(draft, branches=branches)
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
-        yielded = expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
+        """Backs' drafts at their back's acceptance and `limit` tokens at most; lead's own
+        at the odds it gives each of its tokens."""
+        yielded = odds_yield(c.odds[n - c.start:]) if c.odds is not None else \
+            expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
         return yielded, c.end, c.root is None
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:

@@ -19,10 +19,11 @@ from lead.admission import Admission, Place, QueueFull
 from lead.backfeed import BackFeed
 from lead.cost import CostModel
 from lead.decoder import Clock, Decoder
-from lead.drafts import Branch, Draft
+from lead.drafts import Branch, Candidate, Draft
 from lead.live import LiveNews
 from lead.metrics import Metrics
 from lead.offers import OfferLedger
+from lead.owndrafts import OWN, OwnDrafts
 from lead.session import Emission, GenRequest, Session, StepResult
 from lead.textstream import TextStream
 from shared.model import Model
@@ -37,12 +38,14 @@ log = logging.getLogger("lead")
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
-                 tree: int = 0, grammar_s: float = 1.0) -> None:
+                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0) -> None:
         """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
         most branches verified beside a draft (the model's branch slots bound it)."""
         self.model, self.max_draft, self.clock = model, max_draft, clock
         self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
-        self.cost = CostModel(max_draft=max_draft, fixed=draft_len)
+        self.cost = CostModel(max_draft=max_draft, fixed=draft_len, longest=ngram)
+        # lead's own drafts (`ngram`: their most tokens; 0, or no drafts at all: none)
+        self.own = OwnDrafts(ngram) if ngram and max_draft else None
         self.metrics = Metrics()
         self.admission = Admission(max_queue)
         self.model_thread = ModelThread("model")  # every model call, calibration too
@@ -58,7 +61,7 @@ class Engine:
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches before serving (blocking)."""
-        self.decoder.calibrate(self.max_draft, passes)
+        self.decoder.calibrate(self.max_draft, passes, self.own.longest if self.own else 0)
 
     def reserve(self) -> Place:
         """A place in line for one generation, or QueueFull (counted) if there is none."""
@@ -97,7 +100,7 @@ class Engine:
         while session.finish_reason is None:
             # One hop at a time, on purpose: Python work overlapping a step would preempt
             # llama.cpp's threads on a fully used CPU.
-            offered = self.feed.board.best(session.tokens, self.max_draft)
+            offered = self._offered(session)
             busy = self.feed.back_drafting(session)
             first = session.n_generated == 0
             draft = self.decoder.plan(session, offered, req.max_tokens)
@@ -106,7 +109,8 @@ class Engine:
             result = await self.decoder.step(session, draft, req.top_logprobs)
             self.metrics.record_tree(result.tree, result.verdict.branch is not None)
             after_rejection = result.rejected
-            if offered is not None:  # verified or not, an offer shows what drafts are worth
+            if offered is not None and offered.back_id != OWN:  # verified or not, a back's
+                # offer shows what backs' drafts are worth (lead's own are priced apart)
                 offers.offered(session.tokens, offered.token_ids, first)
             emitted = self.decoder.apply(session, result, req.max_tokens, busy)
             chunks = self._texts(emitted, text)
@@ -122,6 +126,14 @@ class Engine:
                 yield self._emission(result, i, emitted[i], chunk)
         offers.settle(session.tokens, final=True)  # a stop string may end a watched offer
         yield Emission(text.finish(), 0, 0, session=session)
+
+    def _offered(self, session: Session) -> Draft | None:
+        """The draft on the board expected to yield the most, lead's own among them."""
+        tokens = session.tokens
+        own = self.own.propose(session.id, tokens) if self.own is not None else None
+        if own is not None:
+            self.feed.board.post(tokens, Candidate(OWN, len(tokens), own[0], odds=own[1]))
+        return self.feed.board.best(tokens, self.max_draft)
 
     def _texts(self, emitted: list[int], text: TextStream) -> list[str]:
         """The text each token releases, up to the one that completes a stop string."""

@@ -71,11 +71,17 @@ class Prices:
         return max(self.shape)
 
     def shape_of(self, batch_size: int) -> float:
-        """Quiet cost of `batch_size` tokens over one; an unpriced size is taken to cost
-        what the largest priced size below it does, so that it gets tried."""
+        """Quiet cost of `batch_size` tokens over one; an unpriced size between two priced
+        ones costs what the line between them says (large batches are priced a few sizes
+        apart), one past them all what the largest costs, so that it gets tried."""
         if batch_size in self.shape:
             return self.shape[batch_size]
-        return self.shape[max(b for b in self.shape if b < batch_size)]
+        below = max(b for b in self.shape if b < batch_size)
+        above = min((b for b in self.shape if b > batch_size), default=None)
+        if above is None:
+            return self.shape[below]
+        share = (batch_size - below) / (above - below)
+        return self.shape[below] + share * (self.shape[above] - self.shape[below])
 
     def batch_for(self, batch_size: int) -> int:
         """The batch to evaluate for `batch_size` tokens: a larger priced one where the

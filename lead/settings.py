@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -41,9 +43,20 @@ class LeadSettings(BaseSettings):
                             "(python -m shared.rpc) that take the target's --n-gpu-layers")
     tensor_split: str | None = Field(None, description="weights of the offloaded layers per "
                                      "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
+    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash "
+                                                    "attention; auto: on where layers are "
+                                                    "offloaded (--n-gpu-layers), off on a CPU, "
+                                                    "where it made verify batches 15-50 % "
+                                                    "dearer at 1-2k tokens of context")
     ctx_size: int = Field(4096, ge=64, description="context size in tokens")
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
+    ngram: bool = Field(True, description="lead's own drafts, model-free: what followed the "
+                        "longest earlier match of the reply's last tokens in the prompt and "
+                        "reply, verified where the cost model says they pay (edits, code "
+                        "echoed back); backs' drafts compete with them")
+    ngram_max: int = Field(64, ge=1, le=64, description="most tokens of one of lead's own "
+                           "drafts")
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)")
     tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "

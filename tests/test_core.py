@@ -190,3 +190,12 @@ def test_cli_bad_value_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -
     assert exc.value.code == 2
     assert "port" in capsys.readouterr().err
 
+
+@pytest.mark.parametrize(("choice", "ngl", "on"), [
+    ("auto", 0, False), ("auto", -1, True), ("auto", 20, True), ("on", 0, True),
+    ("off", -1, False)])
+def test_flash_attention_is_on_where_layers_are_offloaded_unless_told(
+        choice: str, ngl: int, on: bool) -> None:
+    from shared.model import flash_attention
+
+    assert flash_attention(choice, ngl) is on

@@ -41,13 +41,14 @@ def test_prices_keep_plain_decoding_quiet_and_measure_the_slowdown_apart() -> No
     assert prices.busy_s(2) == pytest.approx(0.09 * 1.5)
 
 
-def test_prices_try_an_unpriced_size_at_the_price_of_the_largest_below() -> None:
+def test_prices_an_unpriced_size_on_the_line_between_priced_ones_or_at_the_largest() -> None:
     prices = Prices()
     assert prices.plain() == 1.0 and prices.largest == 1  # nothing measured yet
     prices.record(1, 0.05)
     prices.record(3, 0.1)  # a size's first price sets its shape
     assert prices.shape[3] == pytest.approx(2.0) and prices.largest == 3
-    assert prices.shape_of(2) == 1.0 and prices.shape_of(7) == pytest.approx(2.0)
+    assert prices.shape_of(2) == pytest.approx(1.5)  # between b=1 and b=3
+    assert prices.shape_of(7) == pytest.approx(2.0)  # past them all: tried at b=3's price
     assert prices.cost_s == {1: 0.05, 3: 0.1}
 
 
