@@ -1,8 +1,11 @@
 """python -m bench: duo against its floor and its peers, side by side in one run.
 
 Configurations, same model, prompts and placement: a raw llama-cpp-python greedy loop;
-lead alone; lead + back (draft model); lead + back (n-gram); llama-cpp-python's
-prompt-lookup decoding; a synchronous draft-model loop. Then the analytic bound from
+lead alone, with and without its own n-gram drafts; lead + back (draft model); lead + back
+(n-gram); llama-cpp-python's prompt-lookup decoding; a synchronous draft-model loop;
+llama.cpp's llama-server plain, with --spec-default and with a draft model (where the
+binary is found). `--workload edit` asks for whole source files back, each with one
+change, instead of the bench prompts. Then the analytic bound from
 the measured verify costs and acceptance, and a draft-length sweep (PNG + JSON).
 `--sim` measures the protocol itself with simulated models of chosen cost instead;
 `--advise` answers in a minute or two whether duo would be faster on this machine.
@@ -16,7 +19,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from back.settings import BackSettings
-from bench import configs, prompts, report
+from bench import configs, llamaserver, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
 from bench.load import LoadWatch, caveat
@@ -83,9 +86,16 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--back-cpus", help="back's --cpus (default: from --placement)")
     p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
+    p.add_argument("--workload", choices=tuple(prompts.WORKLOADS), default="bench",
+                   help="bench: bench/prompts.json (code, explanations, short edits); edit: "
+                   "bench/edits.json, whole source files in nine languages, one change each, "
+                   "the whole file asked back")
+    p.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server, run "
+                   "plain, --spec-default and with the draft model beside the others "
+                   "(default: llama-server on PATH, else skipped; '' to skip)")
     p.add_argument("--tokens", type=int, help="tokens decoded per prompt (default: 64; "
-                   "--quick: 24)")
-    p.add_argument("--prompts", type=int, help="use N prompts of bench/prompts.json (default: "
+                   f"--quick: 24; --workload edit: {prompts.EDIT_TOKENS}, the longest file)")
+    p.add_argument("--prompts", type=int, help="use N prompts of the workload (default: "
                    "all, in file order; --advise: 4, taken from each kind in turn)")
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds over the prompts; per-prompt figures pool the rounds")
@@ -93,7 +103,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    help="draft length of the synchronous loop")
     p.add_argument("--sweep", type=_draft_lengths,
                    help="fixed draft lengths to sweep ('' for none; default: "
-                   "1,2,3,4,6,8,12,16, --quick: 1,4); auto is always added")
+                   "1,2,3,4,6,8,12,16, --quick: 1,4, --workload edit: none); auto is "
+                   "always added")
     p.add_argument("--sweep-prompts", type=int,
                    help="the sweep uses the first N prompts (default: 3; --quick: 1)")
     p.add_argument("--no-peers", action="store_true", help="skip the llama-cpp-python peers")
@@ -133,7 +144,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         p.error("--advise measures real models; it does not take --sim")
     try:
         configs.resolve_placement(a)
-    except PlacementError as exc:
+        a.llama_server_bin = llamaserver.find_binary(a.llama_server)
+    except (PlacementError, llamaserver.BinaryError) as exc:
         p.error(str(exc))
     return a
 
@@ -142,22 +154,27 @@ def _fill_defaults(a: argparse.Namespace) -> None:
     """Defaults that depend on the mode; what the user set explicitly stays."""
     if a.quick:
         a.target = a.draft = "smollm2-135m"
+    edit = a.workload == "edit"
     if a.sweep_prompts is None:
         a.sweep_prompts = 1 if a.quick else 3
     if a.prompts is None:
-        a.prompts = 2 if a.quick else ADVISE_PROMPTS if a.advise else len(prompts.load())
-    if a.tokens is None:
-        a.tokens = 24 if a.quick else 64
+        a.prompts = 2 if a.quick else ADVISE_PROMPTS if a.advise else \
+            len(prompts.load(a.workload))
+    if a.tokens is None:  # an edit's reply is the whole file: cut short, it measures less
+        a.tokens = prompts.EDIT_TOKENS if edit else 24 if a.quick else 64
     if a.sweep is None:
-        a.sweep = "1,4" if a.quick else "1,2,3,4,6,8,12,16"
+        a.sweep = "" if edit else "1,4" if a.quick else "1,2,3,4,6,8,12,16"
 
 
 def run_models(a: argparse.Namespace) -> dict:
     from shared.presets import resolve_model
 
-    chosen = prompts.load()[: a.prompts]
+    chosen = prompts.load(a.workload)[: a.prompts]
     target_path = resolve_model(a.target)
     ids = [_chat_ids(target_path, p["text"]) for p in chosen]
+    notes = llamaserver.notes(a)
+    for note in notes:
+        progress(note)
     watch = LoadWatch()
     with ExitStack() as stack:
         progress("starting every configuration: lead processes, backs, in-process loops")
@@ -171,7 +188,7 @@ def run_models(a: argparse.Namespace) -> dict:
     replies = {r.prompt: r.token_ids for r in results[configs.RAW] if r.round == 0}
     costs, draft_s, agrees = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
     return {"results": results, "costs": costs, "draft_s": draft_s, "gauges": gauges,
-            "sweep": sweep, "agreement": agrees, "foreign_cpu": watch.share()}
+            "sweep": sweep, "agreement": agrees, "foreign_cpu": watch.share(), "notes": notes}
 
 
 def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path,
@@ -241,7 +258,7 @@ def run_sim(a: argparse.Namespace) -> dict:
 
     call, per_token = a.sim_target
     target, draft = sim_flags(a)
-    chosen = prompts.load()[: a.prompts]
+    chosen = prompts.load(a.workload)[: a.prompts]
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
             None, *target)}
@@ -290,12 +307,18 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
           "rounds, configurations interleaved per prompt")
     if not a.sim:
         print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
-    print(report.markdown(summaries, base_name))
+    print(report.markdown(summaries, base_name, llamaserver.PLAIN))
+    for note in data.get("notes", []):
+        print(note)
     client = report.client_note({s.config: s.tok_s for s in summaries})
     if client:
         print(f"\n{client}")
     print("\nPer prompt, against lead alone run next to it:\n")
     print(report.per_prompt(results, base_name, [n for n in results if n != base_name]))
+    if llamaserver.PLAIN in results:
+        print(f"\nPer prompt, against {llamaserver.PLAIN} run next to it:\n")
+        print(report.per_prompt(results, llamaserver.PLAIN,
+                                [n for n in results if n != llamaserver.PLAIN], "llama-server"))
     bounds = report.show_bounds(a, data, results, summaries, base_name, duo_name)
     sweep = data["sweep"]
     if sweep:

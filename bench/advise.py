@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from bench import advice, prompts
+from bench import advice, llamaserver, prompts
 from bench.load import LoadWatch, caveat
 from shared.placement import allowed_cpus, format_cpus, parse_cpus
 
@@ -67,7 +67,7 @@ def run(a: argparse.Namespace, progress: Callable[[str], None]) -> None:
     started, watch = time.monotonic(), LoadWatch()
     allowed = allowed_cpus()
     split = split_cpus(a, allowed)
-    chosen = prompts.spread(prompts.load(), a.prompts)
+    chosen = prompts.spread(prompts.load(a.workload), a.prompts)
     max_draft = LeadSettings().max_draft
     sizes = list(range(1, max_draft + 2))
     target, draft = resolve_model(a.target), resolve_model(a.draft)
@@ -88,6 +88,7 @@ def run(a: argparse.Namespace, progress: Callable[[str], None]) -> None:
     print(f"\npython -m bench --advise: target {a.target}, draft {a.draft}; measured in "
           f"{time.monotonic() - started:.0f} s\n")
     print(advice.report(measured, len(chosen), len(agrees)))
+    print(llamaserver.advice_line(a.llama_server_bin))
     note = caveat(watch.share())
     if note:
         print(note)

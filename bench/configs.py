@@ -27,6 +27,7 @@ from shared.placement import (
 Runner = Callable[[int], Result]
 LEAD_ALONE = "lead alone"
 LEAD_ALL = "lead alone, every core"
+LEAD_NO_NGRAM = "lead alone, own drafts off (--no-ngram)"  # what lead's n-gram drafts give
 LEAD_UNSTREAMED = "lead alone, not streamed"  # the raw loop's like: no client per token
 DUO_MODEL = "duo: lead + back (model)"
 DUO_NGRAM = "duo: lead + back (n-gram)"
@@ -97,9 +98,11 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
               ids: list[list[int]], target_path: Path) -> tuple[dict[str, Runner], Lead]:
     """Every configuration, ready to run any prompt; also the lead of the model back."""
     alone = start_lead(a, stack, [])  # no back attached: lead decodes alone
+    bare = start_lead(a, stack, ["--no-ngram"])
     duo = start_lead(a, stack, [], a.draft)
     ngram = start_lead(a, stack, [], "unused", ["--drafter", "ngram"])
     runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
+               LEAD_NO_NGRAM: via("lead no ngram", bare, prompts, a.tokens),
                LEAD_UNSTREAMED: via("lead not streamed", alone, prompts, a.tokens, False)}
     if a.lead_cpus:  # the honest rival of a split: lead given the back's cores too
         everything = start_lead(a, stack, [], all_cores=True)
@@ -110,6 +113,12 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
     if not a.no_peers:
         runners[sync_name(a.sync_k)] = _sync_runner(a, stack, ids, target_path)
         runners[PLD] = _pld_runner(a, ids, target_path)
+    if a.llama_server_bin is not None:
+        from bench import llamaserver
+        from shared.presets import resolve_model
+
+        runners |= llamaserver.start_all(a, stack, prompts, target_path,
+                                         resolve_model(a.draft))
     return runners, duo
 
 

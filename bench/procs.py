@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
+LEAD_CTX = 2048  # the context every lead here runs with (llama-server peers get the same)
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
@@ -25,6 +26,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0,
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.01)
+
+
+def listening(port: int) -> bool:
+    """Whether something accepts connections on the loopback port. Cheap: httpx.get makes
+    a client (and an SSL context) each call, and polled every 10 ms while a lead starts it
+    took most of a core from lead's calibration, which priced one token 1.7x too dear."""
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def free_port() -> int:
@@ -42,12 +51,14 @@ def _die_with_parent() -> None:
 
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
-                 log_name: str = "proc", cpus: str | None = None, cwd: Path = ROOT) -> None:
+                 log_name: str = "proc", cpus: str | None = None, cwd: Path = ROOT,
+                 program: str = sys.executable) -> None:
+        """`program` runs `args` (default: this Python, `args` naming a module)."""
         self.log_path = Path(os.environ.get("DUO_TEST_LOGS", "/tmp")) / \
             f"duo-{log_name}-{os.getpid()}-{time.monotonic_ns()}.log"
         self._log = self.log_path.open("wb")
         pin = ["taskset", "-c", cpus] if cpus else []  # placement: emulate separate devices
-        self.p = subprocess.Popen([*pin, sys.executable, *args], cwd=cwd, stdout=self._log,
+        self.p = subprocess.Popen([*pin, program, *args], cwd=cwd, stdout=self._log,
                                   stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
                                   start_new_session=True, preexec_fn=_die_with_parent)
 
@@ -75,7 +86,7 @@ class Lead(Proc):
         """`cwd`: the checkout whose lead runs (another commit's, for an A/B)."""
         self.port = free_port()
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
-                          str(self.port), "--threads", "1", "--ctx-size", "2048", *extra],
+                          str(self.port), "--threads", "1", "--ctx-size", str(LEAD_CTX), *extra],
                          env, "lead", cpus, cwd)
         self.url = f"http://127.0.0.1:{self.port}"
         wait_until(self._healthy, 120, f"lead to serve (log: {self.log_path})")
@@ -84,7 +95,8 @@ class Lead(Proc):
         if not self.alive():
             raise AssertionError(f"lead exited:\n{self.log()[-2000:]}")
         try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            return listening(self.port) and \
+                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 
@@ -133,7 +145,8 @@ class SimLead(Proc):
     def _up(self) -> bool:
         assert self.alive(), self.log()
         try:
-            return httpx.get(f"{self.url}/health", timeout=1).status_code == 200
+            return listening(self.port) and \
+                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
         except httpx.HTTPError:
             return False
 

@@ -76,11 +76,13 @@ def seconds_by_prompt(results: list[Result]) -> dict[int, float]:
     return seconds
 
 
-def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[str]) -> str:
-    """Each configuration against lead alone, prompt by prompt (measured side by side)."""
+def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[str],
+               label: str = "lead alone") -> str:
+    """Each configuration against the baseline (`label` in the header: lead alone unless
+    told), prompt by prompt (measured side by side)."""
     base = speed_by_prompt(results[baseline])
     speeds = [speed_by_prompt(results[c]) for c in configs]
-    lines = ["| prompt | lead alone tok/s | " + " | ".join(configs) + " |",
+    lines = [f"| prompt | {label} tok/s | " + " | ".join(configs) + " |",
              "|---|---|" + "---|" * len(configs)]
     for prompt, tps in sorted(base.items()):
         cells = [f"{by[prompt] / tps:.2f}x" if tps and prompt in by else "-" for by in speeds]
@@ -90,25 +92,37 @@ def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[st
     return "\n".join(lines)
 
 
-def markdown(summaries: list[Summary], baseline: str) -> str:
-    base = next((s.tok_s for s in summaries if s.config == baseline), 0.0)
-    lines = ["| configuration | tok/s | vs lead alone | acceptance | tokens/step | TTFT s | "
+def markdown(summaries: list[Summary], baseline: str, peer: str | None = None) -> str:
+    """The summary table: each configuration against lead alone and, where `peer` (plain
+    llama-server) ran, against it too."""
+    speeds = {s.config: s.tok_s for s in summaries}
+    against = [baseline] + ([peer] if peer in speeds else [])
+    titles = " | ".join(["vs lead alone", "vs llama-server"][:len(against)])
+    lines = [f"| configuration | tok/s | {titles} | acceptance | tokens/step | TTFT s | "
              "replies differing from lead alone | ready after rejection |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in summaries:
-        speed = f"{s.tok_s / base:.2f}x" if base else "-"
-        acc = f"{s.acceptance:.2f}" if s.acceptance is not None else "-"
-        tps = f"{s.tokens_per_step:.2f}" if s.tokens_per_step is not None else "-"
-        diff = f"{s.differing}/{s.prompts}" if s.differing is not None else "-"
-        ready = f"{s.ready_after_rejection:.0%}" if s.ready_after_rejection is not None else "-"
-        lines.append(f"| {s.config} | {s.tok_s:.2f} | {speed} | {acc} | {tps} | "
-                     f"{s.ttft_s:.2f} | {diff} | {ready} |")
-    return "\n".join(lines)
+             "|---|---|" + "---|" * len(against) + "---|---|---|---|---|"]
+    bases = [speeds.get(name, 0.0) for name in against]
+    return "\n".join(lines + [_row(s, bases) for s in summaries])
+
+
+def _row(s: Summary, bases: list[float]) -> str:
+    ratios = " | ".join(f"{s.tok_s / base:.2f}x" if base else "-" for base in bases)
+    acc = f"{s.acceptance:.2f}" if s.acceptance is not None else "-"
+    tps = f"{s.tokens_per_step:.2f}" if s.tokens_per_step is not None else "-"
+    diff = f"{s.differing}/{s.prompts}" if s.differing is not None else "-"
+    ready = f"{s.ready_after_rejection:.0%}" if s.ready_after_rejection is not None else "-"
+    return (f"| {s.config} | {s.tok_s:.2f} | {ratios} | {acc} | {tps} | {s.ttft_s:.2f} | "
+            f"{diff} | {ready} |")
 
 
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=1, default=lambda o: o.__dict__))
+    path.write_text(json.dumps(payload, indent=1, default=_plain))
+
+
+def _plain(o: object) -> object:
+    """JSON for what json cannot write itself: paths (in the args) and dataclasses."""
+    return str(o) if isinstance(o, Path) else o.__dict__
 
 
 def client_note(tok_s: dict[str, float]) -> str | None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,21 +20,26 @@ from bench.procs import ROOT
 
 pytestmark = pytest.mark.real
 
-CONFIGS = ["raw loop", "lead alone", "lead alone, not streamed", "duo: lead + back (model)",
-           "duo: lead + back (n-gram)", "peer: prompt lookup (llama-cpp-python)",
-           "peer: synchronous draft loop (k=3)"]
+CONFIGS = ["raw loop", "lead alone", "lead alone, own drafts off (--no-ngram)",
+           "lead alone, not streamed", "duo: lead + back (model)", "duo: lead + back (n-gram)",
+           "peer: prompt lookup (llama-cpp-python)", "peer: synchronous draft loop (k=3)"]
+# where llama-server is on PATH, the run sets duo beside it too
+SERVER_CONFIGS = ["peer: llama-server (its defaults)", "peer: llama-server --spec-default",
+                  "peer: llama-server + draft model (-md, draft-simple)"]
 
 
 def test_quick_benchmark_produces_every_figure(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "bench", "--quick", "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
-    for name in CONFIGS:
+    expected = CONFIGS + (SERVER_CONFIGS if shutil.which("llama-server") else [])
+    for name in expected:
         assert f"| {name} |" in done.stdout, name
     assert "analytic bound" in done.stdout and "Per prompt" in done.stdout
     assert "lead alone against the raw loop: " in done.stdout  # like for like, and streamed
+    assert ("vs llama-server" in done.stdout) == (expected != CONFIGS)
     data = json.loads((tmp_path / "bench.json").read_text())
-    assert {s["config"] for s in data["summaries"]} == set(CONFIGS)
+    assert {s["config"] for s in data["summaries"]} == set(expected)
     assert all(s["tok_s"] > 0 for s in data["summaries"])
     assert set(data["sweep"]) == {"1", "4", "auto"}
     assert (tmp_path / "sweep.png").read_bytes()[:4] == b"\x89PNG"
@@ -79,3 +85,18 @@ def test_quick_advice_prices_every_placement_and_recommends_one() -> None:
     assert agreement and float(agreement.group(1)) >= 0.9
     assert any(line.startswith("recommendation: ") for line in lines)
     assert "every core: target reply 1/2" in done.stderr  # progress, one line per phase
+
+
+def test_every_edit_is_a_whole_file_the_default_reply_length_covers() -> None:
+    from bench import prompts
+    from shared.llm import LlamaModel
+    from shared.presets import resolve_model
+
+    target = LlamaModel(resolve_model("qwen2.5-coder-1.5b"), threads=1, n_ctx=512)
+    try:  # the default target's own tokenizer
+        sizes = {e["file"]: len(target.tokenize(e["code"], add_bos=False))
+                 for e in prompts.load("edit")}
+    finally:
+        target.close()
+    assert min(sizes.values()) >= 300, sizes
+    assert max(sizes.values()) + 64 <= prompts.EDIT_TOKENS, sizes  # room for the change

@@ -245,3 +245,40 @@ def test_a_child_counts_as_ours() -> None:
         assert child.pid in _our_ticks() and os.getpid() in _our_ticks()
     finally:
         child.communicate(b"")
+
+
+# --- the edit workload ---
+def test_the_edit_workload_is_whole_files_in_several_languages() -> None:
+    from bench import prompts
+
+    edits = prompts.load("edit")
+    assert len(edits) >= 8 and len({e["lang"] for e in edits}) >= 8
+    for e in edits:
+        # ~3.3-4.3 characters per token of the default target's tokenizer on this code
+        # (tests/test_bench.py counts the real tokens): 1,700 characters is 395+ tokens
+        assert len(e["code"]) >= 1700 and e["code"].count("\n") >= 60, e["file"]
+        assert e["text"].startswith(e["task"]) and e["code"] in e["text"]
+        assert "whole file" in e["text"] and e["kind"] == "edit"
+    assert len({e["task"] for e in edits}) == len(edits)  # one change each, all different
+
+
+def test_the_edit_workload_ships_with_the_package() -> None:
+    import tomllib
+
+    from bench.procs import ROOT
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]
+    assert "edits.json" in package_data["bench"]  # so a wheel holds what load("edit") reads
+
+
+def test_the_edit_workload_decodes_the_whole_file_and_skips_the_sweep() -> None:
+    from bench import prompts
+
+    a = parse(["--workload", "edit"])
+    assert (a.tokens, a.sweep, a.prompts) == (prompts.EDIT_TOKENS, "", len(prompts.load("edit")))
+    given = parse(["--workload", "edit", "--tokens", "100", "--sweep", "4", "--prompts", "2"])
+    assert (given.tokens, given.sweep, given.prompts) == (100, "4", 2)
+    assert parse([]).workload == "bench" and parse(["--quick"]).tokens == 24
+    with pytest.raises(SystemExit):
+        parse(["--workload", "essay"])
