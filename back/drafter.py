@@ -93,9 +93,8 @@ def _draw(row: np.ndarray, state: Constraint | None, params: SamplingParams,
     """The guess from `row` (adjusted) under `state`; `ranked`: with its runner-up."""
     if is_greedy(params):
         token = best(row, state)
-        if not ranked:
-            return Pick(token, None, None, 1.0)
-        return Pick(token, None, _runner_up(row, state, token), _prob(row, token))
+        runner_up = _runner_up(row, state, token) if ranked else None
+        return Pick(token, None, runner_up, _prob(row, token))  # q goes with the post
     dist = distribution(masked(row, state), params, MAX_SUPPORT)
     token = sample(dist, rng)
     others = [int(t) for t in dist.token_ids if t != token]  # by descending probability
@@ -103,9 +102,10 @@ def _draw(row: np.ndarray, state: Constraint | None, params: SamplingParams,
 
 
 def _prob(row: np.ndarray, token: int) -> float:
-    """`token`'s probability in softmax(row) (unmasked: only to rank guesses)."""
-    shifted = np.exp(row.astype(np.float64) - float(np.max(row)))
-    return float(shifted[token] / shifted.sum())
+    """`token`'s probability in softmax(row) (unmasked: to rank guesses and to tell lead
+    how sure the draft was; float32: a pass over the row costs ~0.1 ms, not more)."""
+    shifted = np.exp(row - np.max(row), dtype=np.float32)
+    return float(shifted[token] / shifted.sum(dtype=np.float64))
 
 
 class ModelDrafter:
@@ -260,6 +260,11 @@ class ModelDrafter:
         """The distribution the guess at `pos` was drawn from (None: greedy, or not one)."""
         pick = self._picks.get(pos)
         return pick.dist if pick is not None else None
+
+    def prob_at(self, pos: int) -> float | None:
+        """The draft model's probability of its guess at `pos` (None: not a guess)."""
+        pick = self._picks.get(pos)
+        return pick.prob if pick is not None else None
 
     # --- branches ---
     @property

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -89,6 +89,7 @@ class Drafted:
     local: tuple[int, ...]  # the drafter's sequence after the job: lead's tokens, its draft
     kept: int  # the drafter's positions below this were not redrafted
     dists: dict[int, DraftDist]  # position -> distribution, for new guesses that have one
+    probs: dict[int, float] = field(default_factory=dict)  # position -> the model's q of it
     branches: tuple[Branch, ...] = ()  # grown off `local`, likeliest first
     branch_grown: int = 0  # branch tokens added
     calls: tuple[tuple[int, float], ...] = ()  # (tokens evaluated, seconds) per model call
@@ -117,6 +118,7 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
     if not isinstance(drafter, ModelDrafter):
         return _extend_plain(drafter, job, caught, kept, room)
     dists: dict[int, DraftDist] = {}
+    probs: dict[int, float] = {}
     grown = branch_grown = cut_short = 0
     calls: list[tuple[int, float]] = []
     for _ in range(job.burst):
@@ -132,13 +134,14 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
         branch_grown += step.branches_grown
         if step.guess is not None:
             grown += 1
-            pick_dist = drafter.dist_at(len(drafter.local) - 1)
+            pos = len(drafter.local) - 1
+            pick_dist, probs[pos] = drafter.dist_at(pos), drafter.prob_at(pos) or 0.0
             if pick_dist is not None:
-                dists[len(drafter.local) - 1] = wire_dist(pick_dist)
+                dists[pos] = wire_dist(pick_dist)
         if step.guess in job.eos_token_ids or (step.guess is None and not step.branches_grown):
             break
     work = Work(caught.caught_up, caught.catch_up_s, cut_short, branch_grown)
-    return Drafted(work, grown, tuple(drafter.local), kept, dists, drafter.branches,
+    return Drafted(work, grown, tuple(drafter.local), kept, dists, probs, drafter.branches,
                    branch_grown, tuple(calls))
 
 

@@ -20,20 +20,26 @@ class PostBook:
     def __init__(self) -> None:
         self._last: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids) last posted
         self._dists: dict[int, DraftDist] = {}  # drafter position -> its draft distribution
+        self._probs: dict[int, float] = {}  # drafter position -> the model's q of its guess
         self._branches: frozenset[tuple[int, tuple[int, ...]]] = frozenset()  # last posted
 
     def new_session(self) -> None:
         # Another session may share the drafter's path (the same prompt again): the tokens
         # there are then the last session's, not guesses drawn from these distributions.
         self._last, self._dists, self._branches = (0, ()), {}, frozenset()
+        self._probs = {}
 
-    def drafted(self, n_lead: int, kept: int, dists: Mapping[int, DraftDist]) -> None:
+    def drafted(self, n_lead: int, kept: int, dists: Mapping[int, DraftDist],
+                probs: Mapping[int, float] | None = None) -> None:
         """A draft job's result: lead held `n_lead` tokens, the drafter's positions from
         `kept` on were redrafted, and `dists` holds the distributions of the new guesses
         that have one. Below `n_lead` the tokens are lead's (maybe its correction of a
-        guess): their distributions no longer say how those tokens were drawn."""
+        guess): their distributions no longer say how those tokens were drawn. `probs`:
+        the draft model's probability of each new guess."""
         self._dists = {p: d for p, d in self._dists.items() if n_lead <= p < kept}
         self._dists.update(dists)
+        self._probs = {p: q for p, q in self._probs.items() if n_lead <= p < kept}
+        self._probs.update(probs or {})
 
     def next_post(self, session_id: str, start: int, draft: Sequence[int], back_id: str,
                   with_dists: bool = True, branches: Sequence[Branch] = (),
@@ -45,6 +51,8 @@ class PostBook:
         positions = range(start, start + len(draft))
         dists = [self._dists[p] for p in positions] if with_dists and \
             all(p in self._dists for p in positions) else None
+        probs = [round(self._probs[p], 4) for p in positions] \
+            if all(p in self._probs for p in positions) else None
         wired = on_wire(start, draft, branches, dists is not None, longest)
         sent = frozenset((start + b.at, tuple(b.token_ids)) for b in wired)
         if not draft or (self._already_posted(start, draft) and sent <= self._branches):
@@ -53,7 +61,7 @@ class PostBook:
         new = max(0, start + len(draft) - max(last_start + len(last), start))
         self._last, self._branches = (start, tuple(draft)), sent
         return DraftPost(session_id=session_id, start=start, token_ids=draft, back_id=back_id,
-                         dists=dists, branches=wired), new
+                         dists=dists, probs=probs, branches=wired), new
 
     def _already_posted(self, start: int, draft: list[int]) -> bool:
         last_start, last = self._last

@@ -307,7 +307,7 @@ class Worker:
                        depth=min(max(1, state.draft_len), self.max_post - 1))
         drafted = await self._on_model(jobs.extend, self.drafter, job)
         self.sessions.add(stats, drafted.work)  # dropped if that session ended meanwhile
-        self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists)
+        self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists, drafted.probs)
         for tokens, seconds in drafted.calls:
             self.prices.note(tokens, seconds)
         return drafted

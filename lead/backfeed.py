@@ -159,7 +159,8 @@ class BackFeed:
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = (),
-                   address: str = "", trusted: bool = True) -> bool:
+                   address: str = "", trusted: bool = True,
+                   probs: Sequence[float] | None = None) -> bool:
         """Put a back's draft, its main chain and branches, on the board in place of that
         back's last; False if none of it can be verified (or the session is stale). An
         untrusted back's dists are dropped: its drafts are verified as if chosen."""
@@ -172,7 +173,8 @@ class BackFeed:
         if s is None or s.done or s.id != session_id:
             self.metrics.drafts_stale += 1
             return False
-        main, *rest = post_candidates(back_id, start, token_ids, dists, branches, address)
+        main, *rest = post_candidates(back_id, start, token_ids, dists, branches, address,
+                                      probs)
         useful = self.board.post(s.tokens, main, rest)
         self.metrics.drafts_stale += 0 if useful else 1
         return useful

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lead.acceptance import MAX_ALPHA
+from lead.backodds import BackOdds
 from lead.cost import draft_outcome
 
 # Pseudo (matches, misses) of a back not yet seen: 0.8 with the weight of two outcomes, so
@@ -65,23 +66,27 @@ class Watched:
 
     n: int
     tails: Mapping[str, tuple[int, ...]]
+    probs: Mapping[str, tuple[float, ...]]  # of the tails whose back gave its draft model's
 
 
 @dataclass
 class BackScores:
     """Acceptance per back, learned by comparing what backs offered at a step (`watch`)
-    with the tokens lead emitted (`settle`, at the next step)."""
+    with the tokens lead emitted (`settle`, at the next step); per token where a back gave
+    its draft model's probabilities (`odds`)."""
 
     kept: int = KEPT
     scores: dict[str, Score] = field(default_factory=dict)
     watched: Watched | None = None
+    odds: BackOdds = field(default_factory=BackOdds)
 
     def alpha(self, key: str) -> float:
         score = self.scores.get(key)
         return score.alpha if score is not None else Score().alpha
 
-    def watch(self, n: int, tails: Mapping[str, tuple[int, ...]]) -> None:
-        self.watched = Watched(n, dict(tails)) if tails else None
+    def watch(self, n: int, tails: Mapping[str, tuple[int, ...]],
+              probs: Mapping[str, tuple[float, ...]] | None = None) -> None:
+        self.watched = Watched(n, dict(tails), dict(probs or {})) if tails else None
 
     def settle(self, tokens: Sequence[int]) -> None:
         """Score what was offered at the last step against the tokens lead holds now."""
@@ -91,6 +96,8 @@ class BackScores:
         emitted = tokens[watched.n:]
         for key, tail in watched.tails.items():
             self.record(key, *draft_outcome(tail, emitted))
+            if key in watched.probs:
+                self.odds.record(key, watched.probs[key], tail, emitted)
 
     def record(self, key: str, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:

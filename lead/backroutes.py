@@ -102,7 +102,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                                 headers={"Retry-After": retry_after})
         feed.post_draft(post.session_id, post.start, post.token_ids, _dists(post.dists),
                         post.back_id, [_branch(b) for b in post.branches], address=address,
-                        trusted=keys.trusted_back(_authorization(request)))
+                        trusted=keys.trusted_back(_authorization(request)), probs=post.probs)
         return _json(feed.state(post.start, post.back_id))
 
     @router.get("/metrics", response_class=PlainTextResponse)

@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from lead.backrank import BackScores, expected_yield
+from lead.owndrafts import OWN
 from shared.sampling import Dist
 
 BACKS_PER_ADDRESS = 4  # backs' worth of posts, board places and registry records per address
@@ -45,6 +46,7 @@ class Candidate:
     root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
     address: str = ""  # where it was posted from ("": by lead's own code)
     odds: tuple[float, ...] | None = None  # per token, that lead accepts it (lead's own drafts)
+    probs: tuple[float, ...] | None = None  # per token, the draft model's probability (a back's)
 
     @property
     def poster(self) -> str:
@@ -92,11 +94,12 @@ class Draft:
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
                     main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = (),
-                    address: str = "") -> list[Candidate]:
+                    address: str = "", probs: Sequence[float] | None = None
+                    ) -> list[Candidate]:
     """The candidates of one post: its main chain, then each branch spelled out over the
     session's positions (the main chain's prefix, then the branch)."""
     out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None,
-                     address=address)]
+                     address=address, probs=tuple(probs) if probs else None)]
     for b in branches:
         dists = (*main_dists[:b.at], *b.dists) if main_dists and b.dists else None
         out.append(Candidate(back_id, start, (*main[:b.at], *b.token_ids), dists, root=b.at,
@@ -189,11 +192,13 @@ class DraftBoard:
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
         ready = [c for kept in self.candidates.values() for c in kept
                  if len(tokens) >= c.opens]
-        self.scores.watch(len(tokens), _tails(tokens, ready))
+        furthest, n = _tails(tokens, ready), len(tokens)
+        self.scores.watch(n, {key: c.token_ids[n - c.start:] for key, c in furthest.items()},
+                          {key: c.probs[n - c.start:] for key, c in furthest.items() if c.probs})
         if limit <= 0 or not ready:
             return None
-        chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
-        own_limit = limit if chosen.odds is None else len(chosen.token_ids)  # lead's: its own
+        chosen = self._with_odds(max(ready, key=lambda c: self._rank(len(tokens), c, limit)))
+        own_limit = len(chosen.token_ids) if chosen.poster == OWN else limit  # lead's: its own
         draft = useful_tail(tokens, chosen, own_limit)
         if chosen.root is not None:
             return draft
@@ -201,11 +206,21 @@ class DraftBoard:
         return replace(draft, branches=branches)
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
-        """Backs' drafts at their back's acceptance and `limit` tokens at most; lead's own
-        at the odds it gives each of its tokens."""
-        yielded = odds_yield(c.odds[n - c.start:]) if c.odds is not None else \
-            expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
+        """Backs' drafts, `limit` tokens at most, at the odds learned from their draft
+        model's probabilities, else at their back's acceptance; lead's own at the odds it
+        gives each of its tokens."""
+        c = self._with_odds(c)
+        if c.odds is not None:
+            yielded = odds_yield(c.odds[n - c.start:][:None if c.poster == OWN else limit])
+        else:
+            yielded = expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
         return yielded, c.end, c.root is None
+
+    def _with_odds(self, c: Candidate) -> Candidate:
+        if c.odds is not None or c.probs is None:
+            return c
+        return replace(c, odds=self.scores.odds.odds(c.poster, c.probs,
+                                                     self.scores.alpha(c.poster)))
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]
@@ -217,12 +232,9 @@ class DraftBoard:
         self.scores.forget_step()
 
 
-def _tails(tokens: Sequence[int], ready: Sequence[Candidate]) -> dict[str, tuple[int, ...]]:
-    """Per back, the useful tail of its ready candidate reaching furthest."""
-    n, tails = len(tokens), {}
-    for c in sorted(ready, key=lambda c: (c.end, c.root is None)):
-        tails[c.poster] = c.token_ids[n - c.start:]
-    return tails
+def _tails(tokens: Sequence[int], ready: Sequence[Candidate]) -> dict[str, Candidate]:
+    """Per back, its ready candidate reaching furthest."""
+    return {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}
 
 
 ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last <= 30 s)

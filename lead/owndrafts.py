@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lead.bandodds import BandOdds
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
@@ -24,33 +25,12 @@ PRIOR_WEIGHT = 4.0  # outcomes the prior counts as
 DECAY = 0.995  # per outcome in a band: it follows a change of work within a few hundred
 
 
-class BandOdds:
-    """The odds that a copied token is right, per band of the match it follows."""
-
-    def __init__(self) -> None:
-        self.counts = {band: (p * PRIOR_WEIGHT, (1 - p) * PRIOR_WEIGHT)
-                       for band, p in PRIOR.items()}
-
-    @staticmethod
-    def band(length: int) -> int:
-        return max(b for b in PRIOR if b <= max(length, min(PRIOR)))
-
-    def odds(self, length: int) -> float:
-        right, wrong = self.counts[self.band(length)]
-        return right / (right + wrong)
-
-    def record(self, length: int, right: bool) -> None:
-        band = self.band(length)
-        r, w = self.counts[band]
-        self.counts[band] = (r * DECAY + right, w * DECAY + (not right))
-
-
 class OwnDrafts:
     def __init__(self, longest: int = 64) -> None:
         """`longest`: most tokens a draft holds."""
         self.longest = longest
         self.index = NgramIndex()
-        self.odds = BandOdds()
+        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
         self._offered: tuple[str, int, Match] | None = None  # session, its length, the copy
 
     def propose(self, session_id: str, tokens: Sequence[int]

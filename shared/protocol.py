@@ -161,6 +161,10 @@ class DraftPost(BaseModel):
     start: int = Field(ge=0, description="position of token_ids[0] in the session's tokens")
     token_ids: list[int] = Field(min_length=1, max_length=MAX_DRAFT_WIRE)
     dists: list[DraftDist] | None = None
+    probs: list[float] | None = Field(
+        None, max_length=MAX_DRAFT_WIRE,
+        description="per draft token, the draft model's probability of it: lead learns per "
+                    "back how these map to its acceptance and verifies as far as pays")
     back_id: str = Field("", max_length=64)
     branches: list[DraftBranch] = Field(default_factory=list, max_length=MAX_BRANCHES)
 
@@ -168,6 +172,9 @@ class DraftPost(BaseModel):
     def _dists_match(self) -> DraftPost:
         if self.dists is not None and len(self.dists) != len(self.token_ids):
             raise ValueError("dists must have one entry per draft token")
+        if self.probs is not None and (len(self.probs) != len(self.token_ids)
+                                       or not all(0.0 <= p <= 1.0 for p in self.probs)):
+            raise ValueError("probs must have one entry per draft token, each in [0, 1]")
         for i, branch in enumerate(self.branches):
             _check_branch(i, branch, self.token_ids, self.dists is not None)
         if sum(len(b.token_ids) for b in self.branches) > MAX_BRANCH_TOKENS:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pytest
 
 from back.drafter import ModelDrafter, NgramDrafter
 from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend
@@ -150,3 +151,15 @@ def test_the_abort_check_follows_each_snapshot_of_leads_tokens() -> None:
     assert left()
     latest.publish((1, 2, 3, 4, 5))  # (a later snapshot back on the path)
     assert not left()
+
+
+def test_every_model_guess_carries_the_draft_models_probability_of_it() -> None:
+    model = FakeModel(salt="draft")
+    drafted = extend(ModelDrafter(model), job([1, 2, 3], burst=3))
+    assert sorted(drafted.probs) == [3, 4, 5]
+    for position, q in drafted.probs.items():
+        row = model.logits_for(list(drafted.local[:position]))
+        softmax = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
+        assert drafted.local[position] == int(np.argmax(row))  # greedy: its top token
+        assert q == pytest.approx(float(softmax.max()))
+    assert extend(NgramDrafter(3), job([1, 2, 3, 1, 2], burst=2)).probs == {}

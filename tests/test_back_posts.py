@@ -77,3 +77,16 @@ def test_a_guess_lead_replaced_keeps_no_distribution() -> None:
     book.drafted(n_lead=4, kept=4, dists={4: dist(5)})
     made = book.next_post("s", 3, [9, 5], "b")  # (a post from lead's old length)
     assert made is not None and made[0].dists is None
+
+
+def test_the_draft_models_probabilities_go_with_a_post_and_follow_redrafts() -> None:
+    book = PostBook()
+    book.drafted(n_lead=3, kept=3, dists={}, probs={3: 0.9, 4: 0.51234567})
+    made = book.next_post("s", 3, [4, 5], "b")
+    assert made is not None and made[0].probs == [0.9, 0.5123]
+    book.drafted(n_lead=3, kept=4, dists={}, probs={})  # position 4 redrafted, no q yet
+    made = book.next_post("s", 3, [4, 6], "b")
+    assert made is not None and made[0].probs is None
+    book.drafted(n_lead=4, kept=4, dists={}, probs={4: 0.3, 5: 0.8})
+    made = book.next_post("s", 4, [6, 7], "b")
+    assert made is not None and made[0].probs == [0.3, 0.8]

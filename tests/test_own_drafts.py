@@ -9,10 +9,11 @@ import asyncio
 import numpy as np
 import pytest
 
+from lead.bandodds import BandOdds
 from lead.cost import CostModel
 from lead.drafts import Candidate, DraftBoard, odds_yield
 from lead.engine import Engine
-from lead.owndrafts import OWN, PRIOR, BandOdds, OwnDrafts
+from lead.owndrafts import DECAY, OWN, PRIOR, PRIOR_WEIGHT, OwnDrafts
 from lead.session import GenRequest
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST, NgramIndex
@@ -71,8 +72,12 @@ def test_a_match_is_measured_so_far_and_occurrences_kept_so_many() -> None:
 # --- odds per match length ---
 
 
+def fresh() -> BandOdds:
+    return BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
+
+
 def test_odds_start_from_the_prior_of_their_band_and_learn_within_it() -> None:
-    odds = BandOdds()
+    odds = fresh()
     assert odds.odds(3) == odds.odds(5) == pytest.approx(PRIOR[3])
     assert odds.odds(1) == pytest.approx(PRIOR[3])  # shorter than the shortest band
     assert odds.odds(100) == pytest.approx(PRIOR[48])
@@ -85,7 +90,7 @@ def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
     own = OwnDrafts(longest=4)
     prompt = [8, 1, 2, 3, 4, 5, 6, 9, 8, 1, 2, 3]  # the end matches 4 tokens back at 1..3
     ids, odds = own.propose("s1", prompt)  # type: ignore[misc]
-    assert ids == (4, 5, 6, 9) and odds == tuple(BandOdds().odds(4 + i) for i in range(4))
+    assert ids == (4, 5, 6, 9) and odds == tuple(fresh().odds(4 + i) for i in range(4))
     own.propose("s1", [*prompt, 4, 5, 7])  # two right (matches of 4, 5), then one wrong (6)
     d = 0.995
     assert own.odds.counts[3] == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
@@ -113,8 +118,9 @@ def test_a_copy_that_is_nearly_always_right_is_verified_long_where_batches_are_d
     assert model.choose_odds([0.97] * 64) >= 24  # ~20 tokens for ~9 steps' price
     assert model.choose_odds([0.2] * 64) == 0  # an accidental match: not worth a batch
     # a short match turning long: the odds rise along the draft (lead/owndrafts.py)
-    rising = [BandOdds().odds(3 + i) for i in range(64)]
-    assert model.choose_odds(rising) in (0, *range(1, 65))  # a length, whatever pays
+    rising = [fresh().odds(3 + i) for i in range(64)]
+    assert model.choose_odds(rising) == 0  # at the priors, a 3-token match does not pay
+    assert model.choose_odds(rising[21:]) > 0  # one of 24 does
     assert model.choose_odds([0.97] * 5) in (4, 5)  # no further than the draft goes
 
 

@@ -1,0 +1,102 @@
+"""Per-token odds for backs' drafts: the draft model's probability of each token, mapped
+to lead's acceptance as lead learns it per back, decides how far lead verifies a draft
+and whose draft it verifies."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from lead.backodds import DECAY, WEIGHT, BackOdds, band
+from lead.cost import CostModel
+from lead.drafts import DraftBoard, post_candidates
+from shared.protocol import DraftPost
+
+CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0}  # a 2-core CPU's batches
+
+
+def test_odds_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> None:
+    odds = BackOdds()
+    assert odds.odds("b", [0.05, 0.999], alpha=0.7) == pytest.approx((0.7, 0.7))
+    for _ in range(20):  # sure tokens right, unsure ones wrong
+        odds.record("b", [0.999, 0.999, 0.2], offered=[5, 6, 7], emitted=[5, 6, 9])
+    sure, unsure = odds.odds("b", [0.995, 0.1], alpha=0.7)
+    assert sure > 0.9 and unsure < 0.2
+    assert odds.odds("other", [0.995], alpha=0.7) == pytest.approx((0.7,))  # another back
+
+
+def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
+    odds = BackOdds()
+    odds.record("b", [0.99, 0.99, 0.4, 0.6], offered=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
+    assert odds.counts["b"][0.99] == pytest.approx((DECAY + 1, 0.0))
+    assert odds.counts["b"][0.3] == pytest.approx((0.0, 1.0))
+    assert 0.5 not in odds.counts["b"]  # after the miss: not observed
+    assert band(0.999) == 0.99 and band(0.0) == 0.0 and band(0.94) == 0.85
+    assert odds.odds("b", [0.4], alpha=0.5) == pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
+
+
+def test_only_the_latest_backs_are_kept() -> None:
+    odds = BackOdds(kept=2)
+    for key in ("a", "b", "c"):
+        odds.record(key, [0.9], [1], [1])
+    assert list(odds.counts) == ["b", "c"]
+
+
+def priced() -> CostModel:
+    model = CostModel(max_draft=8)
+    model.calibrate({b: 0.03 * x for b, x in CPU.items()})
+    return model
+
+
+def board_with(probs: list[float], back: str = "b") -> DraftBoard:
+    board = DraftBoard()
+    main, *rest = post_candidates(back, 3, [4, 5, 6, 7, 8, 9], None, address="10.0.0.2",
+                                  probs=probs)
+    assert board.post([1, 2, 3], main, rest)
+    return board
+
+
+def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
+    """Where a batch of two costs 1.6 steps, once lead has seen that this back's sure
+    tokens are right and its near-ties seldom are, it verifies a draft up to the near-tie."""
+    board = board_with([0.999] * 6)
+    for _ in range(30):
+        board.scores.odds.record("b@10.0.0.2", [0.999, 0.999, 0.2], [5, 6, 7], [5, 6, 0])
+    sure_then_unsure = [0.999, 0.999, 0.999, 0.2, 0.2, 0.2]
+    board.post([1, 2, 3], *post_candidates("b", 3, [4, 5, 6, 7, 8, 9], None,
+                                           address="10.0.0.2", probs=sure_then_unsure))
+    draft = board.best([1, 2, 3], limit=8)
+    assert draft is not None and draft.odds is not None
+    model = priced()
+    assert model.choose_odds(draft.odds) == 3
+    assert board.best([1, 2, 3], limit=4).token_ids == [4, 5, 6, 7]  # type: ignore[union-attr]
+    untaught = board_with(sure_then_unsure).best([1, 2, 3], limit=8)
+    assert untaught is not None and len(set(untaught.odds or ())) == 1  # the back's alpha
+
+
+def test_what_a_backs_q_is_worth_is_learned_and_a_liar_loses() -> None:
+    """Two backs post the same length, both claiming q = 0.999 per token; one is right,
+    the other's tokens are junk. Within a few steps lead ranks the honest one first and
+    prices the liar's sure tokens low."""
+    board, tokens = DraftBoard(), [1, 2, 3]
+    for _ in range(6):
+        n = len(tokens)
+        honest = post_candidates("honest", n, [n + 1, n + 2, n + 3], None, probs=[0.999] * 3)
+        liar = post_candidates("liar", n, [0, 0, 0], None, probs=[0.999] * 3)
+        board.post(tokens, *honest)
+        board.post(tokens, *liar)
+        chosen = board.best(tokens, limit=8)
+        assert chosen is not None
+        tokens = [*tokens, n + 1, n + 2, n + 3, n + 4]  # lead accepted the right ones
+    assert chosen.back_id == "honest"
+    liar = board.scores.odds.odds("liar", [0.999], board.scores.alpha("liar"))[0]
+    honest = board.scores.odds.odds("honest", [0.999], board.scores.alpha("honest"))[0]
+    assert liar < 0.3 < 0.9 < honest
+
+
+def test_a_post_with_probabilities_that_do_not_fit_is_refused() -> None:
+    with pytest.raises(ValidationError, match="probs"):
+        DraftPost(session_id="s", start=0, token_ids=[1, 2], probs=[0.5])
+    with pytest.raises(ValidationError, match="probs"):
+        DraftPost(session_id="s", start=0, token_ids=[1], probs=[1.5])
+    assert DraftPost(session_id="s", start=0, token_ids=[1], probs=[0.5]).probs == [0.5]
