@@ -159,3 +159,30 @@ def test_back_refuses_incompatible_draft_model(lead: Lead, tmp_path) -> None:
     assert back.p.returncode == 1
     assert "does not match" in back.log()
     back.stop()
+
+
+ECHO_PROMPT = '''Rename width to w in this code:
+
+def area(width, height):
+    """The area of a rectangle."""
+    return width * height
+
+
+def perimeter(width, height):
+    return 2 * (width + height)
+'''
+
+
+@pytest.mark.parametrize("own_drafts", [True, False])
+def test_lead_alone_drafts_for_itself_from_the_prompt(own_drafts: bool) -> None:
+    """No back: lead copies from the prompt what follows the reply's end (its draft length
+    forced, so that it verifies them on any machine), unless told not to."""
+    proc = Lead("smollm2-135m", *FORCED, *(() if own_drafts else ("--no-ngram",)))
+    try:
+        usage = chat(proc, ECHO_PROMPT, max_tokens=80)["usage"]
+    finally:
+        proc.stop()
+    if own_drafts:
+        assert usage["drafted_tokens"] >= 8 and usage["accepted_tokens"] >= 4, usage
+    else:
+        assert usage["drafted_tokens"] == 0, usage
