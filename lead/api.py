@@ -145,6 +145,7 @@ class ChatRequest(CommonRequest):
 
 class CompletionRequest(CommonRequest):
     prompt: Text
+    suffix: Text | None = None  # text after the insertion: fill in the middle (FIM)
     logprobs: int | None = Field(None, ge=0, le=5)
 
     def top_logprobs_wanted(self) -> int | None:
@@ -174,7 +175,6 @@ HARMLESS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "n": (lambda v: v == 1, "1"),
     "best_of": (lambda v: v == 1, "1"),
     "echo": (lambda v: v is False, "false"),
-    "suffix": (lambda v: v == "", "empty"),
     "modalities": (lambda v: v == ["text"], '["text"]'),
 }
 
@@ -183,7 +183,6 @@ UNSERVED: dict[str, str] = {
     "n": "one choice per request is served (n: 1)",
     "best_of": "one choice per request is served (best_of: 1)",
     "echo": "echoing the prompt is not served",
-    "suffix": "insertion (suffix) is not served",
     "tools": "tools are served by /v1/chat/completions",
     "tool_choice": "tools are served by /v1/chat/completions",
     "functions": "function calling is not served",

@@ -34,8 +34,21 @@ def prepare_chat(model: Model, default_max_tokens: int, body: api.ChatRequest) -
 
 def prepare_completion(model: Model, default_max_tokens: int,
                        body: api.CompletionRequest) -> Prepared:
-    prompt_ids = model.tokenize(body.prompt, special=False, add_bos=True)
+    prompt_ids = infill_ids(model, body.prompt, body.suffix) if body.suffix else \
+        model.tokenize(body.prompt, special=False, add_bos=True)
     return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, None))
+
+
+def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
+    """Fill in the middle, as the model was trained for it (prefix, suffix, middle:
+    llama.cpp's order): the reply is what goes between `prefix` and `suffix`."""
+    if model.fim_tokens is None:
+        raise api.FieldRefused("suffix", f"suffix: {model.name} has no fill-in-the-middle "
+                                         "tokens (Qwen2.5-Coder, the default target, has)")
+    pre, suf, mid = model.fim_tokens
+    return [*model.tokenize("", add_bos=True), pre,
+            *model.tokenize(prefix, special=False, add_bos=False), suf,
+            *model.tokenize(suffix, special=False, add_bos=False), mid]
 
 
 def gen_request(model: Model, default_max_tokens: int, body: api.CommonRequest,

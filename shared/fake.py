@@ -49,10 +49,12 @@ class FakeModel:
                  cover: float = 0.0, n_branches: int = 8,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
                  name: str = "fake", clock: VirtualClock | None = None,
-                 chat_template: str | None = None) -> None:
+                 chat_template: str | None = None, fim: bool = False) -> None:
         assert n_vocab >= len(ALPHABET) + 3
         self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
         self.chat_template = chat_template  # only read for its tool-call markers
+        # fill-in-the-middle markers: the last three ids (text "~"), where asked for
+        self.fim_tokens = (n_vocab - 3, n_vocab - 2, n_vocab - 1) if fim else None
         self.eos_token_ids = frozenset({EOS})
         self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
         # where it disagrees, the share of contexts where the agree_salt model's token is

@@ -71,6 +71,10 @@ class LlamaModel:
         self._fingerprint: str | None = None
         # the GGUF's own template (None: it has none, and a default one is used)
         self.chat_template: str | None = self._llm.metadata.get("tokenizer.chat_template")
+        fim = (int(llama_cpp.llama_vocab_fim_pre(self._vocab)),
+               int(llama_cpp.llama_vocab_fim_suf(self._vocab)),
+               int(llama_cpp.llama_vocab_fim_mid(self._vocab)))
+        self.fim_tokens = fim if min(fim) >= 0 else None  # (-1: the GGUF names none)
         self._chat = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
         self._polled = False  # whether llama.cpp calls _abort_requested now

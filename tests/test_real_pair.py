@@ -211,3 +211,15 @@ def test_pair_tool_round_trip_through_the_openai_sdk(lead: Lead, stream: bool,
     assert call["function"]["name"] == "get_weather"
     assert "paris" in json.loads(call["function"]["arguments"])["city"].lower()
     assert finish == "stop" and "21" in answer, answer
+
+
+def test_pair_fills_in_the_middle(lead: Lead) -> None:
+    """Qwen2.5-Coder's fill-in-the-middle, as an editor's autocomplete asks for it: the
+    body of a function between its signature and the code after it, ended by the model."""
+    r = httpx.post(f"{lead.url}/v1/completions", timeout=120, json={
+        "prompt": "def fib(n):\n    ", "suffix": "\n\nprint(fib(10))\n", "max_tokens": 80,
+        "temperature": 0})
+    assert r.status_code == 200, r.text
+    choice = r.json()["choices"][0]
+    assert choice["finish_reason"] == "stop", choice
+    assert "return" in choice["text"] and "print(fib(10))" not in choice["text"], choice
