@@ -177,7 +177,7 @@ def perimeter(width, height):
 def test_lead_alone_drafts_for_itself_from_the_prompt(own_drafts: bool) -> None:
     """No back: lead copies from the prompt what follows the reply's end (its draft length
     forced, so that it verifies them on any machine), unless told not to."""
-    proc = Lead("smollm2-135m", *FORCED, *(() if own_drafts else ("--no-ngram",)))
+    proc = Lead("smollm2-135m", "--draft-len", "4", *(() if own_drafts else ("--no-ngram",)))
     try:
         usage = chat(proc, ECHO_PROMPT, max_tokens=80)["usage"]
     finally:

@@ -2,8 +2,9 @@
 
 The draft runs about twice as fast as the target here, so a back gets ahead and its
 drafts are verified: joining, leaving (SIGKILL) and acceptance are tested for real.
-The draft length is fixed (--draft-len 4): on this CPU the cost-aware choice may
-rightly switch speculation off, and these tests are about the protocol.
+The draft length is fixed (--draft-len 4) and lead's own drafts are off: on this CPU the
+cost-aware choice may rightly switch speculation off, and these tests are about the
+protocol and a back's drafts.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import pytest
 
 from bench.procs import Back, Lead
 from shared.presets import PRESETS, cache_dir
+from tests.drafting import FORCED
 from tests.test_real import back_accepted, chat, state, stream_chat
 
 pytestmark = pytest.mark.real
@@ -34,7 +36,7 @@ def _installed(name: str) -> bool:
 def lead() -> Iterator[Lead]:
     if not (_installed(TARGET) and _installed(DRAFT)):
         pytest.skip("default pair not installed: run `make models`")
-    proc = Lead(TARGET, "--draft-len", "4")
+    proc = Lead(TARGET, *FORCED)  # the back's drafts alone (tests/drafting.py)
     yield proc
     proc.stop()
 

@@ -14,6 +14,7 @@ import pytest
 from bench.procs import Back, Lead, Proc, free_port, metric, wait_until
 from shared.rpcwire import Endpoint, RpcError, hello
 from shared.web import sse_events
+from tests.drafting import FORCED
 
 pytestmark = pytest.mark.real
 
@@ -95,7 +96,7 @@ def test_a_back_drafts_with_its_model_on_a_server() -> None:
     # alone, so its drafts would come too late. A fixed draft length keeps lead asking
     # where its cost model would find that one core of drafting does not pay.
     server = RpcServer(cpus="1")  # where the back drafts: lead has CPU 0
-    lead = Lead("qwen2.5-coder-1.5b", "--draft-len", "4", cpus="0")
+    lead = Lead("qwen2.5-coder-1.5b", *FORCED, cpus="0")
     back = Back(lead, "qwen2.5-coder-0.5b", "--rpc", str(server.endpoint), "--n-gpu-layers",
                 "-1", "--cpus", "1")
     try:
@@ -143,7 +144,7 @@ def test_a_server_killed_mid_reply_ends_lead_with_a_clear_line(
 
 
 def test_a_back_whose_server_dies_leaves_lead_serving(servers: list[RpcServer]) -> None:
-    lead = Lead("smollm2-135m", "--draft-len", "4")  # lead asks for drafts on any machine
+    lead = Lead("smollm2-135m", *FORCED)  # lead asks a back for drafts on any machine
     back = Back(lead, "smollm2-135m", "--rpc", str(servers[0].endpoint), "--n-gpu-layers", "99")
     try:
         back.wait_attached()
