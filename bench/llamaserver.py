@@ -17,7 +17,7 @@ from pathlib import Path
 
 import httpx
 
-from bench.procs import LEAD_CTX, Proc, free_port, listening, wait_until
+from bench.procs import LEAD_CTX, Proc, free_port
 from bench.runs import Result
 from shared.web import sse_events
 
@@ -95,17 +95,7 @@ class LlamaServer(Proc):
         self.port = free_port()
         super().__init__([*args, "--port", str(self.port)], None, "llama-server", cpus,
                          program=str(binary))
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(self._healthy, timeout, f"llama-server to serve (log: {self.log_path})")
-
-    def _healthy(self) -> bool:
-        if not self.alive():
-            raise AssertionError(f"llama-server exited:\n{self.log()[-2000:]}")
-        try:
-            return listening(self.port) and \
-                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        self.url = self.wait_serving("llama-server", self.port, timeout)
 
 
 def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict], target: Path,

@@ -78,6 +78,22 @@ class Proc:
             self.kill(signal.SIGTERM)
         self._log.close()
 
+    def wait_serving(self, name: str, port: int, timeout: float) -> str:
+        """Wait until /health on `port` answers 200 (raise if the process exits first);
+        its URL."""
+        url = f"http://127.0.0.1:{port}"
+
+        def serving() -> bool:
+            if not self.alive():
+                raise AssertionError(f"{name} exited:\n{self.log()[-2000:]}")
+            try:
+                return listening(port) and httpx.get(f"{url}/health", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(serving, timeout, f"{name} to serve (log: {self.log_path})")
+        return url
+
 
 class Lead(Proc):
     def __init__(self, model: str = "smollm2-135m", *extra: str,
@@ -88,17 +104,7 @@ class Lead(Proc):
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
                           str(self.port), "--threads", "1", "--ctx-size", str(LEAD_CTX), *extra],
                          env, "lead", cpus, cwd)
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(self._healthy, 120, f"lead to serve (log: {self.log_path})")
-
-    def _healthy(self) -> bool:
-        if not self.alive():
-            raise AssertionError(f"lead exited:\n{self.log()[-2000:]}")
-        try:
-            return listening(self.port) and \
-                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        self.url = self.wait_serving("lead", self.port, 120)
 
 
 class Back(Proc):
@@ -139,16 +145,7 @@ class SimLead(Proc):
         self.port = port or free_port()
         super().__init__(["-m", "bench.sim", "lead", "--port", str(self.port),
                           *(extra or SIM_TARGET)], None, "simlead")
-        self.url = f"http://127.0.0.1:{self.port}"
-        wait_until(self._up, 30, "simulated lead")
-
-    def _up(self) -> bool:
-        assert self.alive(), self.log()
-        try:
-            return listening(self.port) and \
-                httpx.get(f"{self.url}/health", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
+        self.url = self.wait_serving("simulated lead", self.port, 30)
 
 
 
