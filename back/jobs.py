@@ -135,9 +135,11 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
         if step.guess is not None:
             grown += 1
             pos = len(drafter.local) - 1
-            pick_dist, probs[pos] = drafter.dist_at(pos), drafter.prob_at(pos) or 0.0
+            pick_dist, prob = drafter.dist_at(pos), drafter.prob_at(pos)
             if pick_dist is not None:
                 dists[pos] = wire_dist(pick_dist)
+            if prob is not None:
+                probs[pos] = prob
         if step.guess in job.eos_token_ids or (step.guess is None and not step.branches_grown):
             break
     work = Work(caught.caught_up, caught.catch_up_s, cut_short, branch_grown)

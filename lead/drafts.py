@@ -190,14 +190,14 @@ class DraftBoard:
         scored against the tokens lead holds at the next call."""
         self.scores.settle(tokens)
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
-        ready = [c for kept in self.candidates.values() for c in kept
+        ready = [self._with_odds(c) for kept in self.candidates.values() for c in kept
                  if len(tokens) >= c.opens]
         furthest, n = _tails(tokens, ready), len(tokens)
         self.scores.watch(n, {key: c.token_ids[n - c.start:] for key, c in furthest.items()},
                           {key: c.probs[n - c.start:] for key, c in furthest.items() if c.probs})
         if limit <= 0 or not ready:
             return None
-        chosen = self._with_odds(max(ready, key=lambda c: self._rank(len(tokens), c, limit)))
+        chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
         own_limit = len(chosen.token_ids) if chosen.poster == OWN else limit  # lead's: its own
         draft = useful_tail(tokens, chosen, own_limit)
         if chosen.root is not None:
@@ -209,7 +209,6 @@ class DraftBoard:
         """Backs' drafts, `limit` tokens at most, at the odds learned from their draft
         model's probabilities, else at their back's acceptance; lead's own at the odds it
         gives each of its tokens."""
-        c = self._with_odds(c)
         if c.odds is not None:
             yielded = odds_yield(c.odds[n - c.start:][:None if c.poster == OWN else limit])
         else:
@@ -217,6 +216,8 @@ class DraftBoard:
         return yielded, c.end, c.root is None
 
     def _with_odds(self, c: Candidate) -> Candidate:
+        """`c` with odds per token: a back's from its draft model's probabilities (as
+        lead has learned them so far), lead's own as they came."""
         if c.odds is not None or c.probs is None:
             return c
         return replace(c, odds=self.scores.odds.odds(c.poster, c.probs,
