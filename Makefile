@@ -10,14 +10,20 @@ DRAFT  ?= qwen2.5-coder-0.5b
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
 # ~/.cache/duo/wheels, so a fresh venv or a clean clone does not compile again.
+# On x86, ggml's AMX matmul is left out: on an Intel Xeon VM that advertises AMX it
+# faulted (ldtilecfg, a general protection fault) on every batch of 2+ tokens, so lead
+# died on its first prompt (docs/development.md, "Builds").
 GPU    ?= cpu
-GGML_cpu    := -DGGML_RPC=on
-GGML_cuda   := -DGGML_RPC=on -DGGML_CUDA=on
+NOAMX  := $(if $(filter x86_64 amd64,$(shell uname -m)),-DCMAKE_C_FLAGS=-mno-amx-int8 -DCMAKE_CXX_FLAGS=-mno-amx-int8,)
+GGML_cpu    := -DGGML_RPC=on $(NOAMX)
+GGML_cuda   := -DGGML_RPC=on -DGGML_CUDA=on $(NOAMX)
 GGML_metal  := -DGGML_RPC=on -DGGML_METAL=on
-GGML_vulkan := -DGGML_RPC=on -DGGML_VULKAN=on
+GGML_vulkan := -DGGML_RPC=on -DGGML_VULKAN=on $(NOAMX)
 LLAMA  := $(shell grep -o 'llama-cpp-python==[0-9.]*' pyproject.toml)
-WHEELS ?= $(HOME)/.cache/duo/wheels/$(subst ==,-,$(LLAMA))-$(GPU)
-STAMP  := $(VENV)/.installed-$(GPU)
+# The wheel is kept per build recipe: another GPU= or other flags build afresh.
+RECIPE := $(GPU)-$(shell echo '$(GGML_$(GPU))' | cksum | cut -d' ' -f1)
+WHEELS ?= $(HOME)/.cache/duo/wheels/$(subst ==,-,$(LLAMA))-$(RECIPE)
+STAMP  := $(VENV)/.installed-$(RECIPE)
 
 $(STAMP): pyproject.toml
 	@[ -n "$(GGML_$(GPU))" ] || { echo "GPU=$(GPU): choose cpu, cuda, metal or vulkan"; exit 2; }
