@@ -13,6 +13,7 @@ from back.placer import Placer
 from back.settings import BackSettings
 from back.worker import BackFatal, Worker
 from shared.cli import fail, parse_settings, setup_logging
+from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError
 from shared.presets import ModelError
 
@@ -70,6 +71,8 @@ async def serve(worker: Worker) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the program itself (not a test calling main): its memory first
+        restart_with_huge_pages("back", sys.argv[1:])
     settings = parse_settings(BackSettings, "python -m back", DESCRIPTION, argv)
     setup_logging(settings.log_level)
     try:
@@ -97,4 +100,4 @@ def run_worker(worker: Worker) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()

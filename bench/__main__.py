@@ -26,6 +26,7 @@ from bench.load import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
 from lead.settings import LeadSettings
+from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError
 
 
@@ -279,6 +280,8 @@ def run_sim(a: argparse.Namespace) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the program itself (not a test calling main): its memory first
+        restart_with_huge_pages("bench", sys.argv[1:])
     from bench.advise import AdviseError
     from bench.advise import run as advise
     from shared.presets import ModelError

@@ -9,6 +9,7 @@ and timed like lead's: from the first token's arrival to the last's.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,6 +20,7 @@ import httpx
 
 from bench.procs import LEAD_CTX, Proc, free_port
 from bench.runs import Result
+from shared.hugepages import without_tunable
 from shared.web import sse_events
 
 PLAIN = "peer: llama-server (its defaults)"
@@ -93,7 +95,9 @@ class LlamaServer(Proc):
                  timeout: float = 300) -> None:
         """Started on a free port; ready once /health answers 200 (the model loaded)."""
         self.port = free_port()
-        super().__init__([*args, "--port", str(self.port)], None, "llama-server", cpus,
+        # its defaults: not the huge pages duo's own processes ask glibc for
+        env = {"GLIBC_TUNABLES": without_tunable(os.environ)}
+        super().__init__([*args, "--port", str(self.port)], env, "llama-server", cpus,
                          program=str(binary))
         self.url = self.wait_serving("llama-server", self.port, timeout)
 

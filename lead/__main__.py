@@ -7,6 +7,7 @@ import sys
 
 from lead.settings import LeadSettings
 from shared.cli import fail, parse_settings, setup_logging
+from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError, allowed_cpus, apply
 from shared.presets import ModelError
 
@@ -15,6 +16,8 @@ DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API 
 
 
 def main(argv: list[str] | None = None) -> None:
+    if argv is None:  # the program itself (not a test calling main): its memory first
+        restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
     from lead.app import create_app, lead_placement
@@ -38,4 +41,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main()
