@@ -25,11 +25,11 @@ log = logging.getLogger("back")
 def build_worker(settings: BackSettings) -> Worker:
     client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait,
                         kind=settings.drafter)
-    drafter: Drafter
-    fingerprint = n_vocab = None
+    drafters: list[Drafter]
+    fingerprint = n_vocab = model = None
     set_threads = None
     if settings.drafter == "ngram":
-        drafter = NgramDrafter(settings.ngram_max)
+        drafters = [NgramDrafter(settings.ngram_max) for _ in range(settings.slots)]
     else:
         from shared.llm import load_model
 
@@ -37,12 +37,15 @@ def build_worker(settings: BackSettings) -> Worker:
         model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,
                            settings.ctx_size, settings.batch_size, settings.rpc,
                            settings.tensor_split, branches=settings.branches,
-                           flash_attn=settings.flash_attn)
+                           flash_attn=settings.flash_attn, slots=settings.slots)
         set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
-        drafter = ModelDrafter(model, settings.batch_size, _progress, blind=settings.blind)
-        log.info("draft model %s loaded (%d tokens vocabulary)", model.name, model.n_vocab)
-    worker = Worker(client, drafter, fingerprint, n_vocab, settings.max_ahead, settings.back_id)
+        drafters = [ModelDrafter(model.slot(i), settings.batch_size, _progress,
+                                 blind=settings.blind) for i in range(settings.slots)]
+        log.info("draft model %s loaded (%d tokens vocabulary, %d slots)", model.name,
+                 model.n_vocab, settings.slots)
+    worker = Worker(client, drafters, fingerprint, n_vocab, settings.max_ahead,
+                    settings.back_id, model)
     worker.send_dists = settings.send_dists
     worker.branches = settings.branches
     worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread, set_threads)
@@ -67,7 +70,7 @@ async def serve(worker: Worker) -> None:
     finally:
         worker.close()
         await worker.client.close()
-        log.info("in all: %s", worker.sessions.totals.line())
+        log.info("in all: %s", worker.history.totals.line())
 
 
 def main(argv: list[str] | None = None) -> None:

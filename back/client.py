@@ -6,9 +6,12 @@ that is not JSON, or JSON that is not the model (`BadAnswer`), never another exc
 
 from __future__ import annotations
 
-from typing import TypeVar
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
 
 import httpx
+from httpx_ws import WebSocketUpgradeError, aconnect_ws
 from pydantic import BaseModel, ValidationError
 
 from shared.protocol import DraftPost, Grammar, Info, State
@@ -27,6 +30,13 @@ class LeadError(Exception):
 
 class BadAnswer(LeadError):
     """A success whose body is not the protocol's: not JSON, or not the model expected."""
+
+
+class NoLink(Exception):
+    """Lead offers no link: a lead that predates it is followed by long-polls."""
+
+
+LINK_MESSAGE_BYTES = 16 << 20  # an update can carry several sessions' prompts
 
 
 class LeadClient:
@@ -71,6 +81,26 @@ class LeadClient:
         response = await self._http.post("/duo/draft", json=post.model_dump(exclude_none=True))
         return _model(State, response)
 
+    @contextlib.asynccontextmanager
+    async def link(self) -> AsyncIterator[Any]:
+        """The link (GET /duo/link): an open WebSocket. NoLink where lead offers none (a
+        lead that predates it answers 404), LeadError where it refuses this back."""
+        url = str(self._http.base_url).rstrip("/") + "/duo/link"
+        try:
+            async with aconnect_ws(url, self._http, max_message_size_bytes=LINK_MESSAGE_BYTES,
+                                   keepalive_ping_interval_seconds=None) as ws:
+                yield ws
+        except BaseException as exc:  # (httpx-ws's task group wraps what ends it in a group)
+            raise self._link_error(_first(exc)) from None
+
+    def _link_error(self, exc: BaseException) -> BaseException:
+        if not isinstance(exc, WebSocketUpgradeError):
+            return exc
+        status = exc.response.status_code
+        if status in (404, 405):
+            return NoLink(f"lead at {self.base_url} offers no link ({status})")
+        return LeadError(f"lead refused the link ({status})", status)
+
 
 def _model(model: type[M], response: httpx.Response) -> M:
     if response.status_code >= 400:
@@ -89,3 +119,10 @@ def _model(model: type[M], response: httpx.Response) -> M:
         raise BadAnswer(f"{path} answered {response.status_code} with no JSON "
                         f"({response.headers.get('content-type', 'no content type')})",
                         response.status_code) from None
+
+
+def _first(exc: BaseException) -> BaseException:
+    """An exception, or the first of a group's (nested groups looked into)."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

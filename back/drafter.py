@@ -138,12 +138,15 @@ class ModelDrafter:
     def fits(self, n_tokens: int) -> bool:
         return n_tokens < self.model.n_ctx
 
-    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
+        """Hold lead's tokens; the tokens evaluated. `defer`: leave the last one for the
+        next `grow` to evaluate (in a batch with other sessions' guesses)."""
         self._n_lead = len(lead_tokens)
         if self._growing and common_prefix(self.local, lead_tokens) < len(lead_tokens):
             self._adopt(lead_tokens)
         keep = common_prefix(self.local, lead_tokens)
-        if keep == len(lead_tokens) and self._logits is not None and keep > 0:
+        ready = self._logits is not None or (defer and self._pending == [lead_tokens[-1]])
+        if keep == len(lead_tokens) and ready and keep > 0:
             # lead is a prefix of our draft: nothing to redo; guesses lead holds are settled
             self._picks = {p: pick for p, pick in self._picks.items() if p >= keep}
             self._drop([s for s, g in self._growing.items() if g.pos < keep])
@@ -153,6 +156,9 @@ class ModelDrafter:
         # Re-evaluate at least the last token, whose logits we need to draft on.
         head = list(lead_tokens[:-1])
         evaluated = sync_cache(self.model, head, self.batch, self.progress)
+        if defer:
+            self._logits, self._pending = None, [lead_tokens[-1]]
+            return evaluated
         self._logits = self.model.evaluate([lead_tokens[-1]], 1)[-1]
         return evaluated + 1
 
@@ -189,7 +195,20 @@ class ModelDrafter:
         each of up to `width` branches at the likeliest sites, up to `depth` guesses after
         each root. None if there was nothing to do, or `abort` said stop midway (then
         nothing changed)."""
-        if self._logits is None or len(self.local) >= self.model.n_ctx:
+        batch = self.begin_growth(params, chain, width, depth)
+        if batch is None:
+            return None
+        try:
+            rows = self._evaluate(batch, abort) if batch else {}
+        except EvaluationAborted:
+            return None  # pending guesses stay pending: nothing changed
+        return self.end_growth(batch, rows, params, rng, n_prompt, chain, width)
+
+    def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
+                     depth: int = 0) -> dict[int, list[int]] | None:
+        """The first half of `grow`: the tokens its model call evaluates, per sequence
+        (MAIN or a branch; empty: no call needed); None: nothing to do."""
+        if (self._logits is None and not self._pending) or len(self.local) >= self.model.n_ctx:
             return None
         width = width if self.can_branch else 0
         self._open(width, params)
@@ -200,10 +219,13 @@ class ModelDrafter:
             batch = self._batch(chain, depth)
         if not batch and not (chain and not self._pending):
             return None
-        try:
-            rows = self._evaluate(batch, abort) if batch else {}
-        except EvaluationAborted:
-            return None  # pending guesses stay pending: nothing changed
+        return batch
+
+    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
+                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
+                   chain: bool = True, width: int = 0) -> Grown:
+        """The second half of `grow`, once `batch` was evaluated into `rows`."""
+        width = width if self.can_branch else 0
         guess = self._grow_chain(rows, params, rng, n_prompt, width > 0) if chain else None
         full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
         for slot in rows.keys() - {MAIN}:

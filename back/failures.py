@@ -11,6 +11,7 @@ model ends that session's drafting, not the back (`ModelFailed`).
 from __future__ import annotations
 
 import httpx
+from httpx_ws import HTTPXWSException
 
 from back.client import LeadError
 
@@ -55,7 +56,7 @@ def fatal(exc: Exception, base_url: str, attached: bool) -> BackFatal | None:
 
 def outage(exc: Exception) -> str:
     """How the first failure of an outage is logged (one line, with `brief(exc)`)."""
-    if isinstance(exc, httpx.TransportError):
+    if isinstance(exc, (httpx.TransportError, HTTPXWSException)):  # (the link lost: too)
         return "lead unreachable"
     if isinstance(exc, LeadError):
         return "lead's answer is unusable"

@@ -11,14 +11,16 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 
-from back.drafter import Drafter, ModelDrafter
+from back.drafter import Drafter, Grown, ModelDrafter
 from back.mirror import parted
 from back.posts import wire_dist
 from back.sessions import Work
 from back.tree import Branch
+from shared.model import EvaluationAborted
 from shared.protocol import DraftDist, SamplingParams
 
 
@@ -99,10 +101,12 @@ class Drafted:
         return bool(self.grown or self.branch_grown)
 
 
-def catch_up(drafter: Drafter, lead_tokens: Sequence[int]) -> Work:
-    """Make the drafter hold lead's tokens (its draft past them stays where it agrees)."""
+def catch_up(drafter: Drafter, lead_tokens: Sequence[int], defer: bool = False) -> Work:
+    """Make the drafter hold lead's tokens (its draft past them stays where it agrees);
+    `defer`: a model drafter leaves lead's last token for its next call to evaluate."""
     t0 = time.perf_counter()
-    evaluated = drafter.catch_up(lead_tokens)
+    evaluated = drafter.catch_up(lead_tokens, defer) if defer else \
+        drafter.catch_up(lead_tokens)
     return Work(caught_up=evaluated,
                 catch_up_s=time.perf_counter() - t0 if evaluated else 0.0)
 
@@ -117,34 +121,110 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
     room = job.ahead - (kept - len(job.lead_tokens))  # local agrees with lead up to there
     if not isinstance(drafter, ModelDrafter):
         return _extend_plain(drafter, job, caught, kept, room)
-    dists: dict[int, DraftDist] = {}
-    probs: dict[int, float] = {}
-    grown = branch_grown = cut_short = 0
-    calls: list[tuple[int, float]] = []
+    growth = Growth(drafter, job, caught, kept, room)
     for _ in range(job.burst):
-        chain = grown < room
         left = job.latest.left(tuple(drafter.local))
         t0 = time.perf_counter()
-        step = drafter.grow(job.sampling, job.rng, left, job.n_prompt, chain, job.width,
-                            job.depth)
+        step = drafter.grow(job.sampling, job.rng, left, job.n_prompt, growth.chain,
+                            job.width, job.depth)
         if step is None:
-            cut_short = int(left())
+            growth.cut_short = int(left())
             break
-        calls.append((step.evaluated, time.perf_counter() - t0))
-        branch_grown += step.branches_grown
+        growth.calls.append((step.evaluated, time.perf_counter() - t0))
+        if not growth.took(step):
+            break
+    return growth.drafted()
+
+
+def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> list[Drafted]:
+    """`extend` for several sessions at once, each on its own slot of `model`: every model
+    call grows every session's draft by a guess (the first call also evaluates what each
+    catch-up left, lead's last token). A call is stopped only where lead has left the path
+    of every session in it."""
+    if not all(isinstance(d, ModelDrafter) for _, d, _ in jobs):
+        return [extend(d, job) for _, d, job in jobs]
+    growths = []
+    for _, drafter, job in jobs:
+        caught = catch_up(drafter, job.lead_tokens, defer=True)
+        kept = len(drafter.local)
+        growths.append(Growth(cast(ModelDrafter, drafter), job, caught, kept,
+                              job.ahead - (kept - len(job.lead_tokens))))
+    slots = [slot for slot, _, _ in jobs]
+    for _ in range(max(job.burst for _, _, job in jobs)):
+        if not _grow_together(model, slots, growths):
+            break
+    return [g.drafted() for g in growths]
+
+
+def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) -> bool:
+    """One model call growing each open growth; False when none had anything to grow."""
+    batches: list[tuple[int, Growth, dict[int, list[int]]]] = []
+    for slot, g in zip(slots, growths, strict=True):
+        batch = g.drafter.begin_growth(g.job.sampling, g.chain, g.job.width, g.job.depth) \
+            if g.open else None
+        g.open = batch is not None
+        if batch is not None:
+            batches.append((slot, g, batch))
+    if not batches:
+        return False
+    checks = [g.job.latest.left(tuple(g.drafter.local)) for _, g, _ in batches]
+    t0 = time.perf_counter()
+    try:
+        rows = model.evaluate_many_slots([(slot, b) for slot, _, b in batches],
+                                         lambda: all(check() for check in checks))
+    except EvaluationAborted:
+        for _, g, _ in batches:
+            g.cut_short, g.open = 1, False
+        return False
+    seconds = time.perf_counter() - t0
+    total = sum(len(t) for _, _, b in batches for t in b.values())
+    batches[0][1].calls.append((total, seconds))  # one call, noted once
+    for (_, g, batch), got in zip(batches, rows, strict=True):
+        grown = g.drafter.end_growth(batch, got, g.job.sampling, g.job.rng, g.job.n_prompt,
+                                     g.chain, g.job.width)
+        g.open = g.took(grown)
+    return True
+
+
+class Growth:
+    """One session's draft growing over a job's model calls: what was grown, and how."""
+
+    def __init__(self, drafter: ModelDrafter, job: DraftJob, caught: Work, kept: int,
+                 room: int) -> None:
+        self.drafter, self.job, self.caught, self.kept, self.room = drafter, job, caught, \
+            kept, room
+        self.dists: dict[int, DraftDist] = {}
+        self.probs: dict[int, float] = {}
+        self.grown = self.branch_grown = self.cut_short = 0
+        self.calls: list[tuple[int, float]] = []
+        self.open = True
+
+    @property
+    def chain(self) -> bool:
+        """Whether the draft itself grows (else its branches alone)."""
+        return self.grown < self.room
+
+    def took(self, step: Grown) -> bool:
+        """Count a grown step; whether drafting goes on after it."""
+        drafter = self.drafter
+        self.branch_grown += step.branches_grown
         if step.guess is not None:
-            grown += 1
+            self.grown += 1
             pos = len(drafter.local) - 1
             pick_dist, prob = drafter.dist_at(pos), drafter.prob_at(pos)
             if pick_dist is not None:
-                dists[pos] = wire_dist(pick_dist)
+                self.dists[pos] = wire_dist(pick_dist)
             if prob is not None:
-                probs[pos] = prob
-        if step.guess in job.eos_token_ids or (step.guess is None and not step.branches_grown):
-            break
-    work = Work(caught.caught_up, caught.catch_up_s, cut_short, branch_grown)
-    return Drafted(work, grown, tuple(drafter.local), kept, dists, probs, drafter.branches,
-                   branch_grown, tuple(calls))
+                self.probs[pos] = prob
+        ended = step.guess in self.job.eos_token_ids or (step.guess is None
+                                                          and not step.branches_grown)
+        return not ended
+
+    def drafted(self) -> Drafted:
+        caught, drafter = self.caught, self.drafter
+        work = Work(caught.caught_up, caught.catch_up_s, self.cut_short, self.branch_grown)
+        return Drafted(work, self.grown, tuple(drafter.local), self.kept, self.dists,
+                       self.probs, drafter.branches, self.branch_grown, tuple(self.calls))
 
 
 def _extend_plain(drafter: Drafter, job: DraftJob, caught: Work, kept: int, room: int

@@ -1,18 +1,14 @@
-"""The back's bookkeeping of lead's sessions: what it did for each, and its draft generator.
+"""The back's bookkeeping of lead's sessions: what it did for each, and for all.
 
 Owned by the event loop. Model-thread jobs never touch it: they return a `Work`, which
-the event loop adds to the stats of the session the job was started for, if that
-session is still the one followed.
+the event loop adds to the stats of the session the job was started for (back/follower.py),
+if that session is still followed.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-
-import numpy as np
-
-from shared.sampling import make_draft_rng
 
 RECENT = 32  # sessions kept for inspection; totals cover all of them
 
@@ -78,44 +74,13 @@ class Totals:
                 f"{self.drafted} in {self.posts} posts, accepted {self.accepted}")
 
 
-class Sessions:
-    """The session being followed (its stats and draft generator), the last few that
-    ended, and totals over all of them."""
+class History:
+    """The last few sessions that ended, and totals over all of them."""
 
     def __init__(self, keep: int = RECENT) -> None:
-        self.current: SessionStats | None = None
-        self.rng = np.random.default_rng()  # the current session's: its seed's stream
         self.recent: deque[SessionStats] = deque(maxlen=keep)
         self.totals = Totals()
 
-    def start(self, session_id: str, seed: int | None) -> SessionStats:
-        """Follow a new live session (the one followed so far ends first)."""
-        self.end()
-        self.current = SessionStats(session_id)
-        self.rng = make_draft_rng(seed)
-        return self.current
-
-    def end(self) -> SessionStats | None:
-        """End the current session, if any, and return its stats."""
-        ended, self.current = self.current, None
-        if ended is not None:
-            self.recent.append(ended)
-            self.totals.add(ended)
-        return ended
-
-    def add(self, stats: SessionStats | None, work: Work) -> bool:
-        """Count `work` done for the session of `stats`; dropped (False) if that one ended."""
-        if stats is None or stats is not self.current:
-            return False
-        stats.add(work)
-        return True
-
-    def posted(self, new_tokens: int) -> None:
-        if self.current is not None:
-            self.current.posts += 1
-            self.current.drafted += new_tokens
-
-    def accepted(self, your_accepted: int) -> None:
-        """Lead's count of this back's tokens accepted in the current session."""
-        if self.current is not None:
-            self.current.accepted = max(self.current.accepted, your_accepted)
+    def ended(self, stats: SessionStats) -> None:
+        self.recent.append(stats)
+        self.totals.add(stats)

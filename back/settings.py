@@ -39,7 +39,11 @@ class BackSettings(BaseSettings):
                                                     "offloaded (--n-gpu-layers), off on a CPU, "
                                                     "where it made verify batches 15-50 % "
                                                     "dearer at 1-2k tokens of context")
-    ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens")
+    ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens, "
+                          "per session drafted for")
+    slots: int = Field(4, ge=1, le=64, description="lead's sessions drafted for at once, "
+                       "their next guesses in one model call (lead's --parallel, 4 by "
+                       "default; more are not followed)")
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
     max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
     ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram the ngram drafter matches")

@@ -1,13 +1,15 @@
-"""The back's loop: follow lead's state, catch up, draft ahead, post, repeat.
+"""The back's loop: follow lead's sessions, catch up, draft ahead for every one that wants
+drafts in one model call, post, repeat.
 
-The Worker wires small pieces to the network and the model thread: `LeadMirror` (its
-copy of lead's state), `Sessions` (stats and draft generator per session), `PostBook`
-(what it posted), `jobs` (the model-thread work) and `Backoff` (reconnecting). Only the
-event loop touches them; model-thread jobs get what they need as arguments and return
-what they did. With nothing to do it waits on lead's long-poll. A failure means "lead is
-gone for now": it logs once, retries with backoff and resumes; only the few that
-retrying cannot fix stop the back, and a draft model failing ends only that session's
-drafting (back/failures.py). How the loop works, and why: docs/back-loop.md.
+The Worker wires small pieces to the network and the model thread: a `Link` (back/links.py:
+the link's WebSocket, or long-polls where lead offers none), a `Follower` per session
+(back/follower.py: its mirror, stats, posts and generator), `jobs` (the model-thread work),
+`Backoff` (reconnecting). Only the event loop touches them; model-thread jobs get what they
+need as arguments and return what they did. Each session followed drafts on a slot of the
+draft model of its own. A failure means "lead is gone for now": it logs once, retries with
+backoff and resumes; only the few that retrying cannot fix stop the back, and a draft
+model failing ends only those sessions' drafting (back/failures.py). How the loop works,
+and why: docs/back-loop.md.
 """
 
 from __future__ import annotations
@@ -18,23 +20,22 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from back import jobs
 from back.backoff import Backoff
-from back.client import BadAnswer, LeadClient, LeadError
+from back.client import BadAnswer, LeadClient, LeadError, NoLink
 from back.drafter import Drafter, ModelDrafter
 from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
-from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
+from back.follower import Follower
+from back.links import Link, PollLink, StreamLink
 from back.mirror import LeadMirror
-from back.posts import PostBook
-from back.sessions import Sessions, SessionStats
-from back.tree import hanging_off
-from back.width import DraftPrices, StepClock, choose_width
+from back.sessions import History, SessionStats
+from back.width import DraftPrices, choose_width
 from shared.modelthread import ModelThread
 from shared.placement import Placement
-from shared.protocol import DraftPost, Info, State, grammar_id
+from shared.protocol import Hello, Info, State, Update, grammar_id
 
 __all__ = ["BackFatal", "IncompatibleModel", "Worker"]
 log = logging.getLogger("back")
@@ -42,9 +43,14 @@ T = TypeVar("T")
 
 
 class Worker:
-    def __init__(self, client: LeadClient, drafter: Drafter, fingerprint: str | None,
-                 n_vocab: int | None, max_ahead: int = 16, back_id: str = "") -> None:
-        self.client, self.drafter = client, drafter
+    def __init__(self, client: LeadClient, drafter: Drafter | Sequence[Drafter],
+                 fingerprint: str | None, n_vocab: int | None, max_ahead: int = 16,
+                 back_id: str = "", model: Any = None) -> None:
+        """`drafter`: one per slot of the draft model (`model`, whose `evaluate_many_slots`
+        grows several sessions' drafts in one call); one alone follows one session."""
+        self.client = client
+        self.drafters = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
+        self.model = model
         self.fingerprint, self.n_vocab = fingerprint, n_vocab
         self.max_ahead = max_ahead
         self.back_id = back_id or f"{socket.gethostname()}-{os.getpid()}"
@@ -52,39 +58,58 @@ class Worker:
         self.eos_token_ids: frozenset[int] = frozenset()
         self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
         self.send_dists = True
-        self.branches = 0  # most branches grown beside the draft (0: the main chain only)
+        self.branches = 0  # most branches grown beside a draft (0: the main chain only)
         self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
         self._width = 0  # the last width chosen (logged when it changes)
-        self.lead_step = StepClock()  # lead's step time, from its states
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
         self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
         self.placement = Placement(None, 1)
-        self.mirror = LeadMirror(drafter.fits)
-        self.sessions = Sessions()
-        self.posts = PostBook()
+        self.lead_id = ""
+        self.lead_links = False  # lead serves the link
+        self.followers: dict[str, Follower] = {}  # by session id
+        self.latest: Follower | None = None  # the follower of the last session news came for
+        self.version = -1  # of the last update taken
+        self.hush = False
+        self.history = History()
+        self.grammars: dict[str, str] = {}  # grammar id -> text, shared by the mirrors
+        self.skipped: set[str] = set()  # sessions not drafted for: grammar gone, model failed
+        self.ignored: set[str] = set()  # sessions not followed: no slot was free
         self.backoff = Backoff()
         self.flaps = Flaps()
-        self._refused_in: str | None = None  # the session a refused post was logged for
         self.model_thread = ModelThread("draft")
-        self._latest = LatestTokens()  # lead's tokens, for the model thread's abort check
+        self._link: Link | None = None
+        self._wants: Hello | None = None  # as last told to lead
         self._stop = asyncio.Event()
-        self._news = asyncio.Event()  # set when a state was taken, or the watch ended
+        self._news = asyncio.Event()  # set when news was taken, or the link ended
+
+    # --- views ---
+    @property
+    def drafter(self) -> Drafter:
+        return self.drafters[0]
 
     @property
     def state(self) -> State:
-        """Lead's state as last taken."""
-        return self.mirror.state
+        """Lead's state of the session news came for last (before any: the version)."""
+        if self.latest is not None:
+            return self.latest.state
+        return State(version=self.version, lead_id=self.lead_id)
+
+    @property
+    def mirror(self) -> LeadMirror:
+        return self.latest.mirror if self.latest is not None else LeadMirror()
 
     @property
     def stats(self) -> SessionStats | None:
-        """The stats of the session being followed."""
-        return self.sessions.current
+        """The stats of the session news came for last, while it is followed."""
+        latest = self.latest
+        return latest.stats if latest is not None and latest.session_id in self.followers \
+            else None
 
     @property
     def sessions_done(self) -> list[SessionStats]:
-        """The last few sessions that ended (`sessions.totals` counts all of them)."""
-        return list(self.sessions.recent)
+        """The last few sessions that ended (`history.totals` counts all of them)."""
+        return list(self.history.recent)
 
     @property
     def outages(self) -> int:
@@ -105,7 +130,7 @@ class Worker:
             except BackFatal:
                 raise
             except Exception as exc:  # whatever lead, the network or a bug throws
-                if (stop := fatal(exc, self.client.base_url, bool(self.mirror.lead_id))):
+                if (stop := fatal(exc, self.client.base_url, bool(self.lead_id))):
                     raise stop from None
                 await self._back_off(exc)
         self.close()
@@ -118,11 +143,12 @@ class Worker:
         await self._sleep(self.flaps.wait(wait, self.backoff.first, self.backoff.most))
 
     def close(self) -> None:
-        self._end_session()  # a back stopped mid-session still reports it
+        for sid in list(self.followers):  # a back stopped mid-session still reports it
+            self._end(sid)
         self.model_thread.shutdown(wait=False)
 
     async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see Engine.wait_state)
+        with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see BackFeed.wait_news)
             async with asyncio.timeout(seconds):
                 await self._stop.wait()
 
@@ -131,7 +157,7 @@ class Worker:
         try:
             info = await self.client.info()
         except BadAnswer as exc:  # an answer, but no Info: another server, or another duo
-            if self.mirror.lead_id:
+            if self.lead_id:
                 raise  # attached before: something answers while lead restarts
             raise BackFatal(f"{self.client.base_url}/duo/info is not a duo lead's answer: "
                             f"{brief(exc)}") from None
@@ -144,217 +170,237 @@ class Worker:
             self.placement = await self.on_attach(info)
         self.max_post = max(1, min(self.max_ahead, info.max_post))
         self.eos_token_ids = frozenset(info.eos_token_ids)
-        self.mirror.attach(info.lead_id)  # lead may have restarted: versions start over
-        log.info("attached to lead: model %s, context %d, max draft %d", info.model, info.n_ctx,
-                 info.max_draft)
+        if info.lead_id != self.lead_id:  # lead restarted (or a first attach): start over
+            for sid in list(self.followers):
+                self._end(sid)
+            self.version = -1
+        self.lead_id, self.lead_links = info.lead_id, info.link
+        log.info("attached to lead: model %s, context %d, max draft %d, %d slot%s", info.model,
+                 info.n_ctx, info.max_draft, info.slots, "" if info.slots == 1 else "s")
         return info
 
     # --- inner loop: one lead ---
     async def follow(self) -> None:
-        """Follow one lead: one long-poll stays open throughout (`_watch`) and takes its
-        news as it comes; drafting runs whenever lead wants drafts."""
-        watch = asyncio.create_task(self._watch())
-        try:
-            while not self._stop.is_set() and not watch.done():
-                self._news.clear()
-                try:
-                    await self._draft_ahead()
-                except ModelFailed as exc:
-                    log.warning("session %s: the draft model failed (%s); not drafting for "
-                                "it", exc.session_id, exc)
-                    self.mirror.skip(exc.session_id)
-                await self._news.wait()
-            if watch.done():
-                watch.result()  # its error ends this lead: run() backs off and retries
-        finally:
-            watch.cancel()
-            await asyncio.gather(watch, return_exceptions=True)
+        """Follow one lead over one link: its news taken as it comes (`_receive`), drafting
+        whenever a session wants drafts."""
+        async with self._open_link() as link:
+            self._link, self._wants = link, None
+            await self._tell_wants()
+            receiver = asyncio.create_task(self._receive(link))
+            try:
+                while not self._stop.is_set() and not receiver.done():
+                    self._news.clear()
+                    with contextlib.suppress(ModelFailed):  # those sessions are skipped
+                        await self._draft_ahead()
+                    await self._news.wait()
+                if receiver.done():
+                    receiver.result()  # its error ends this lead: run() backs off and retries
+            finally:
+                receiver.cancel()
+                await asyncio.gather(receiver, return_exceptions=True)
+                self._link = None
 
-    async def _watch(self) -> None:
+    @contextlib.asynccontextmanager
+    async def _open_link(self) -> Any:
+        link: Link
+        opened = getattr(self.client, "link", None)
+        if opened is not None and self.lead_links:
+            try:
+                async with opened() as socket_:
+                    link = StreamLink(socket_, time.monotonic)
+                    try:
+                        yield link
+                    finally:
+                        await link.close()
+                    return
+            except NoLink as exc:
+                log.info("%s: following it by long-polls", exc)
+        link = PollLink(self.client, self._held, time.monotonic)
         try:
-            while not self._stop.is_set():
-                await self._fetch_grammar()
-                state = await self._poll()
-                if state is None:
-                    continue
-                if self.mirror.other_lead(state):
+            yield link
+        finally:
+            await link.close()
+
+    def _held(self, session_id: str) -> int:
+        follower = self.followers.get(session_id)
+        return len(follower.mirror.tokens) if follower is not None else 0
+
+    async def _receive(self, link: Link) -> None:
+        try:
+            async for update in link.updates():
+                if update.lead_id != self.lead_id:
                     log.info("lead restarted; starting over")
                     await self.handshake()
+                    if isinstance(link, PollLink):
+                        link.refetch()  # the new lead's state, from scratch
                     continue
-                self._settle(state)
+                self._take(update)
                 self.flaps.steady = True
+                await self._fetch_grammars()
+                await self._tell_wants()
         finally:
-            self._news.set()  # wake follow(): it reads how the watch ended
+            self._news.set()  # wake follow(): it reads how the link ended
 
-    async def _poll(self) -> State | None:
-        """Lead's next state (a long-poll); None where lead asked the back to wait (429)."""
-        sit_out = self.placement.sit_out
-        try:
-            return await self.client.state(self.state.version, len(self.mirror.tokens),
-                                           back_id=self.back_id,
-                                           quiet=self.mirror.quiet(sit_out), idle=sit_out)
-        except LeadError as exc:
-            if exc.status != 429:
-                raise
-            await self._sleep(exc.retry_after)
-            return None
-
-    async def _fetch_grammar(self) -> None:
-        """The followed session's grammar text, once, where a state named one not held."""
-        gid, sid = self.mirror.missing_grammar(), self.state.session_id
-        if gid is None or sid is None:
-            return
-        try:
-            got = await self.client.grammar(sid)
-        except LeadError as exc:
-            if exc.status != 404:
-                raise
-            got = None  # that session is over (or lead's a stranger to it)
-        if got is None or got.session_id != sid or grammar_id(got.grammar) != gid:
-            log.info("session %s: lead sent no grammar named %s; not drafting for it", sid, gid)
-            self.mirror.skip(sid)
-        else:
-            self.mirror.hold_grammar(gid, got.grammar)
-        self._news.set()
-
-    def _settle(self, reply: State | None) -> None:
-        """Take a state from the watch or a post's reply, unless a newer one came first."""
-        if reply is None or (taken := self.mirror.take(reply)) is None:
-            return
-        log.debug("state v%d: %d tokens, draft_len %d", reply.version, reply.n_tokens,
-                  reply.draft_len)
-        if taken.new_session:
-            self._begin_session(reply)
-        if not taken.refetch:
-            self._latest.publish(self.mirror.tokens)
-            self.lead_step.note(len(self.mirror.tokens), time.monotonic())
-            if taken.outgrew:
+    def _take(self, update: Update) -> None:
+        """Take an update: each session's news to its follower (a new session gets one
+        where a slot is free), the sessions gone ended."""
+        if update.version < self.version and update.lead_id == self.lead_id:
+            return  # a post's reply from before news taken since
+        self.version, self.hush = update.version, update.hush
+        for sid in update.ended:  # first: their slots are free for the sessions below
+            self._end(sid)
+        now = time.monotonic()
+        for news in sorted(update.sessions, key=lambda n: not n.done):  # ends first, again
+            follower = self.followers.get(news.session_id) or self._begin(news)
+            if follower is None:
+                self.ignored.add(news.session_id)
+                continue
+            state = news.as_state(update.version, update.lead_id, update.hush,
+                                  follower.state.sampling)
+            taken = follower.take(state, now)
+            self.latest = follower
+            if taken is not None and taken.refetch and isinstance(self._link, PollLink):
+                self._link.refetch()
+            elif taken is not None and taken.outgrew:
                 log.warning("session %s: lead holds %d tokens, more than this draft model's "
                             "context; not drafting for it (raise --ctx-size)",
-                            reply.session_id, len(self.mirror.tokens))
-            self.sessions.accepted(reply.your_accepted)
-            if reply.done:
-                self._end_session()
+                            news.session_id, len(follower.mirror.tokens))
+            if news.done:
+                self._end(news.session_id)
+        self.ignored -= {s.session_id for s in update.sessions if s.done} | set(update.ended)
         self._news.set()
 
-    def _begin_session(self, state: State) -> None:
-        self._end_session()
-        self.posts.new_session()
-        self.lead_step.restart()
-        if state.session_id is not None and not state.done:
-            self.sessions.start(state.session_id, state.sampling.seed)
+    def _begin(self, news: Any) -> Follower | None:
+        """A follower for a session new to this back, on a free slot (None: none is free,
+        or the session is over)."""
+        taken = {f.slot for f in self.followers.values()}
+        free = [i for i in range(len(self.drafters)) if i not in taken]
+        if news.done or not free or news.sampling is None or news.session_id in self.ignored:
+            return None  # (without its sampling: news of a session begun unfollowed)
+        mirror = LeadMirror(self.drafters[free[0]].fits)
+        mirror.attach(self.lead_id)
+        mirror.grammars = self.grammars
+        seed = news.sampling.seed if news.sampling is not None else None
+        follower = Follower(news.session_id, free[0], mirror, seed)
+        self.followers[news.session_id] = follower
+        return follower
 
-    def _end_session(self) -> None:
-        ended = self.sessions.end()
-        if ended is not None:
-            log.info("%s", ended.line())
+    def _end(self, session_id: str) -> None:
+        follower = self.followers.pop(session_id, None)
+        self.skipped.discard(session_id)
+        if follower is not None:
+            self.history.ended(follower.stats)
+            log.info("%s", follower.stats.line())
 
-    def _should_draft(self) -> bool:
-        return self.mirror.should_draft(self.placement.sit_out)
+    async def _fetch_grammars(self) -> None:
+        """Each followed session's grammar text, once, where a state names one not held."""
+        for follower in list(self.followers.values()):
+            gid, sid = follower.mirror.missing_grammar(), follower.session_id
+            if gid is None or sid in self.skipped:
+                continue
+            try:
+                got = await self.client.grammar(sid)
+            except LeadError as exc:
+                if exc.status != 404:
+                    raise
+                got = None  # that session is over (or lead's a stranger to it)
+            if got is None or got.session_id != sid or grammar_id(got.grammar) != gid:
+                log.info("session %s: lead sent no grammar named %s; not drafting for it",
+                         sid, gid)
+                self.skipped.add(sid)
+            else:
+                follower.mirror.hold_grammar(gid, got.grammar)
+
+    async def _tell_wants(self) -> None:
+        """Tell lead what news this back wants, where that changed: none but sessions
+        starting and ending while it sits out; of a session it does not draft for, news
+        only when it wants drafts."""
+        sit_out = self.placement.sit_out
+        quiet = sorted(sid for sid, f in self.followers.items()
+                       if f.mirror.quiet(sit_out) or sid in self.skipped)
+        wants = Hello(back_id=self.back_id, kind=getattr(self.client, "kind", ""),
+                      idle=sit_out, quiet=quiet[:64], ignored=sorted(self.ignored)[:64])
+        if wants != self._wants and self._link is not None:
+            self._wants = wants
+            await self._link.hello(wants)
+
+    # --- drafting ---
+    def _drafting(self) -> list[Follower]:
+        sit_out = self.placement.sit_out
+        return [f for f in self.followers.values()
+                if f.session_id not in self.skipped and f.mirror.should_draft(sit_out)
+                and not self.hush]
 
     async def _draft_ahead(self) -> None:
-        """Draft and post as we go, until nothing is left to draft or post. A post's reply
-        is not awaited before drafting on (a round trip costs about a draft token), and the
-        next model call starts before this one's result is posted; one post is in flight at
-        a time, so posts arrive in order, each with the whole draft."""
-        if self.mirror.following and not self._should_draft():
-            # Take in lead's tokens all the same, so that a probe finds this back ready;
-            # not where that work slows lead: beside it, hushed by it, or sitting out.
-            if not (self.state.hush or self.placement.beside_lead or self.placement.sit_out):
+        """Draft for every session that wants drafts, in one model call a guess, posting as
+        it goes, until nothing is left to draft or post (a post returns at once). Where no
+        session wants drafts, take in lead's tokens all the same, so that a probe finds this
+        back ready; not where that work slows lead: beside it, hushed by it, or sitting
+        out."""
+        drafting = self._drafting()
+        if not drafting:
+            if not (self.hush or self.placement.beside_lead or self.placement.sit_out):
                 await self._catch_up()
             return
-        in_flight: asyncio.Task[State | None] | None = None
-        job: asyncio.Task[Drafted] | None = None
-        try:
-            while self._should_draft() and not self._stop.is_set():
-                drafted = await (job or asyncio.create_task(self._extend()))
-                job = asyncio.create_task(self._extend()) if drafted.changed else None
-                if in_flight is not None and (not drafted.changed or in_flight.done()):
-                    self._settle(await in_flight)
-                    in_flight = None
-                if in_flight is None:
-                    in_flight = self._launch_post(drafted)
-                    if in_flight is None and not drafted.changed:
-                        return  # nothing new to draft or post: wait for lead's news
-            if in_flight is not None:
-                self._settle(await in_flight)
-                in_flight = None
-        finally:
-            if in_flight is not None:
-                in_flight.cancel()
-            if job is not None:  # (its model call cannot be stopped: its result is kept)
-                await asyncio.gather(job, return_exceptions=True)
+        while drafting and not self._stop.is_set():
+            if not await self._draft_once(drafting):
+                return  # nothing new to draft or post: wait for lead's news
+            drafting = self._drafting()
 
-    async def _on_model(self, fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on the model thread; its failure is the session's (ModelFailed)."""
-        session_id = self.state.session_id
+    async def _draft_once(self, drafting: list[Follower]) -> bool:
+        """One job for `drafting`, and its posts; whether it changed anything."""
+        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f)))
+                for f in drafting]
+        results = await self._on_model([f.session_id for f in drafting], self._extend,
+                                       [(f.slot, self.drafters[f.slot], job) for f, job in work])
+        changed = False
+        for (follower, job), drafted in zip(work, results, strict=True):
+            if self.followers.get(follower.session_id) is not follower:
+                continue  # it ended meanwhile: its work is dropped
+            follower.took(job, drafted)
+            for tokens, seconds in drafted.calls:
+                self.prices.note(tokens, seconds)
+            post = follower.post(drafted, self.back_id, self.max_post, self.send_dists)
+            if post is not None and self._link is not None:
+                await self._link.post(post)
+            changed = changed or drafted.changed or post is not None
+        return changed
+
+    def _extend(self, work: list[tuple[int, Drafter, jobs.DraftJob]]) -> list[jobs.Drafted]:
+        if len(work) == 1 or self.model is None:
+            return [jobs.extend(drafter, job) for _, drafter, job in work]
+        return jobs.extend_many(self.model, work)
+
+    async def _catch_up(self) -> None:
+        for follower in [f for f in self.followers.values() if f.mirror.following]:
+            done = await self._on_model([follower.session_id], jobs.catch_up,
+                                        self.drafters[follower.slot], follower.mirror.tokens)
+            if self.followers.get(follower.session_id) is follower:
+                follower.stats.add(done)
+
+    async def _on_model(self, sessions: list[str], fn: Callable[..., T], *args: Any) -> T:
+        """fn(*args) on the model thread; its failure is these sessions' (ModelFailed)."""
         try:
             return await self.model_thread.run(fn, *args)
         except Exception as exc:
-            raise ModelFailed(session_id, exc) from exc
+            log.warning("the draft model failed (%s); not drafting for session %s", brief(exc),
+                        ", ".join(sessions))
+            self.skipped.update(sessions)
+            raise ModelFailed(sessions[0] if sessions else None, exc) from exc
 
-    async def _catch_up(self) -> None:
-        stats = self.sessions.current
-        work = await self._on_model(jobs.catch_up, self.drafter, self.mirror.tokens)
-        self.sessions.add(stats, work)  # dropped if that session ended meanwhile
-
-    async def _extend(self) -> Drafted:
-        stats, state = self.sessions.current, self.state
-        job = DraftJob(self.mirror.tokens, state.sampling,
-                       ahead_for(state.draft_len, self.max_post), self.burst,
-                       self.eos_token_ids, self.sessions.rng, self._latest,
-                       n_prompt=state.n_prompt, width=self.width(),
-                       depth=min(max(1, state.draft_len), self.max_post - 1))
-        drafted = await self._on_model(jobs.extend, self.drafter, job)
-        self.sessions.add(stats, drafted.work)  # dropped if that session ended meanwhile
-        self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists, drafted.probs)
-        for tokens, seconds in drafted.calls:
-            self.prices.note(tokens, seconds)
-        return drafted
-
-    def width(self) -> int:
-        """Branches to grow beside the draft: as many as the draft's measured price per
-        call leaves it time for in lead's measured step (back/width.py)."""
-        if not (self.branches and self.max_post > 1 and isinstance(self.drafter, ModelDrafter)
-                and self.drafter.can_branch):
+    def width(self, follower: Follower) -> int:
+        """Branches to grow beside a session's draft: as many as the draft's measured price
+        per call leaves it time for in lead's measured step (back/width.py); none where
+        several sessions share a call."""
+        drafter = self.drafters[follower.slot]
+        if not (self.branches and self.max_post > 1 and isinstance(drafter, ModelDrafter)
+                and drafter.can_branch and len(self._drafting()) == 1):
             return 0
-        width = choose_width(self.prices, self.lead_step.step_s,
-                             ahead_for(self.state.draft_len, self.max_post), self.branches)
+        width = choose_width(self.prices, follower.lead_step.step_s,
+                             jobs.ahead_for(follower.state.draft_len, self.max_post),
+                             self.branches)
         if width != self._width:
             log.debug("branches: %d (draft call %s; lead step %s s)", width,
-                      self.prices, self.lead_step.step_s)
+                      self.prices, follower.lead_step.step_s)
             self._width = width
         return width
-
-    def _launch_post(self, drafted: Drafted) -> asyncio.Task[State | None] | None:
-        # A draft on a path lead has left since (its news came while the model thread
-        # drafted) is not posted: at lead's new length it would read as a fresh draft.
-        local = drafted.local
-        draft = self.mirror.draft_past(local)
-        if draft is None:
-            return None
-        start = len(self.mirror.tokens)
-        made = self.posts.next_post(self.state.session_id or "", start,
-                                    draft[:self.max_post], self.back_id, self.send_dists,
-                                    hanging_off(local, drafted.branches), self.max_post)
-        if made is None:
-            return None
-        post, new_tokens = made
-        self.sessions.posted(new_tokens)
-        log.debug("post %d tokens at %d, %d branches", len(post.token_ids), start,
-                  len(post.branches))
-        return asyncio.create_task(self._post(post))
-
-    async def _post(self, post: DraftPost) -> State | None:
-        try:
-            return await self.client.post_draft(post)
-        except LeadError as exc:
-            if exc.status == 429:
-                await self._sleep(exc.retry_after)  # lead asked this back to post less often
-                return None
-            if not 400 <= exc.status < 500 or exc.status == 401:
-                raise
-            if self._refused_in != post.session_id:  # one line per session, not per post
-                log.warning("lead refused a draft post (%s); dropped", brief(exc))
-                self._refused_in = post.session_id
-            return None

@@ -22,7 +22,7 @@ from back.settings import BackSettings
 from bench import configs, llamaserver, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
-from bench.load import LoadWatch, caveat
+from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
 from lead.settings import LeadSettings

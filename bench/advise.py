@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from bench import advice, llamaserver, prompts
-from bench.load import LoadWatch, caveat
+from bench.cpuwatch import LoadWatch, caveat
 from shared.placement import allowed_cpus, format_cpus, parse_cpus
 
 N_CTX = 2048

@@ -76,9 +76,10 @@ def advice_line(binary: Path | None) -> str:
             "(--workload edit for whole-file edits) measures it beside duo")
 
 
-def server_args(model: Path, threads: int, ngl: int, extra: list[str]) -> list[str]:
+def server_args(model: Path, threads: int, ngl: int, extra: list[str], ctx: int = LEAD_CTX
+                ) -> list[str]:
     """llama-server's flags: lead's model, threads and context, a free port chosen later."""
-    return ["-m", str(model), "--host", "127.0.0.1", "-t", str(threads), "-c", str(LEAD_CTX),
+    return ["-m", str(model), "--host", "127.0.0.1", "-t", str(threads), "-c", str(ctx),
             "-ngl", str(ngl), *extra]
 
 

@@ -12,7 +12,7 @@ import argparse
 import statistics
 import sys
 
-from bench.load import LoadWatch, caveat
+from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import Lead, Proc, free_port, wait_until
 from bench.prompts import load, spread
 from bench.runs import via_lead

@@ -22,7 +22,8 @@ from shared.fake import FakeModel
 
 
 def target_model(a: argparse.Namespace) -> FakeModel:
-    return FakeModel(cost_s=(a.call_s, a.token_s), eos_bias=-100.0, name="sim-target")
+    return FakeModel(cost_s=(a.call_s, a.token_s), eos_bias=-100.0, name="sim-target",
+                     slots=a.parallel)
 
 
 def run_lead(a: argparse.Namespace) -> None:
@@ -32,7 +33,7 @@ def run_lead(a: argparse.Namespace) -> None:
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,
                             max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree,
-                            verify_cost=None)
+                            verify_cost=None, parallel=a.parallel)
     app = create_app(settings, target_model(a))
     logging.getLogger("lead").info("SIMULATED lead (fake target) on %s:%d", a.host, a.port)
     serve(app, a.host, a.port, "warning")
@@ -45,10 +46,11 @@ def run_back(a: argparse.Namespace) -> None:
     from back.worker import Worker
 
     draft = FakeModel(salt="sim-draft", agree=a.agree, cover=a.cover,
-                      cost_s=(a.call_s, a.token_s))
+                      cost_s=(a.call_s, a.token_s), slots=a.slots)
     client = LeadClient(a.lead, a.api_key, poll_wait=2.0)
-    worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
-                    max_ahead=a.max_ahead)
+    drafters = [ModelDrafter(draft.slot(i)) for i in range(a.slots)]
+    worker = Worker(client, drafters, draft.fingerprint(), draft.n_vocab,
+                    max_ahead=a.max_ahead, model=draft)
     worker.branches = a.branches
     run_worker(worker)
 
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     lead.add_argument("--max-tokens", type=int, default=256)
     lead.add_argument("--tree", type=int, default=LeadSettings().tree,
                       help="most branches verified beside a draft (0: chains only)")
+    lead.add_argument("--parallel", type=int, default=LeadSettings().parallel,
+                      help="generations at once (the simulated target's slots)")
     back = roles.add_parser("back", help="a back drafting with a simulated draft model")
     back.add_argument("--lead", default="127.0.0.1:5555")
     back.add_argument("--agree", type=float, default=0.8,
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     back.add_argument("--branches", type=int, default=0,
                       help="most branches grown beside the draft (0: the main chain only)")
     back.add_argument("--max-ahead", type=int, default=16)
+    back.add_argument("--slots", type=int, default=4, help="sessions drafted for at once")
     for role in (lead, back):
         role.add_argument("--call-s", type=float, default=0.0, help="seconds per model call")
         role.add_argument("--token-s", type=float, default=0.0, help="seconds per token")

@@ -39,7 +39,7 @@ import httpx
 import jsonschema
 
 from bench import configs, report
-from bench.load import LoadWatch, caveat
+from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import ROOT, Back, Lead, metric, wait_until
 from bench.runs import Result
 from shared.placement import PlacementError, allowed_cpus

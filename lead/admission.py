@@ -1,8 +1,9 @@
-"""Admission: one generation runs at a time; a bounded queue waits behind it, in order.
+"""Admission: `parallel` generations run at once; a bounded queue waits behind them, in order.
 
 A request takes its place first (`reserve`: QueueFull at once when there is none), then
 does its expensive preparation (template, tokens, grammar) while holding it, then waits for
-its turn. So a full queue is answered before any of that work is done.
+its turn: a free running place. So a full queue is answered before any of that work is
+done.
 """
 
 from __future__ import annotations
@@ -17,25 +18,22 @@ class QueueFull(Exception):
 
 
 class Admission:
-    def __init__(self, max_queue: int) -> None:
-        self.max_queue = max_queue
+    def __init__(self, max_queue: int, parallel: int = 1) -> None:
+        self.max_queue, self.parallel = max_queue, max(parallel, 1)
         self.waiting = 0  # places taken and not yet running: preparing, or queued
-        self._lock = asyncio.Lock()  # FIFO: waiters are woken in arrival order
-
-    @property
-    def running(self) -> bool:
-        return self._lock.locked()
+        self.running = 0
+        self._turns = asyncio.Semaphore(self.parallel)  # FIFO: waiters woken in arrival order
 
     def reserve(self) -> Place:
-        """A place: the running slot, or one of max_queue behind it; QueueFull if none."""
-        if self.waiting + self.running > self.max_queue:
+        """A place: a running one, or one of max_queue behind them; QueueFull if none."""
+        if self.waiting + self.running >= self.parallel + self.max_queue:
             raise QueueFull()
         self.waiting += 1
         return Place(self)
 
     @asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
-        """Reserve a place and hold the running slot for the body (QueueFull at once)."""
+        """Reserve a place and hold a running one for the body (QueueFull at once)."""
         place = self.reserve()
         try:
             async with place.turn():
@@ -59,15 +57,17 @@ class Place:
 
     @asynccontextmanager
     async def turn(self) -> AsyncIterator[None]:
-        """Wait for the running slot and hold it for the body; a place left is refused."""
+        """Wait for a running place and hold it for the body; a place left is refused."""
         if not self._waiting:
             raise RuntimeError("this place was given back")
-        lock = self._admission._lock
+        admission = self._admission
         try:
-            await lock.acquire()
+            await admission._turns.acquire()
         finally:
             self.leave()  # running now, or cancelled while waiting: either way not waiting
+        admission.running += 1
         try:
             yield
         finally:
-            lock.release()
+            admission.running -= 1
+            admission._turns.release()

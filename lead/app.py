@@ -47,7 +47,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
                     tree=settings.tree, grammar_s=settings.max_grammar_s,
-                    ngram=settings.ngram_max if settings.ngram else 0)
+                    ngram=settings.ngram_max if settings.ngram else 0,
+                    parallel=settings.parallel)
     if settings.verify_cost:
         engine.cost.fix_prices(parse_costs(settings.verify_cost))
     elif settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
@@ -71,14 +72,15 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(openai_router(engine, settings.max_tokens, workers))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
-                                   keys=keys, clock=clock))
+                                   keys=keys, clock=clock,
+                                   max_message=settings.max_body_kb * 1024))
     mount_web(app, engine)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
         # api_key: whether a key is needed, so that the page asks for one before any 401
-        return {"status": "ok", "model": model.name, "busy": engine.session is not None
-                and not engine.session.done, "api_key": settings.api_key is not None}
+        return {"status": "ok", "model": model.name, "busy": engine.busy,
+                "slots": engine.n_slots, "api_key": settings.api_key is not None}
 
     return app
 
@@ -89,7 +91,7 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
     return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
                       tensor_split=settings.tensor_split, branches=settings.tree,
-                      flash_attn=settings.flash_attn)
+                      flash_attn=settings.flash_attn, slots=settings.parallel)
 
 
 def _install_error_handlers(app: FastAPI) -> None:

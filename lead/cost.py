@@ -94,10 +94,12 @@ class CostModel:
         i + 2 tokens over one token's; priced up to a draft and its branches."""
         self.prices.fix(relative, max(2 * self.max_draft, self.longest) + 1)
 
-    def record_step(self, batch_size: int, seconds: float, busy: bool = False) -> None:
+    def record_step(self, batch_size: int, seconds: float, busy: bool = False,
+                    priced: bool = True) -> None:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
-        (a verify step always is)."""
-        self.prices.record(batch_size, seconds, busy)
+        (a verify step always is); `priced`: a step the prices learn from."""
+        if priced:
+            self.prices.record(batch_size, seconds, busy)
         self._schedule_probe()
 
     def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
@@ -172,6 +174,51 @@ class CostModel:
         best = max(rates)
         k = next(k for k, rate in enumerate(rates) if rate >= 0.99 * best)
         return k if rates[k] >= self.margin * rates[0] else 0
+
+    def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
+        """Draft tokens to verify per session in one batch, session i's tokens accepted with
+        odds[i] (each given the ones before it; at most what it offers): the allocation of
+        the best expected tokens per second of all the sessions together, token by token to
+        the session whose next token is likeliest, the fewest tokens within 1 % of the best
+        rate; none where that beats plain decoding by less than `margin`. `base`: tokens the
+        batch holds besides drafts (one per session, and any prompt being evaluated)."""
+        if self.fixed is not None:
+            return [min(self.fixed, len(o)) for o in odds]
+        base = len(odds) if base is None else base
+        picks, rates = self._greedy(odds, base, max(0, self.prices.largest - base))
+        best = max(rates)
+        t = next(t for t, rate in enumerate(rates) if rate >= 0.99 * best)
+        if rates[t] < self.margin * rates[0]:
+            t = 0
+        return [picks[:t].count(i) for i in range(len(odds))]
+
+    def _greedy(self, odds: Sequence[Sequence[float]], base: int, most: int
+                ) -> tuple[list[int], list[float]]:
+        """Draft tokens added one at a time, the likeliest next first (`picks`: whose), and
+        the expected tokens per second after each (rates[0]: no drafts, quiet)."""
+        reach = [1.0] * len(odds)
+        taken = [0] * len(odds)
+        expected = float(len(odds))
+        rates = [expected / max(self.prices.plain() * self.prices.relative(base), 1e-9)]
+        picks: list[int] = []
+        while len(picks) < most:
+            open_ = [i for i in range(len(odds)) if taken[i] < len(odds[i])]
+            if not open_:
+                break
+            i = max(open_, key=lambda j: reach[j] * odds[j][taken[j]])
+            reach[i] *= odds[i][taken[i]]
+            taken[i] += 1
+            expected += reach[i]
+            picks.append(i)
+            rates.append(expected / max(self.prices.busy_s(base + len(picks)), 1e-9))
+        return picks, rates
+
+    def odds_at(self, n: int, first: bool = False) -> list[float]:
+        """Odds of a draft of n tokens known only by the acceptance estimate: each right
+        with alpha given the ones before it (its first token, at a reply's first step, with
+        alpha_first)."""
+        a = min(self.alpha, MAX_ALPHA)
+        return [self.alpha_first if first else a, *[a] * (n - 1)][:n]
 
     def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
                  first: bool = False) -> list[int]:

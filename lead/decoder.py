@@ -1,16 +1,17 @@
-"""The decode loop's model side: prefill, one verify step, and what its verdict does.
+"""The decode loop's model side: seating a generation in a slot, one step of every slot
+(prompt chunks and verify batches in one model call), and what a verdict does.
 
 Every evaluation runs on the one model thread, which gets what it needs as arguments
-(the grammar's state among them) and gives back a StepResult (with the grammar's next
-state); the session itself stays on the event loop, which installs that state. The model's
-own `cached` list is the truth about its KV cache.
+(`Job`s: each session's tokens, draft, sampling state and grammar state) and gives back
+StepResults (with the grammar's next state); the sessions themselves stay on the event
+loop, which installs them. Each slot's own `cached` list is the truth about its cache.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import cast
 
 import numpy as np
@@ -18,10 +19,11 @@ import numpy as np
 from lead.cost import CostModel
 from lead.drafts import Branch, Draft
 from lead.session import Session, StepResult
+from lead.slots import Seat
 from lead.verify import TreeBranch, Verdict, verify_tree
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob, token_logprob
-from shared.model import Forking, Model, can_fork, sync_cache
+from shared.model import Forking, Model, Part, Slotted, can_fork, slots_of
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 
@@ -35,6 +37,35 @@ TREE_MARGINAL = 0.05
 Clock = Callable[[], float]
 
 
+@dataclass(frozen=True)
+class Job:
+    """One session's share of a step, fixed on the event loop: a chunk of its prompt to
+    evaluate (`prompt`), or its last token and `draft` to verify."""
+
+    slot: int
+    tokens: tuple[int, ...]  # the session's tokens so far
+    n_prompt: int
+    params: SamplingParams
+    rng: np.random.Generator
+    draft: Draft | None = None
+    top_logprobs: int | None = None
+    constraint: Constraint | None = None
+    prompt: tuple[int, ...] = ()  # a prompt chunk: evaluated, nothing verified
+
+    @property
+    def verifies(self) -> bool:
+        return not self.prompt
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one model call did: its seconds, and per job its verdict (None: a prompt chunk)."""
+
+    seconds: float
+    results: list[StepResult | None]
+    n_tokens: int
+
+
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
                  batch: int = 512, grammar_s: float = 1.0) -> None:
@@ -42,34 +73,64 @@ class Decoder:
         reply may take (an ambiguous grammar's masks can cost seconds a row)."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
         self.batch, self.grammar_s = batch, grammar_s
-        # branch sequences the target holds for trees (0: it verifies chains only)
+        self.slotted = cast(Slotted, model)
+        self.n_slots = slots_of(model)
+        # branch sequences each slot holds for trees (0: it verifies chains only)
         self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
-    async def prefill(self, session: Session) -> None:
-        session.prompt_evaluated = await self.thread.run(self._prefill, list(session.tokens))
-        session.t_decode = self.clock()
+    def slot(self, i: int) -> Model:
+        return self.slotted.slot(i)
 
-    def _prefill(self, prompt_ids: list[int]) -> int:
-        # The cache holds everything but the last token; each step evaluates that one.
-        return sync_cache(self.model, prompt_ids[:-1], self.batch)
+    # --- seating ---
+    def cached(self) -> list[tuple[int, ...]]:
+        """What each slot's cache holds (read between steps, on the event loop)."""
+        return [tuple(self.slot(i).cached) for i in range(self.n_slots)]
 
-    def plan(self, session: Session, offered: Draft | None, max_tokens: int) -> Draft | None:
-        """The offered draft cut to the length that pays and fits the context and the
-        reply (a step emits its accepted tokens and one more), with the branches that pay
-        beside it (a tree)."""
+    async def seat(self, seat: Seat, prompt: Sequence[int]) -> int:
+        """Make slot `seat.slot` hold what it can of the prompt without evaluating (its own
+        prefix, or a donor's); the prompt tokens it holds."""
+        return await self.thread.run(self._seat, seat, tuple(prompt))
+
+    def _seat(self, seat: Seat, prompt: tuple[int, ...]) -> int:
+        if seat.donor is not None:
+            self.slotted.share_prefix(seat.donor, seat.slot, seat.shared)
+        view = self.slot(seat.slot)
+        # The cache holds everything but the prompt's last token; each step evaluates that.
+        view.truncate(min(seat.cached, len(prompt) - 1))
+        return len(view.cached)
+
+    # --- planning ---
+    def plan(self, offers: Sequence[tuple[Session, Draft | None]], max_tokens: Sequence[int],
+             base: int) -> list[Draft | None]:
+        """Per decoding session, its offered draft cut to what pays in one batch with the
+        others' (`base`: tokens the batch holds besides drafts) and fits its context and
+        reply (a step emits its accepted tokens and one more); a single session's with the
+        branches that pay beside it (a tree)."""
+        rooms = [min(self.model.n_ctx - len(s.tokens), most - s.n_generated - 1)
+                 for (s, _), most in zip(offers, max_tokens, strict=True)]
+        odds = [self._odds(s, d, max(room, 0)) for (s, d), room in zip(offers, rooms, strict=True)]
+        lengths = self.cost.allocate(odds, base)
+        single = len(offers) == 1
+        return [self._cut(s, d, k, room, single) if d is not None and k else None
+                for (s, d), k, room in zip(offers, lengths, rooms, strict=True)]
+
+    def _odds(self, session: Session, offered: Draft | None, room: int) -> list[float]:
+        """Per token of the offered draft (as far as there is room), the odds lead accepts
+        it: as it came (lead's own, a back's from its draft model's q), else from the
+        acceptance estimate."""
         if offered is None:
-            return None
-        room = min(self.model.n_ctx - len(session.tokens),  # KV room for draft tokens
-                   max_tokens - session.n_generated - 1)
-        first = session.n_generated == 0
-        usable = self.cost.choose_odds(offered.odds[:room], first) if offered.odds else \
-            self.cost.choose(min(len(offered.token_ids), room), first)
-        if usable == 0:
-            return None
+            return []
+        if offered.odds:
+            return list(offered.odds[:room])
+        n = min(len(offered.token_ids), room, self.cost.max_draft)
+        return self.cost.odds_at(n, session.n_generated == 0)
+
+    def _cut(self, session: Session, offered: Draft, usable: int, room: int, single: bool
+             ) -> Draft:
         dists = offered.dists[:usable] if offered.dists else None
         roots = tuple((b.at, b.token_ids[0]) for b in offered.branches if b.at < usable)
         tree = self._tree(offered.branches, usable, room, self.model.n_ctx -
-                          len(session.tokens) + 1, first)
+                          len(session.tokens) + 1, session.n_generated == 0) if single else ()
         return Draft(offered.back_id, offered.token_ids[:usable], dists, offered.branch,
                      tree, roots)
 
@@ -84,69 +145,83 @@ class Decoder:
         return tuple(replace(b, token_ids=b.token_ids[:n], dists=b.dists[:n] if b.dists else None)
                      for b, n in zip(offered, lengths, strict=True) if n)[:self.tree_slots]
 
-    async def step(self, session: Session, draft: Draft | None,
-                   top_logprobs: int | None = None) -> StepResult:
-        """Evaluate the session's last token and `draft` (and its branches) in the batch size
-        the cost model prices best, and verify them; logprobs of what it emits if
-        `top_logprobs` is not None."""
-        size = self.cost.batch_for(draft.n_tokens + 1) if draft else 1
-        size = min(size, self.model.n_ctx - len(session.tokens) + 1)
-        return await self.thread.run(self._score, tuple(session.tokens), session.n_prompt,
-                                     draft, session.params, session.rng, size, top_logprobs,
-                                     session.constraint)
+    def padded(self, jobs: Sequence[Job]) -> int:
+        """The batch a lone verify job is evaluated in: a larger priced one where the kernels
+        make that cheaper (its padding's rows are not read); 0: no padding."""
+        if len(jobs) != 1 or not jobs[0].verifies:
+            return 0
+        job = jobs[0]
+        n = 1 + (job.draft.n_tokens if job.draft else 0)
+        size = self.cost.batch_for(n) if job.draft else 1
+        return min(size, self.model.n_ctx - len(job.tokens) + 1)
 
-    def _score(self, tokens: tuple[int, ...], n_prompt: int, draft: Draft | None,
-               params: SamplingParams, rng: np.random.Generator, size: int,
-               top_logprobs: int | None, constraint: Constraint | None) -> StepResult:
-        if len(self.model.cached) != len(tokens) - 1:  # e.g. after a cancelled request
-            raise RuntimeError("model cache out of step with the session")
+    # --- one step ---
+    async def step(self, jobs: Sequence[Job]) -> Step:
+        """One model call for every job: prompt chunks evaluated, drafts verified."""
+        return await self.thread.run(self._step, tuple(jobs), self.padded(jobs))
+
+    def _step(self, jobs: tuple[Job, ...], size: int) -> Step:
+        parts = [self._part(job, size) for job in jobs]
+        for job in jobs:
+            if job.verifies and len(self.slot(job.slot).cached) != len(job.tokens) - 1:
+                raise RuntimeError("model cache out of step with the session")
+        t0 = self.clock()
+        rows = self.slotted.evaluate_parts(parts)
+        seconds = self.clock() - t0
+        results = [self._verify(job, part, got, seconds) if job.verifies else None
+                   for job, part, got in zip(jobs, parts, rows, strict=True)]
+        return Step(seconds, results, sum(p.n_tokens for p in parts))
+
+    def _part(self, job: Job, size: int) -> Part:
+        if not job.verifies:
+            return Part(job.slot, job.prompt, 0)
+        draft = job.draft
+        draft_ids = draft.token_ids if draft else []
+        # padding's rows are not read, and _settle drops its cells
+        pad = max(size - 1 - (draft.n_tokens if draft else 0), 0)
+        main = (job.tokens[-1], *draft_ids, *[job.tokens[-1]] * pad)
+        branches = tuple((b.at, tuple(b.token_ids)) for b in draft.branches) if draft else ()
+        return Part(job.slot, main, len(main), branches)
+
+    def _verify(self, job: Job, part: Part, got: tuple[np.ndarray, list[np.ndarray]],
+                seconds: float) -> StepResult:
+        draft = job.draft
         draft_ids = draft.token_ids if draft else []
         tree = draft.branches if draft else ()
-        n_rows = len(draft_ids) + 1
+        rows, branch_rows = got
         t0 = self.clock()
-        rows, branch_rows = self._evaluate(tokens[-1], draft, size)
-        seconds = self.clock() - t0
         branches = [TreeBranch(b.at, b.token_ids, r, b.dists)
                     for b, r in zip(tree, branch_rows, strict=True)]
-        verdict = verify_tree(draft_ids, rows[:n_rows], branches, params, rng,
-                              draft.dists if draft else None, tokens, n_prompt, constraint)
-        verify_s = self.clock() - t0 - seconds
-        self._settle(len(tokens) + len(verdict.accepted), verdict.branch, len(tree))
-        logprobs = None if top_logprobs is None else _logprobs(verdict, top_logprobs)
+        verdict = verify_tree(draft_ids, rows[:len(draft_ids) + 1], branches, job.params,
+                              job.rng, draft.dists if draft else None, job.tokens,
+                              job.n_prompt, job.constraint)
+        verify_s = self.clock() - t0
+        self._settle(self.slot(job.slot), len(job.tokens) + len(verdict.accepted),
+                     verdict.branch, len(tree))
+        logprobs = None if job.top_logprobs is None else _logprobs(verdict, job.top_logprobs)
         taken = None if verdict.branch is None else tree[verdict.branch]
         root_at = None if taken is None else taken.at
         path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
         return StepResult(verdict, 1 + (draft.n_tokens if draft else 0), seconds,
-                          draft.back_id if draft else "", size, logprobs, path,
+                          draft.back_id if draft else "", part.n_tokens, logprobs, path,
                           _covered(draft, verdict), len(tree), root_at, verify_s)
 
-    def _evaluate(self, last: int, draft: Draft | None, size: int
-                  ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """The rows after `last` and each draft token, and after each branch's tokens."""
-        draft_ids = draft.token_ids if draft else []
-        # padding's rows are not read, and _settle drops its cells
-        main = [last, *draft_ids, *[last] * (size - 1 - (draft.n_tokens if draft else 0))]
-        if draft is None or not draft.branches:
-            return self.model.evaluate(main, len(main)), []
-        forking = cast(Forking, self.model)
-        return forking.evaluate_tree(main, [(b.at, b.token_ids) for b in draft.branches])
-
-    def _settle(self, n_keep: int, taken: int | None, n_branches: int) -> None:
+    @staticmethod
+    def _settle(view: Model, n_keep: int, taken: int | None, n_branches: int) -> None:
         """Keep the path verified: the branch taken (if one was) as the main sequence, up
         to `n_keep` tokens; every branch slot used is emptied."""
         if taken is not None:
-            cast(Forking, self.model).adopt(taken)
-        self.model.truncate(n_keep)
-        for slot in range(n_branches):
-            cast(Forking, self.model).fork(slot, 0)
+            cast(Forking, view).adopt(taken)
+        view.truncate(n_keep)
+        for branch in range(n_branches):
+            cast(Forking, view).fork(branch, 0)
 
-    def apply(self, session: Session, result: StepResult, max_tokens: int, busy: bool
-              ) -> list[int]:
-        """Price the step, extend the session by what it emits, and count; the tokens
-        emitted (cut at max_tokens and after an EOS)."""
+    # --- what a verdict does ---
+    def apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
+        """Extend the session by what the step emits, and count; the tokens emitted (cut at
+        max_tokens and after an EOS)."""
         verdict = result.verdict
         drafted = result.batch - 1
-        self.cost.record_step(result.evaluated, result.seconds, busy)
         if result.covered is not None:
             self.cost.record_cover(result.covered)
         emitted = verdict.emitted[: max_tokens - session.n_generated]
@@ -193,6 +268,7 @@ class Decoder:
         if n > 0:
             del session.tokens[-n:]
 
+    # --- prices ---
     def calibrate(self, max_draft: int, passes: int = 2, longest: int = 0) -> None:
         """Price verify batches of 1..max_draft+1 tokens (the fastest of `passes`) before
         serving, so lead need not explore batch sizes on live replies, and a few sizes up

@@ -98,7 +98,6 @@ class StreamedReply(Response):
         self.init_headers({"Cache-Control": "no-cache"})
         self.engine, self.gen, self.first = engine, gen, first
         self.rid, self.shape, self.deltas = rid, shape, deltas
-        self.session = engine.session  # this reply's: it holds the running slot now
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outbox = Outbox()
@@ -127,8 +126,7 @@ class StreamedReply(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _stalled(self, decoding: asyncio.Task[None], outbox: Outbox, stall: Stall) -> None:
-        sid = self.session.id if self.session is not None else "?"
-        done = self.session is not None and self.session.done
+        sid, done = self.first.sid or "?", decoding.done()
         log.warning("%s: client %s read nothing for %.1f s; %d bytes and %d tokens unsent: "
                     "%s", sid, stall.client, stall.silent_s, stall.unsent, outbox.tokens(),
                     "connection closed" if done else "generation cancelled")

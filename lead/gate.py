@@ -36,7 +36,10 @@ class Gate:
         self.app, self.limit, self.keys = app, limit, keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        refusal = self._refusal(scope) if scope["type"] == "http" else None
+        refusal = self._refusal(scope) if scope["type"] in ("http", "websocket") else None
+        if refusal is not None and scope["type"] == "websocket":
+            await _refuse_socket(receive, send, refusal)
+            return
         if refusal is not None:
             await refusal(scope, receive, send)
             return
@@ -71,6 +74,14 @@ class Gate:
             return None
         return JSONResponse(api.error_body("missing or wrong API key (Authorization: Bearer "
                                            "KEY)", "authentication_error"), status_code=401)
+
+
+async def _refuse_socket(receive: Receive, send: Send, refusal: JSONResponse) -> None:
+    """Refuse a WebSocket before it opens: the handshake is answered 403 (a close before
+    accepting), the reason in the close frame where the server sends one."""
+    await receive()  # websocket.connect
+    reason = refusal.body.decode("utf-8", "replace")[:120]  # a close reason holds 123 bytes
+    await send({"type": "websocket.close", "code": 1008, "reason": reason})
 
 
 def _host_refusal(host: bytes | None) -> JSONResponse:

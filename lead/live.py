@@ -76,11 +76,14 @@ class LiveNews:
 
 def snapshot(*, model: str, busy: bool, cost: CostModel, metrics: Metrics,
              backs: Mapping[str, BackRecord], replies: Iterable[ReplyRecord], now: float,
-             version: int) -> dict[str, Any]:
+             version: int, slots: list[dict[str, Any]] | None = None, waiting: int = 0
+             ) -> dict[str, Any]:
     """What the live panel shows, as JSON-ready data. `backs`: those connected; `now`: on
-    the clock their `last_seen` is read on."""
+    the clock their `last_seen` is read on; `slots`: what each slot holds (Engine.slot_views),
+    `waiting`: requests queued behind them."""
     generated = metrics.generated_tokens
     return {"version": version, "model": model, "busy": busy,
+            "slots": slots or [], "waiting": waiting,
             "tok_s": _ratio(generated, metrics.decode_seconds),
             "totals": {"replies": metrics.requests, "tokens": generated,
                        "drafted": metrics.drafted, "accepted": metrics.accepted},

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -38,6 +39,7 @@ class Metrics:
     drafts_invalid: int = 0
     drafts_untrusted: int = 0  # posts from backs without the back key: their dists dropped
     state_polls: int = 0  # /duo/state answers: with the posts, a back's load on lead
+    link_updates: int = 0  # updates pushed to backs on the link
     steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
     ready_after_rejection: int = 0  # of those, the ones that found a draft on the board
     branch_drafts: int = 0  # verify steps whose draft came from a branch
@@ -83,12 +85,14 @@ class Metrics:
                 f" | {s.n_generated} tokens decoded in {decode:.2f} s ({rate:.1f} tok/s)"
                 f" | drafted {s.drafted} accepted {s.accepted}{share} | {s.finish_reason}")
 
-    def prometheus(self, extra: dict[str, float]) -> str:
+    def prometheus(self, extra: dict[str, float],
+                   slots: Sequence[Mapping[str, object]] = ()) -> str:
+        """`slots`: Engine.slot_views(), exported per slot (label slot="i")."""
         acceptance = self.accepted / self.drafted if self.drafted else 0.0
         tps = self.generated_tokens / self.decode_seconds if self.decode_seconds else 0.0
         counters = {name: getattr(self, attr) for attr, name in EXPORTED_COUNTERS}
         gauges = {"acceptance_rate": acceptance, "decode_tokens_per_second": tps, **extra}
-        return prometheus_text(counters, gauges)
+        return prometheus_text(counters, gauges) + slot_text(slots)
 
 
 EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
@@ -99,6 +103,7 @@ EXPORTED_COUNTERS = (  # (Metrics field, exported name: duo_<name>_total)
     ("rejections", "rejecting_steps"), ("drafts_posted", "draft_posts"),
     ("drafts_stale", "draft_posts_stale"), ("drafts_invalid", "draft_posts_invalid"),
     ("drafts_untrusted", "draft_posts_untrusted"), ("state_polls", "state_polls"),
+    ("link_updates", "link_updates"),
     ("steps_after_rejection", "steps_after_rejection"),
     ("ready_after_rejection", "ready_after_rejection"), ("branch_drafts", "branch_drafts"),
     ("tree_steps", "tree_steps"), ("tree_branches", "tree_branches"),
@@ -113,3 +118,21 @@ def prometheus_text(counters: dict[str, float], gauges: dict[str, float],
     rows = [(f"{prefix}{name}_total", "counter", value) for name, value in counters.items()]
     rows += [(f"{prefix}{name}", "gauge", value) for name, value in gauges.items()]
     return "".join(f"# TYPE {name} {kind}\n{name} {value:g}\n" for name, kind, value in rows)
+
+
+SLOT_GAUGES = (("busy", "whether the slot holds a generation (1) or is idle (0)"),
+               ("prompt_left", "prompt tokens still to evaluate"),
+               ("tokens", "tokens generated in its reply so far"),
+               ("drafted", "draft tokens verified in its reply so far"),
+               ("accepted", "draft tokens accepted in its reply so far"))
+
+
+def slot_text(slots: Sequence[Mapping[str, object]], prefix: str = "duo_slot_") -> str:
+    """One labelled gauge per slot figure, with its HELP and TYPE lines."""
+    out = []
+    for name, text in SLOT_GAUGES if slots else ():
+        out.append(f"# HELP {prefix}{name} {text}\n# TYPE {prefix}{name} gauge\n")
+        for view in slots:
+            value = float(view["state"] != "idle") if name == "busy" else view.get(name, 0)
+            out.append(f'{prefix}{name}{{slot="{view["slot"]}"}} {float(value):g}\n')  # type: ignore[arg-type]
+    return "".join(out)

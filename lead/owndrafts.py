@@ -29,28 +29,34 @@ class OwnDrafts:
     def __init__(self, longest: int = 64) -> None:
         """`longest`: most tokens a draft holds."""
         self.longest = longest
-        self.index = NgramIndex()
-        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
-        self._offered: tuple[str, int, Match] | None = None  # session, its length, the copy
+        self.indexes: dict[str, NgramIndex] = {}  # per session
+        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)  # learned over every session
+        self._offered: dict[str, tuple[int, Match]] = {}  # per session: its length, the copy
 
     def propose(self, session_id: str, tokens: Sequence[int]
                 ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
         """A draft past `tokens` and each token's odds; None where nothing matches. What
         was proposed last is first scored against what lead emitted since."""
         self._settle(session_id, tokens)
-        self.index.sync(tokens)
-        match = self.index.lookup(self.longest)
-        self._offered = None if match is None else (session_id, len(tokens), match)
+        index = self.indexes.setdefault(session_id, NgramIndex())
+        index.sync(tokens)
+        match = index.lookup(self.longest)
         if match is None:
             return None
+        self._offered[session_id] = (len(tokens), match)
         return match.token_ids, tuple(self.odds.odds(match.length + i)
                                       for i in range(len(match.token_ids)))
 
+    def forget(self, session_id: str) -> None:
+        """The session ended: its index goes."""
+        self.indexes.pop(session_id, None)
+        self._offered.pop(session_id, None)
+
     def _settle(self, session_id: str, tokens: Sequence[int]) -> None:
-        offered, self._offered = self._offered, None
-        if offered is None or offered[0] != session_id:
+        offered = self._offered.pop(session_id, None)
+        if offered is None:
             return
-        _, n, match = offered
+        n, match = offered
         for i, (guess, token) in enumerate(zip(match.token_ids, tokens[n:], strict=False)):
             self.odds.record(match.length + i, guess == token)
             if guess != token:

@@ -94,6 +94,15 @@ class Prices:
         """Quiet cost of evaluating `batch_size` tokens (padded where cheaper) over one."""
         return self.shape_of(self.batch_for(batch_size))
 
+    def within(self, steps: float) -> int:
+        """The most tokens one batch evaluates for at most `steps` one-token steps' price
+        (past the largest priced size, at that size's price per token)."""
+        fits = [b for b, x in self.shape.items() if x <= steps]
+        largest = max(fits, default=1)
+        if largest < self.largest:
+            return largest
+        return max(largest, int(largest * steps / self.shape[largest]))
+
     def plain(self) -> float:
         """Seconds per token of plain decoding (no back drafting); 1.0 before any price."""
         return self.plain_s if self.plain_s is not None else 1.0

@@ -69,6 +69,7 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
     return uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                           access_log=log_level.lower() == "debug",
                           timeout_graceful_shutdown=drain_s,
+                          ws_max_size=app.state.settings.max_body_kb * 1024,  # the link's
                           http=protocol_class(app.state.settings.write_timeout,
                                               app.state.engine.metrics.count_cut))
 

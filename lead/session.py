@@ -31,6 +31,7 @@ class Emission:
     session: Session | None = None  # set on the last emission of a generation
     back: str = ""  # the back whose draft gave its accepted tokens
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
+    sid: str = ""  # the session it belongs to
 
 
 @dataclass

@@ -48,7 +48,8 @@ class LeadSettings(BaseSettings):
                                                     "offloaded (--n-gpu-layers), off on a CPU, "
                                                     "where it made verify batches 15-50 % "
                                                     "dearer at 1-2k tokens of context")
-    ctx_size: int = Field(4096, ge=64, description="context size in tokens")
+    ctx_size: int = Field(4096, ge=64, description="context size of one generation in tokens "
+                          "(the KV cache holds --parallel times as many)")
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
     ngram: bool = Field(True, description="lead's own drafts, model-free: what followed the "
@@ -71,7 +72,11 @@ class LeadSettings(BaseSettings):
     calibrate: bool = Field(True, description="price verify batches of 1..max-draft+1 tokens "
                             "at startup (seconds on a CPU), so drafts are verified at the "
                             "length that pays from the first reply")
-    max_queue: int = Field(8, ge=0, description="requests that may wait behind the running one")
+    parallel: int = Field(4, ge=1, le=64, description="generations decoded at once, in one "
+                          "batch a step, each drafted for (slots of --ctx-size tokens each)",
+                          json_schema_extra={"short": "np"})
+    max_queue: int = Field(8, ge=0, description="requests that may wait behind the running "
+                           "ones; more get 429")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
     back_key: ApiKey = Field(None, description="the key that makes a back trusted: its draft "

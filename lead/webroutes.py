@@ -50,8 +50,8 @@ def _router(engine: Engine) -> APIRouter:
 
 
 def live_snapshot(engine: Engine) -> dict[str, Any]:
-    session = engine.session
-    return snapshot(model=engine.model.name, busy=session is not None and not session.done,
+    return snapshot(model=engine.model.name, busy=engine.busy, slots=engine.slot_views(),
+                    waiting=engine.admission.waiting,
                     cost=engine.cost, metrics=engine.metrics,
                     backs=engine.feed.backs.connected(), replies=engine.live.replies,
                     now=time.monotonic(), version=engine.live.version)

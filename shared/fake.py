@@ -8,6 +8,7 @@ Text maps one character to one token; a few tokens carry half of a UTF-8 charact
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import re
@@ -19,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from shared.grammar_bounds import check_gbnf
-from shared.model import MAIN, EvaluationAborted, check_tree
+from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
 from shared.schema_bounds import check_schema
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
@@ -49,7 +50,9 @@ class FakeModel:
                  cover: float = 0.0, n_branches: int = 8,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
                  name: str = "fake", clock: VirtualClock | None = None,
-                 chat_template: str | None = None, fim: bool = False) -> None:
+                 chat_template: str | None = None, fim: bool = False, slots: int = 1) -> None:
+        """`slots`: generations held side by side (`slot(i)`, `evaluate_parts`); one call
+        over several of them costs what one call of all their tokens costs."""
         assert n_vocab >= len(ALPHABET) + 3
         self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
         self.chat_template = chat_template  # only read for its tool-call markers
@@ -71,7 +74,20 @@ class FakeModel:
         self._shared = [0] * n_branches  # per slot: the prefix it shares with `cached`
         self.evaluated = 0  # tokens evaluated in total (prefix-reuse tests read it)
         self.calls: list[int] = []  # batch size of every evaluate call
+        self.slot_calls: list[int] = []  # slots in every call over several (evaluate_parts...)
         self.threads: set[int] = set()  # idents of the threads that evaluated
+        self.n_slots = max(slots, 1)
+        self._slots: list[FakeModel] = [self]
+
+    def _sibling(self) -> FakeModel:
+        """Another slot of this model: its settings (a subclass's too), its own sequences;
+        one record of calls and threads for the model."""
+        other = copy.copy(self)
+        other.cached, other.evaluated = [], 0
+        other.branch_cached = [[] for _ in range(self.n_branches)]
+        other._shared = [0] * self.n_branches
+        other._slots = [other]
+        return other
 
     # --- text ---
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]:
@@ -127,44 +143,109 @@ class FakeModel:
 
     def evaluate_many(self, tokens: Mapping[int, Sequence[int]],
                       abort: Callable[[], bool] | None = None) -> dict[int, np.ndarray]:
+        return self.evaluate_many_slots([(0, tokens)], abort)[0]
+
+    def evaluate_many_slots(self, calls: Sequence[tuple[int, Mapping[int, Sequence[int]]]],
+                            abort: Callable[[], bool] | None = None
+                            ) -> list[dict[int, np.ndarray]]:
+        """Several slots' evaluate_many in one call (priced as one)."""
+        started = time.perf_counter()
+        planned = [(self.slot(i), self.slot(i)._many_parts(ts)) for i, ts in calls]
+        n_tokens = sum(len(ts) for _, parts in planned for ts in parts.values())
+        if n_tokens == 0:
+            return [{} for _ in calls]
+        out = [{key: model.logits_for(model._sequence(key) + ts) for key, ts in parts.items()}
+               for model, parts in planned]
+        self._spend(n_tokens, abort, started)
+        self.calls.append(n_tokens)
+        self.slot_calls.append(sum(1 for _, parts in planned if parts))
+        for model, parts in planned:
+            for key, ts in parts.items():
+                model._sequence(key).extend(ts)
+                model.evaluated += len(ts)
+        return out
+
+    def _many_parts(self, tokens: Mapping[int, Sequence[int]]) -> dict[int, list[int]]:
         parts = {key: list(ts) for key, ts in tokens.items() if ts}
         if any(key != MAIN and not 0 <= key < self.n_branches for key in parts):
             raise ValueError(f"no such sequence among {sorted(parts)}")
         if self._cells() + sum(len(ts) for ts in parts.values()) > self.n_ctx:
             raise RuntimeError("context full")  # one buffer of n_ctx cells, as llama.cpp's
-        if not parts:
-            return {}
-        started = time.perf_counter()
-        out = {key: self.logits_for(self._sequence(key) + ts) for key, ts in parts.items()}
-        self._spend(sum(len(ts) for ts in parts.values()), abort, started)
-        self.calls.append(sum(len(ts) for ts in parts.values()))
-        for key, ts in parts.items():
-            self._sequence(key).extend(ts)
-            self.evaluated += len(ts)
-        return out
+        return parts
 
     def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
                       ) -> tuple[np.ndarray, list[np.ndarray]]:
-        check_tree(len(tokens), branches, self.n_branches)
-        n_past, n_tokens = len(self.cached), len(tokens) + sum(len(ids) for _, ids in branches)
-        if self._cells() + n_tokens > self.n_ctx:
-            raise RuntimeError("context full")
+        part = Part(0, tuple(tokens), len(tokens), tuple((at, tuple(ids)) for at, ids in branches))
         started = time.perf_counter()
-        main = self.cached + list(tokens)
-        paths = [main[:n_past + at + 1] + list(ids) for at, ids in branches]
-        main_rows = self._rows(main, n_past)
-        branch_rows = [self._rows(path, n_past + at + 1) for path, (at, _) in zip(paths, branches,
-                                                                                 strict=True)]
+        self._check_part(part)
+        rows = self._apply(part)
+        self._spend(part.n_tokens, None, started)
+        self.calls.append(part.n_tokens)
+        return rows
+
+    def slot(self, i: int) -> FakeModel:
+        if not 0 <= i < self.n_slots:
+            raise ValueError(f"no slot {i} of {self.n_slots}")
+        while len(self._slots) <= i:  # made when first used
+            self._slots.append(self._sibling())
+        return self._slots[i]
+
+    def evaluate_parts(self, parts: Sequence[Part]) -> list[PartRows]:
+        if len({p.slot for p in parts}) != len(parts):
+            raise ValueError("one part per slot in a batch")
+        if len(parts) == 1:  # the slot's own call (a subclass may watch evaluate)
+            return [self._alone(parts[0])]
+        started = time.perf_counter()
+        for part in parts:  # all checked before any is applied: a failure changes nothing
+            self.slot(part.slot)._check_part(part)
+        self.threads.add(threading.get_ident())
+        out = [self.slot(part.slot)._apply(part) for part in parts]
+        n_tokens = sum(part.n_tokens for part in parts)
         self._spend(n_tokens, None, started)
         self.calls.append(n_tokens)
-        self.evaluated += n_tokens
-        self.cached.extend(tokens)
+        self.slot_calls.append(len(parts))
+        return out
+
+    def _alone(self, part: Part) -> PartRows:
+        model = self.slot(part.slot)
+        if part.branches:
+            rows, branch_rows = model.evaluate_tree(part.tokens, part.branches)
+            return rows[len(rows) - part.n_logits:], branch_rows
+        rows = model.evaluate(part.tokens, part.n_logits)
+        return rows, []
+
+    def share_prefix(self, source: int, target: int, n: int) -> None:
+        giver, taker = self.slot(source), self.slot(target)
+        if not 0 <= n <= len(giver.cached):
+            raise ValueError(f"cannot share {n} tokens of slot {source} with slot {target}")
+        if taker is not giver:
+            taker.cached = giver.cached[:n]
+        for branch in range(taker.n_branches):
+            taker.fork(branch, 0)
+
+    def _check_part(self, part: Part) -> None:
+        check_tree(len(part.tokens), part.branches, self.n_branches)
+        if self._cells() + part.n_tokens > self.n_ctx:
+            raise RuntimeError("context full")
+
+    def _apply(self, part: Part) -> PartRows:
+        """Append the part's tokens (its branches forked off them); its rows."""
+        n_past, branches = len(self.cached), part.branches
+        main = self.cached + list(part.tokens)
+        paths = [main[:n_past + at + 1] + list(ids) for at, ids in branches]
+        main_rows = self._rows(main, len(main) - part.n_logits)
+        branch_rows = [self._rows(path, n_past + at + 1) for path, (at, _) in zip(paths, branches,
+                                                                                 strict=True)]
+        self.evaluated += part.n_tokens
+        self.cached.extend(part.tokens)
         for slot, (path, (at, _)) in enumerate(zip(paths, branches, strict=True)):
             self.branch_cached[slot], self._shared[slot] = path, n_past + at + 1
         return main_rows, branch_rows
 
     def _rows(self, sequence: list[int], start: int) -> np.ndarray:
         """The rows after each of sequence[start:]."""
+        if start >= len(sequence):
+            return np.zeros((0, self.n_vocab), np.float32)
         return np.stack([self.logits_for(sequence[:i + 1]) for i in range(start, len(sequence))])
 
     def _cells(self) -> int:

@@ -9,6 +9,7 @@ fork (`Forking`) holds branch sequences beside it, each off a prefix of `cached`
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -107,6 +108,51 @@ class Forking(Model, Protocol):
 
 def can_fork(model: object) -> bool:
     return bool(getattr(model, "can_fork", False))
+
+
+@dataclass(frozen=True)
+class Part:
+    """One slot's share of a batch: `tokens` appended to its main sequence, with the logits
+    rows of the last `n_logits` of them, and `branches` (at, ids) forked off them in the same
+    batch, as `Forking.evaluate_tree` takes them (their rows are all returned)."""
+
+    slot: int
+    tokens: tuple[int, ...]
+    n_logits: int = 1
+    branches: tuple[tuple[int, tuple[int, ...]], ...] = ()
+
+    @property
+    def n_tokens(self) -> int:
+        return len(self.tokens) + sum(len(ids) for _, ids in self.branches)
+
+
+PartRows = tuple[np.ndarray, list[np.ndarray]]  # a part's main rows, then each branch's
+
+
+class Slotted(Protocol):
+    """A model whose KV cache holds `n_slots` generations side by side (llama.cpp's
+    sequences in one unified cache), each a Forking model of its own (`slot(i)`; slot 0 is
+    the model itself), evaluated together in one batch by `evaluate_parts`."""
+
+    n_slots: int
+
+    def slot(self, i: int) -> Forking: ...
+
+    def evaluate_parts(self, parts: Sequence[Part]) -> list[PartRows]:
+        """One model call for every part (each on its own slot, at most one part a slot);
+        per part, the rows evaluate_tree would give. On failure every slot is as before
+        the call and its branches are empty."""
+        ...
+
+    def share_prefix(self, source: int, target: int, n: int) -> None:
+        """Slot `target` holds the first `n` tokens of slot `source`'s main sequence: their
+        cells, shared, not evaluated again (what `target` held is dropped)."""
+        ...
+
+
+def slots_of(model: object) -> int:
+    """How many generations the model holds at once (1 for any plain Model)."""
+    return int(getattr(model, "n_slots", 1))
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -4,6 +4,7 @@ GET  /duo/info                                          -> Info
 GET  /duo/state?since=&offset=&wait=&back=&quiet=&idle=  -> State (long-poll)
 GET  /duo/grammar?session=                               -> Grammar (once per session)
 POST /duo/draft  DraftPost                               -> State (tokens from its start)
+GET  /duo/link   (WebSocket)  back: Hello, Posted...     <- lead: Update, Refused...
 
 The whole protocol, with the meaning of each field: docs/protocol.md.
 """
@@ -11,7 +12,7 @@ The whole protocol, with the meaning of each field: docs/protocol.md.
 from __future__ import annotations
 
 import hashlib
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field, model_validator
 
@@ -75,6 +76,10 @@ class Info(BaseModel):
                       "its own host here shares lead's CPUs")
     cpus: list[int] = Field(default_factory=list, description="the CPUs lead's threads run on")
     threads: int = Field(0, description="lead's compute threads")
+    slots: int = Field(1, description="generations lead runs at once: a back on the link "
+                       "may draft for as many")
+    link: bool = Field(False, description="lead serves the link (GET /duo/link, a "
+                       "WebSocket); a lead that predates it is followed by long-polls")
 
 
 class State(BaseModel):
@@ -193,3 +198,81 @@ def _check_branch(i: int, branch: DraftBranch, main: list[int], with_dists: bool
                          "the main chain")
     if branch.dists is not None and len(branch.dists) != len(branch.token_ids):
         raise ValueError(f"{where}.dists must have one entry per token")
+
+
+class SessionState(BaseModel):
+    """One session as the link's updates carry it (GET /duo/link): what State says of its
+    session, with tokens from `offset` on (the first this back has not been sent)."""
+
+    session_id: str
+    offset: int = 0
+    token_ids: list[int] = Field(default_factory=list)
+    n_tokens: int = 0
+    n_prompt: int = 0
+    done: bool = False
+    draft_len: int = 0
+    sampling: SamplingParams | None = Field(None, description="sent in a session's first "
+                                            "update to a back; null: as sent before")
+    grammar_id: str | None = None
+    your_accepted: int = 0
+
+    def as_state(self, version: int, lead_id: str, hush: bool,
+                 sampling: SamplingParams | None = None) -> State:
+        """The same news as a long-poll's State (`sampling`: the session's, where this
+        update does not carry it)."""
+        return State(version=version, lead_id=lead_id, hush=hush, **self.model_dump(
+            exclude={"sampling"}), sampling=self.sampling or sampling or SamplingParams())
+
+
+class Update(BaseModel):
+    """Lead to back on the link: the sessions changed since its last update (each with the
+    tokens it has not been sent), and the global news."""
+
+    type: Literal["update"] = "update"
+    version: int
+    lead_id: str = LEAD_ID
+    hush: bool = False
+    sessions: list[SessionState] = Field(default_factory=list)
+    ended: list[str] = Field(default_factory=list, description="sessions gone from lead "
+                             "since the last update (their last state said done)")
+
+
+class Refused(BaseModel):
+    """Lead to back on the link: a message of the back's that lead refused, as the HTTP
+    routes would answer it (status, message, the field at fault)."""
+
+    type: Literal["refused"] = "refused"
+    status: int
+    message: str
+    param: str | None = None
+    retry_after: float = 0.0
+    session_id: str | None = Field(None, description="the refused draft's session")
+
+
+class Hello(BaseModel):
+    """Back to lead on the link, first and again whenever it changes: who the back is and
+    what news it wants."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["hello"] = "hello"
+    back_id: str = Field("", max_length=64)
+    kind: str = Field("", max_length=16, description="its drafter (model, ngram)")
+    idle: bool = Field(False, description="it sits out: news only of sessions starting "
+                       "and ending")
+    quiet: list[str] = Field(default_factory=list, max_length=64, description="sessions it "
+                             "does not draft for now: news of them only when they want "
+                             "drafts or end")
+    ignored: list[str] = Field(default_factory=list, max_length=64, description="sessions it "
+                               "does not follow at all (no slot was free): news of their end "
+                               "only")
+
+
+class Posted(BaseModel):
+    """Back to lead on the link: a draft post (as POST /duo/draft takes it)."""
+
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["draft"] = "draft"
+    draft: DraftPost
+
+
+BackMessage = Annotated[Hello | Posted, Field(discriminator="type")]

@@ -18,7 +18,15 @@ from back.tree import Branch
 from back.worker import Worker
 from shared.fake import ALPHABET, EOS, FakeModel
 from shared.model import MAIN, EvaluationAborted, common_prefix
-from shared.protocol import MAX_BRANCH_TOKENS, MAX_BRANCHES, DraftPost, SamplingParams, State
+from shared.protocol import (
+    MAX_BRANCH_TOKENS,
+    MAX_BRANCHES,
+    DraftPost,
+    SamplingParams,
+    SessionState,
+    State,
+    Update,
+)
 from shared.sampling import Dist
 
 GREEDY = SamplingParams()
@@ -363,13 +371,21 @@ def test_sampled_posts_give_every_branch_token_a_distribution() -> None:
 
 # --- the worker ---
 
-class RecordingLead:
-    def __init__(self, state: State) -> None:
-        self.reply, self.posts = state, list[DraftPost]()
+class RecordingLink:
+    def __init__(self) -> None:
+        self.posts = list[DraftPost]()
 
-    async def post_draft(self, post: DraftPost) -> State:
+    async def post(self, post: DraftPost) -> None:
         self.posts.append(post)
-        return self.reply
+
+    async def hello(self, hello: object) -> None:
+        pass
+
+
+def update_of(state: State) -> Update:
+    return Update(version=state.version, lead_id=state.lead_id, sessions=[SessionState(
+        session_id=state.session_id or "", token_ids=state.token_ids, n_tokens=state.n_tokens,
+        done=state.done, draft_len=state.draft_len, sampling=state.sampling)])
 
 
 def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = None,
@@ -378,19 +394,19 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     step as the worker measured it is `step_s` (its draft calls cost next to nothing)."""
     state = State(version=1, lead_id="L", session_id="s", token_ids=PROMPT,
                   n_tokens=len(PROMPT), done=False, draft_len=draft_len)
-    lead = RecordingLead(state)
+    link = RecordingLink()
     drafter = ModelDrafter(model or draft_model())
-    worker = Worker(lead, drafter, None, None)  # type: ignore[arg-type]
+    worker = Worker(None, drafter, None, None)  # type: ignore[arg-type]
     worker.branches, worker.max_post = branches, 8
     worker.eos_token_ids = frozenset({EOS})
-    worker.mirror.attach("L")
-    worker._settle(state)
-    worker.lead_step.step_s = step_s
+    worker.lead_id, worker._link = "L", link  # type: ignore[assignment]
+    worker._take(update_of(state))
+    worker.followers["s"].lead_step.step_s = step_s
     try:
         asyncio.run(asyncio.wait_for(worker._draft_ahead(), 20))  # until it has nothing new
     finally:
         worker.model_thread.shutdown()
-    return lead.posts
+    return link.posts
 
 
 def test_a_worker_posts_branches_off_its_draft_where_they_fit_lead_s_step() -> None:
@@ -429,7 +445,11 @@ def test_the_branches_setting_reaches_the_worker() -> None:
 
     worker = build_worker(BackSettings(drafter="ngram", branches=3))
     try:
-        assert worker.branches == 3 and worker.width() == 0  # n-grams do not branch
+        worker.lead_id = "L"
+        worker._take(update_of(State(version=1, lead_id="L", session_id="s", token_ids=[1],
+                                     n_tokens=1, done=False, draft_len=2)))
+        assert worker.branches == 3
+        assert worker.width(worker.followers["s"]) == 0  # n-grams do not branch
     finally:
         asyncio.run(worker.client.close())
     with pytest.raises(ValueError, match="branches"):

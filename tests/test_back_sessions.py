@@ -1,54 +1,69 @@
-"""Sessions: the back's per-session stats and draft generators."""
+"""A session the back follows (its stats, generator, posts) and the history of those ended."""
 
 from __future__ import annotations
 
-from back.sessions import Sessions, Work
+from back.follower import Follower
+from back.jobs import Drafted
+from back.mirror import LeadMirror
+from back.sessions import History, SessionStats, Work
+from shared.protocol import SamplingParams, State
 from shared.sampling import make_draft_rng
 
 
-def test_work_counts_for_the_session_it_was_started_for_only() -> None:
-    sessions = Sessions()
-    a = sessions.start("a", seed=None)
-    assert sessions.add(a, Work(caught_up=5, catch_up_s=0.5))
-    b = sessions.start("b", seed=None)  # a ends
-    assert not sessions.add(a, Work(caught_up=7, cut_short=1))  # a's job came back late
-    assert (a.caught_up, a.cut_short, b.caught_up, b.cut_short) == (5, 0, 0, 0)
-    sessions.end()
-    assert not sessions.add(b, Work(caught_up=1))  # b's job came back after b ended
-    assert not sessions.add(None, Work(caught_up=1))
-    assert [s.caught_up for s in sessions.recent] == [5, 0]
+def follower(session_id: str = "a", seed: int | None = None) -> Follower:
+    mirror = LeadMirror()
+    mirror.attach("L")
+    return Follower(session_id, 0, mirror, seed)
+
+
+def state(version: int, tokens: list[int], accepted: int = 0, sid: str = "a") -> State:
+    return State(version=version, lead_id="L", session_id=sid, token_ids=tokens,
+                 n_tokens=len(tokens), done=False, draft_len=2, your_accepted=accepted,
+                 sampling=SamplingParams())
 
 
 def test_each_session_drafts_from_its_seeds_own_stream() -> None:
-    sessions = Sessions()
-    sessions.start("a", seed=7)
-    a_rng = sessions.rng
-    sessions.start("b", seed=8)
-    assert sessions.rng is not a_rng
-    assert a_rng.random() == make_draft_rng(7).random()
-    assert sessions.rng.random() == make_draft_rng(8).random()
+    a, b = follower("a", seed=7), follower("b", seed=8)
+    assert a.rng is not b.rng
+    assert a.rng.random() == make_draft_rng(7).random()
+    assert b.rng.random() == make_draft_rng(8).random()
 
 
-def test_posts_and_acceptance_count_for_the_current_session() -> None:
-    sessions = Sessions()
-    sessions.posted(3)  # no session: nowhere to count
-    sessions.accepted(2)
-    stats = sessions.start("a", seed=None)
-    sessions.posted(3)
-    sessions.posted(1)
-    sessions.accepted(2)
-    sessions.accepted(1)  # an older reply: lead's count never goes down
-    assert (stats.drafted, stats.posts, stats.accepted) == (4, 2, 2)
-    assert "drafted 4 in 2 posts, accepted 2 (50%)" in stats.line()
+def test_posts_count_new_tokens_and_lead_counts_acceptance_never_down() -> None:
+    f = follower()
+    assert f.take(state(1, [1, 2, 3], accepted=2), now=0.0) is not None
+    drafted = Drafted(Work(), 3, (1, 2, 3, 7, 8, 9), 3, {})
+    post = f.post(drafted, "b", max_post=8, send_dists=False)
+    assert post is not None and post.start == 3 and post.token_ids == [7, 8, 9]
+    assert f.post(drafted, "b", max_post=8, send_dists=False) is None  # posted already
+    longer = Drafted(Work(), 1, (1, 2, 3, 7, 8, 9, 4), 6, {})
+    again = f.post(longer, "b", max_post=8, send_dists=False)
+    assert again is not None and again.token_ids == [7, 8, 9, 4]  # the whole draft again
+    f.take(state(2, [1, 2, 3], accepted=1), now=0.1)  # an older count: never down
+    assert (f.stats.drafted, f.stats.posts, f.stats.accepted) == (4, 2, 2)
+    assert "drafted 4 in 2 posts, accepted 2 (50%)" in f.stats.line()
+
+
+def test_a_draft_on_a_path_lead_left_is_not_posted() -> None:
+    f = follower()
+    f.take(state(1, [1, 2, 3]), now=0.0)
+    f.take(state(2, [1, 2, 3, 5]), now=0.1)  # lead rejected what the drafter still holds
+    assert f.post(Drafted(Work(), 2, (1, 2, 3, 7, 8), 3, {}), "b", 8, False) is None
+
+
+def test_work_adds_to_the_session_it_was_done_for() -> None:
+    f = follower()
+    f.take(state(1, [1, 2]), now=0.0)
+    job = f.job(max_post=8, burst=1, eos=frozenset({0}), width=0)
+    f.took(job, Drafted(Work(caught_up=5, catch_up_s=0.5, cut_short=1), 1, (1, 2, 7), 2, {}))
+    assert (f.stats.caught_up, f.stats.cut_short) == (5, 1)
+    assert job.lead_tokens == (1, 2) and job.rng is f.rng
 
 
 def test_only_a_few_ended_sessions_are_kept_and_totals_count_all() -> None:
-    sessions = Sessions(keep=3)
+    history = History(keep=3)
     for i in range(10):
-        sessions.start(f"s{i}", seed=None)
-        sessions.posted(2)
-        sessions.accepted(1)
-    assert sessions.end() is not None and sessions.end() is None
-    assert [s.session_id for s in sessions.recent] == ["s7", "s8", "s9"]
-    totals = sessions.totals
+        history.ended(SessionStats(f"s{i}", drafted=2, posts=1, accepted=1))
+    assert [s.session_id for s in history.recent] == ["s7", "s8", "s9"]
+    totals = history.totals
     assert (totals.sessions, totals.drafted, totals.posts, totals.accepted) == (10, 20, 10, 10)

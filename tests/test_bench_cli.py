@@ -223,7 +223,7 @@ def test_a_reply_streamed_and_not_reads_the_same(sim_lead: SimLead) -> None:
 
 
 def test_other_processes_cpu_time_is_read_from_proc() -> None:
-    from bench.load import caveat, foreign_share, machine_busy_ticks, parse_stat
+    from bench.cpuwatch import caveat, foreign_share, machine_busy_ticks, parse_stat
 
     parent, ticks = parse_stat("42 (a (b) c) S 7 1 1 0 -1 0 0 0 0 0 11 12 13 14 20 0 1 0")
     assert parent == 7 and ticks == [11, 12, 13, 14]
@@ -237,7 +237,7 @@ def test_other_processes_cpu_time_is_read_from_proc() -> None:
 def test_a_child_counts_as_ours() -> None:
     import subprocess
 
-    from bench.load import _our_ticks
+    from bench.cpuwatch import _our_ticks
 
     child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"],
                              stdin=subprocess.PIPE)

@@ -11,11 +11,12 @@ import pytest
 from lead.admission import Admission, QueueFull
 from lead.backfeed import BackFeed, wakes
 from lead.cost import CostModel
-from lead.decoder import Decoder
+from lead.decoder import Decoder, Job, Step
 from lead.drafts import Draft, PostLimiter
 from lead.metrics import Metrics
 from lead.offers import OfferLedger
 from lead.session import Session, StepResult
+from lead.slots import Seat
 from lead.verify import Verdict
 from shared.fake import EOS, FakeModel, VirtualClock
 from shared.modelthread import ModelThread
@@ -147,12 +148,12 @@ def test_a_long_poll_wakes_on_news_that_concerns_it() -> None:
         since = feed.version
         plain = asyncio.create_task(feed.wait_state(since, 10.0))
         quiet = asyncio.create_task(feed.wait_state(since, 10.0, quiet_session=s.id))
-        feed.notify()  # a step: news for a back that drafts, none for the quiet one
+        feed.notify([s.id])  # a step: news for a back that drafts, none for the quiet one
         await asyncio.wait_for(plain, 5)
         await asyncio.sleep(0)
         assert not quiet.done()
         s.done = True
-        feed.end()
+        feed.end(s)
         await asyncio.wait_for(quiet, 5)
     asyncio.run(body())
 
@@ -174,7 +175,9 @@ def test_posts_reach_the_board_only_for_the_live_session() -> None:
     assert not feed.post_draft("other", 2, [5], None, "b")
     assert not feed.post_draft("s1", 0, [9, 9, 9], None, "b")  # disagrees with lead's tokens
     assert (metrics.drafts_posted, metrics.drafts_stale) == (4, 3)
-    best = feed.board.best(s.tokens, 8)
+    board = feed.board_of(s.id)
+    assert board is not None
+    best = board.best(s.tokens, 8)
     assert best is not None and best.token_ids == [5, 6]
     state = feed.state(1, "b")
     assert state.session_id == "s1" and state.token_ids == [2] and state.draft_len == 4
@@ -216,28 +219,35 @@ def test_a_step_verifies_the_draft_and_is_timed_on_the_clock() -> None:
     dec = decoder(model, clock)
     s = session(prompt)
 
-    async def body() -> StepResult:
-        await dec.prefill(s)
-        return await dec.step(s, Draft("b", [right[0], right[1], wrong], None))
+    async def body() -> Step:
+        assert await dec.seat(Seat(0, 0), prompt) == 0  # nothing of it cached
+        chunk = await dec.step([Job(0, (), 0, s.params, s.rng, prompt=tuple(prompt[:-1]))])
+        assert chunk.results == [None] and chunk.seconds == pytest.approx(0.01 + 0.001 * 2)
+        draft = Draft("b", [right[0], right[1], wrong], None)
+        return await dec.step([Job(0, tuple(prompt), 3, s.params, s.rng, draft)])
 
-    result = asyncio.run(body())
+    step = asyncio.run(body())
     dec.thread.shutdown()
-    assert result.verdict.emitted == right  # two accepted, the third corrected
-    assert result.seconds == pytest.approx(0.01 + 0.001 * 4)  # exact: the virtual clock
+    result = step.results[0]
+    assert result is not None and result.verdict.emitted == right  # two accepted, one fixed
+    assert step.seconds == pytest.approx(0.01 + 0.001 * 4)  # exact: the virtual clock
     assert model.cached == prompt + right[:2]  # the rejected rows are cut from the cache
-    assert s.prompt_evaluated == 2 and s.t_decode == pytest.approx(0.01 + 0.001 * 2)
 
 
 def test_a_plan_fits_the_draft_to_the_reply_and_the_context() -> None:
     model = FakeModel(n_ctx=12)
     dec = decoder(model, VirtualClock(), fixed=8)
     offered = Draft("b", [1, 2, 3, 4, 5, 6], None)
-    plan = dec.plan(session([1, 2, 3]), offered, max_tokens=4)
-    assert plan is not None and plan.token_ids == [1, 2, 3]  # with its own token: 4
-    plan = dec.plan(session(list(range(1, 10))), offered, max_tokens=100)
-    assert plan is not None and plan.token_ids == [1, 2, 3]  # the context holds 3 more
-    assert dec.plan(session([1, 2]), offered, max_tokens=1) is None
-    assert dec.plan(session([1, 2]), None, max_tokens=10) is None
+
+    def plan(s: Session, draft: Draft | None, max_tokens: int) -> Draft | None:
+        return dec.plan([(s, draft)], [max_tokens], 1)[0]
+
+    cut = plan(session([1, 2, 3]), offered, max_tokens=4)
+    assert cut is not None and cut.token_ids == [1, 2, 3]  # with its own token: 4
+    cut = plan(session(list(range(1, 10))), offered, max_tokens=100)
+    assert cut is not None and cut.token_ids == [1, 2, 3]  # the context holds 3 more
+    assert plan(session([1, 2]), offered, max_tokens=1) is None
+    assert plan(session([1, 2]), None, max_tokens=10) is None
 
 
 def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
@@ -247,7 +257,7 @@ def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
 def test_apply_cuts_at_max_tokens_and_counts_only_what_was_emitted() -> None:
     dec = decoder(FakeModel(), VirtualClock())
     s = session([1, 2], generated=[3])
-    emitted = dec.apply(s, result([4, 5, 6], 7, drafted=3), max_tokens=3, busy=True)
+    emitted = dec.apply(s, result([4, 5, 6], 7, drafted=3), max_tokens=3)
     assert emitted == [4, 5] and s.finish_reason == "length"
     assert (s.drafted, s.accepted, s.accepted_by_back, s.steps) == (3, 2, {"b": 2}, 1)
 
@@ -255,6 +265,6 @@ def test_apply_cuts_at_max_tokens_and_counts_only_what_was_emitted() -> None:
 def test_apply_stops_at_an_eos() -> None:
     dec = decoder(FakeModel(), VirtualClock())
     s = session([1, 2])
-    emitted = dec.apply(s, result([4, EOS, 6], 7, drafted=4), max_tokens=50, busy=True)
+    emitted = dec.apply(s, result([4, EOS, 6], 7, drafted=4), max_tokens=50)
     assert emitted == [4, EOS] and s.finish_reason == "stop"
     assert (s.accepted, s.rejections) == (2, 1)  # none counted past the EOS

@@ -71,7 +71,9 @@ def forged_pair(feed: BackFeed, rng: np.random.Generator, trusted: bool) -> tupl
     while len(out) < 2:
         draft, q = forged(out)
         feed.post_draft("s", len(out), draft, q, "mallory", address="10.6.6.6", trusted=trusted)
-        offered = feed.board.best(out, 3)
+        board = feed.board_of("s")
+        assert board is not None
+        offered = board.best(out, 3)
         assert offered is not None and offered.token_ids == draft
         rows = np.stack([target_logits(out + draft[:i]) for i in range(len(draft) + 1)])
         out += verify(draft, rows, PARAMS, rng, offered.dists).emitted
@@ -88,6 +90,12 @@ def test_forged_probabilities_bias_sampling_only_from_a_trusted_back(trusted: bo
     print(f"\ntrusted={trusted}: chi2 {stat:.1f} vs critical {critical:.1f}")
     assert ok is not trusted, f"trusted={trusted}: chi2 {stat:.1f} vs {critical:.1f}"
     assert (metrics.drafts_untrusted > 0) is not trusted
+
+
+def board_of(engine: Engine, session_id: str) -> DraftBoard:
+    board = engine.feed.board_of(session_id)
+    assert board is not None
+    return board
 
 
 def keyed_lead(keys: Keys) -> tuple[TestClient, Engine, Session]:
@@ -112,7 +120,7 @@ def test_dists_count_only_from_a_back_with_the_back_key(key: str | None, kept: b
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     r = client.post("/duo/draft", json={**POST, "back_id": "b"}, headers=headers)
     assert r.status_code == 200, r.text
-    main, branch = engine.feed.board.candidates["b@testclient"]
+    main, branch = board_of(engine, "s1").candidates["b@testclient"]
     assert (main.dists is not None, branch.dists is not None) == (kept, kept)
     assert engine.metrics.drafts_untrusted == (0 if kept else 1)
     assert ("duo_draft_posts_untrusted_total 1" in engine.metrics.prometheus({})) is not kept
@@ -121,7 +129,7 @@ def test_dists_count_only_from_a_back_with_the_back_key(key: str | None, kept: b
 def test_without_any_key_every_back_is_trusted() -> None:
     client, engine, _ = keyed_lead(Keys())
     assert client.post("/duo/draft", json={**POST, "back_id": "b"}).status_code == 200
-    assert engine.feed.board.candidates["b@testclient"][0].dists is not None
+    assert board_of(engine, "s1").candidates["b@testclient"][0].dists is not None
 
 
 # --- ranking: expected yield at each back's own acceptance ---
@@ -189,20 +197,19 @@ def test_a_good_back_beside_long_junk_is_verified_and_junk_is_not() -> None:
     prompt = [1, 2, 3]
     reference = FakeModel(eos_bias=-100.0).greedy_continuation(prompt, 80)
     engine = Engine(FakeModel(eos_bias=-100.0), max_draft=8, draft_len=4)
-    board, chosen = engine.feed.board, []
-    original = board.best
+    chosen: list[str | None] = []
+    original = engine._offered
 
-    def best_after_posts(tokens: list[int], limit: int):  # type: ignore[no-untyped-def]
-        s, at = engine.session, len(tokens) - len(prompt)
-        assert s is not None
+    def offered_after_posts(s: Session):  # type: ignore[no-untyped-def]
+        tokens, at = s.tokens, len(s.tokens) - len(prompt)
         wrong = 1 if reference[at] != 1 else 2
         engine.post_draft(s.id, len(tokens), reference[at:at + 6], None, "good")
         engine.post_draft(s.id, len(tokens), [wrong] + [9] * 15, None, "junk")
-        draft = original(tokens, limit)
+        draft = original(s)
         chosen.append(draft.back_id if draft else None)
         return draft
 
-    board.best = best_after_posts  # type: ignore[method-assign]
+    engine._offered = offered_after_posts  # type: ignore[method-assign]
 
     async def reply() -> Session:
         async for e in engine.generate(GenRequest(prompt_ids=list(prompt), max_tokens=60)):

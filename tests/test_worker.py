@@ -166,7 +166,7 @@ def test_a_stale_state_is_not_taken_for_a_restart_but_another_lead_is() -> None:
     # v2 was dropped (the next poll still asks since v3) and caused no handshake; M's
     # state did, and the poll after it asks from scratch.
     assert lead.asked == [(-1, 1), (3, 1), (3, 1), (4, 1), (-1, 2)]
-    assert worker.mirror.lead_id == "M"
+    assert worker.lead_id == "M"
 
 
 PROMPT = [1, 2, 3]
@@ -295,7 +295,7 @@ def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
                             httpx.Response(200, json=State(lead_id="L").model_dump()))
     worker = http_worker("http://lead", lead)
     run_until(worker, lambda: not lead.script)
-    assert worker.outages == 2 and worker.mirror.lead_id == "L"
+    assert worker.outages == 2 and worker.lead_id == "L"
 
 
 def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:

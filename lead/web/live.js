@@ -1,4 +1,5 @@
-// The live panel: lead's snapshot (GET /duo/live) as facts, a table of backs and two charts.
+// The live panel: lead's snapshot (GET /duo/live) as facts, tables of backs and slots and two
+// charts.
 
 import { barChart, replyChart } from "./charts.js";
 
@@ -87,6 +88,34 @@ function renderBacks(snap) {
   for (const c of body.querySelectorAll("[data-seen-at]")) c.textContent = ago(Number(c.dataset.seenAt));
 }
 
+function slotState(s) {
+  if (s.state === "idle") return "idle";
+  if (s.state === "prompt") return `prompt: ${s.prompt_left} tokens to go`;
+  return "decoding";
+}
+
+function renderSlots(snap) {
+  const body = document.querySelector("#slots tbody");
+  body.replaceChildren();
+  for (const s of snap.slots) {
+    const row = body.insertRow();
+    row.dataset.slot = String(s.slot);
+    cell(row, String(s.slot), "num");
+    cell(row, slotState(s), s.state === "idle" ? "muted" : "");
+    cell(row, s.state === "idle" ? "" : String(s.tokens), "num");
+    cell(row, s.state === "idle" ? "" : `${s.accepted} / ${s.drafted}`, "num");
+    const from = cell(row, "");
+    for (const id of s.backs || []) {
+      const swatch = document.createElement("mark");
+      swatch.className = `swatch ${backClass(id)}`;
+      swatch.setAttribute("aria-hidden", "true");
+      from.append(swatch, id, " ");
+    }
+    if (s.own_accepted) from.append(`lead (${s.own_accepted} accepted)`);
+  }
+  document.getElementById("waiting").textContent = snap.waiting ? `· ${snap.waiting} waiting` : "";
+}
+
 function renderCharts(snap) {
   const cost = snap.verify_cost;
   const ms = (x) => (cost.one_token_ms == null ? "" : ` (${(x * cost.one_token_ms).toFixed(1)} ms)`);
@@ -104,5 +133,6 @@ export function renderLive(snap) {
   document.getElementById("model").textContent = snap.model;
   renderFacts(snap);
   renderBacks(snap);
+  renderSlots(snap);
   renderCharts(snap);
 }

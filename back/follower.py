@@ -1,0 +1,72 @@
+"""One session the back follows: its copy of lead's state, its stats, what it posted, its
+draft generator and the slot of the draft model it drafts on. Event loop only: model-thread
+jobs get a `DraftJob` made here and give back a `Drafted`, which `took` takes in.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
+from back.mirror import LeadMirror, Taken
+from back.posts import PostBook
+from back.sessions import SessionStats
+from back.tree import hanging_off
+from back.width import StepClock
+from shared.protocol import DraftPost, State
+from shared.sampling import make_draft_rng
+
+
+class Follower:
+    def __init__(self, session_id: str, slot: int, mirror: LeadMirror, seed: int | None
+                 ) -> None:
+        self.session_id, self.slot, self.mirror = session_id, slot, mirror
+        self.stats = SessionStats(session_id)
+        self.posts = PostBook()
+        self.rng: np.random.Generator = make_draft_rng(seed)
+        self.latest = LatestTokens()  # lead's tokens, for the model thread's abort check
+        self.lead_step = StepClock()  # lead's step time in this session, from its states
+
+    @property
+    def state(self) -> State:
+        return self.mirror.state
+
+    def take(self, state: State, now: float) -> Taken | None:
+        """Take a state of this session (from an update or a post's reply)."""
+        taken = self.mirror.take(state)
+        if taken is None or taken.refetch:
+            return taken
+        self.latest.publish(self.mirror.tokens)
+        self.lead_step.note(len(self.mirror.tokens), now)
+        self.stats.accepted = max(self.stats.accepted, state.your_accepted)
+        return taken
+
+    def job(self, max_post: int, burst: int, eos: frozenset[int], width: int) -> DraftJob:
+        state = self.state
+        return DraftJob(self.mirror.tokens, state.sampling, ahead_for(state.draft_len, max_post),
+                        burst, eos, self.rng, self.latest, n_prompt=state.n_prompt,
+                        width=width, depth=min(max(1, state.draft_len), max_post - 1))
+
+    def took(self, job: DraftJob, drafted: Drafted) -> None:
+        """What a draft job did for this session."""
+        self.stats.add(drafted.work)
+        self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists, drafted.probs)
+
+    def post(self, drafted: Drafted, back_id: str, max_post: int, send_dists: bool
+             ) -> DraftPost | None:
+        """The post of what `drafted` holds past lead's tokens, if anything new. A draft on
+        a path lead has left since (its news came while the model thread drafted) is not
+        posted: at lead's new length it would read as a fresh draft."""
+        local = drafted.local
+        draft = self.mirror.draft_past(local)
+        if draft is None:
+            return None
+        start = len(self.mirror.tokens)
+        made = self.posts.next_post(self.session_id, start, draft[:max_post], back_id,
+                                    send_dists, hanging_off(local, drafted.branches), max_post)
+        if made is None:
+            return None
+        post, new_tokens = made
+        self.stats.posts += 1
+        self.stats.drafted += new_tokens
+        return post

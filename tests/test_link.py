@@ -1,0 +1,208 @@
+"""The link (GET /duo/link, a WebSocket): what lead pushes to a back and takes from it, and a
+back drafting for several sessions at once over it (fake models, in one process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+from httpx_ws.transport import ASGIWebSocketTransport
+from starlette.websockets import WebSocketDisconnect
+
+from back.client import LeadClient
+from back.drafter import ModelDrafter
+from back.worker import Worker
+from lead.app import create_app
+from lead.backfeed import BackFeed
+from lead.backlink import Link
+from lead.cost import CostModel
+from lead.metrics import Metrics
+from lead.session import Session
+from shared.fake import FakeModel, VirtualClock
+from shared.protocol import Hello, SamplingParams
+from tests.conftest import async_wait_until, make_settings
+from tests.test_inprocess import text_of, with_workers
+
+
+def session(sid: str, tokens: list[int], temperature: float = 0.0) -> Session:
+    return Session(id=sid, tokens=list(tokens), n_prompt=len(tokens),
+                   params=SamplingParams(temperature=temperature), rng=np.random.default_rng(0))
+
+
+# --- what lead sends (pure over the feed) ---
+
+
+def test_an_update_carries_only_what_the_back_was_not_sent() -> None:
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
+    link = Link(feed)
+    a = session("a", [1, 2, 3])
+    feed.start(a)
+    first = link.update()
+    assert first is not None and [s.session_id for s in first.sessions] == ["a"]
+    assert first.sessions[0].token_ids == [1, 2, 3] and first.sessions[0].sampling is not None
+    assert link.update() is None  # nothing new
+    a.tokens += [4, 5]
+    feed.notify(["a"])
+    second = link.update()
+    assert second is not None
+    only = second.sessions[0]
+    assert (only.offset, only.token_ids, only.n_tokens) == (3, [4, 5], 5)
+    assert only.sampling is None  # sent once
+    b = session("b", [9])
+    feed.start(b)
+    a.tokens.append(6)
+    feed.notify(["a"])
+    third = link.update()
+    assert third is not None and {s.session_id: s.token_ids for s in third.sessions} == \
+        {"a": [6], "b": [9]}
+    a.done = True
+    feed.end(a)
+    ended = link.update()
+    assert ended is not None and [(s.session_id, s.done) for s in ended.sessions] == \
+        [("a", True)]
+
+
+def test_a_back_sitting_out_hears_only_of_sessions_starting_and_ending() -> None:
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
+    link = Link(feed)
+    link.hello(Hello(idle=True))
+    a = session("a", [1, 2])
+    feed.start(a)
+    assert link.update() is not None  # it began
+    a.tokens.append(3)
+    feed.notify(["a"])
+    assert not link.has_news() and link.update() is None  # a step: not for this back
+    feed.end(a)
+    assert link.update() is not None
+
+
+def test_news_of_a_quiet_session_comes_only_when_it_wants_drafts() -> None:
+    cost = CostModel(max_draft=8, fixed=0)  # no drafts wanted
+    feed = BackFeed(cost, Metrics())
+    link = Link(feed)
+    a, b = session("a", [1, 2]), session("b", [5])
+    feed.start(a)
+    feed.start(b)
+    link.update()
+    link.hello(Hello(quiet=["a"], ignored=["b"]))
+    a.tokens.append(3)
+    b.tokens.append(6)
+    feed.notify(["a", "b"])
+    assert link.update() is None
+    cost.fixed = 2  # now it does
+    feed.notify(["a", "b"])
+    got = link.update()
+    assert got is not None and [s.session_id for s in got.sessions] == ["a"]  # never b
+
+
+# --- the socket ---
+
+
+def link_app(**settings: object) -> TestClient:
+    return TestClient(create_app(make_settings(calibrate=False, **settings), FakeModel()))
+
+
+def test_messages_lead_cannot_take_are_refused_naming_why_and_the_link_stays() -> None:
+    with link_app() as client, client.websocket_connect("/duo/link") as ws:
+        ws.send_text("not json")
+        assert json.loads(ws.receive_text())["status"] == 400
+        ws.send_text(json.dumps({"type": "draft", "draft": {"session_id": "s", "start": 0,
+                                                           "token_ids": []}}))
+        refused = json.loads(ws.receive_text())
+        assert refused["status"] == 400 and refused["param"] == "draft.draft.token_ids"
+        ws.send_text(json.dumps({"type": "draft", "draft": {
+            "session_id": "s", "start": 0, "token_ids": [10_000]}}))
+        refused = json.loads(ws.receive_text())
+        assert refused["status"] == 400 and "vocabulary" in refused["message"]
+        ws.send_text("x" * (2 << 20))
+        assert json.loads(ws.receive_text())["status"] == 413
+        ws.send_text(json.dumps({"type": "hello", "back_id": "b", "kind": "model"}))
+        update = json.loads(ws.receive_text())  # still open: its first update
+        assert update["type"] == "update" and update["sessions"] == []
+
+
+def test_posts_over_their_rate_are_refused_with_the_wait() -> None:
+    with link_app(max_draft_posts=1.0) as client, client.websocket_connect("/duo/link") as ws:
+        post = json.dumps({"type": "draft", "draft": {"session_id": "s", "start": 0,
+                                                     "token_ids": [5], "back_id": "b"}})
+        ws.send_text(post)  # taken (stale: no such session) and nothing is answered
+        ws.send_text(post)
+        refused = json.loads(ws.receive_text())
+        assert refused["status"] == 429 and refused["retry_after"] >= 1
+        assert refused["session_id"] == "s"
+
+
+def test_a_link_without_the_key_is_refused() -> None:
+    app = create_app(make_settings(calibrate=False, api_key="k"), FakeModel())
+    with TestClient(app) as client:
+        with pytest.raises(WebSocketDisconnect) as closed, \
+                client.websocket_connect("/duo/link"):
+            pass
+        assert closed.value.code == 1008
+        with client.websocket_connect("/duo/link", headers={"Authorization": "Bearer k"}) \
+                as ws:
+            ws.send_text(json.dumps({"type": "hello"}))
+            assert json.loads(ws.receive_text())["type"] == "update"
+
+
+# --- a back on the link ---
+
+
+def linked_lead(slots: int) -> tuple[object, FakeModel]:
+    clock = VirtualClock()
+    target = FakeModel(slots=slots, cost_s=(0.003, 0.0005), eos_bias=-100.0, clock=clock)
+    app = create_app(make_settings(max_tokens=120, parallel=slots, calibrate=False,
+                                   draft_len=4, ngram=False), target, clock=clock)
+    return app, target
+
+
+def linked_worker(transport: httpx.AsyncBaseTransport, slots: int) -> tuple[Worker, FakeModel]:
+    draft = FakeModel(slots=slots, salt="draft", agree=0.9, cost_s=(0.0005, 0.0))
+    client = LeadClient("http://lead", transport=transport, poll_wait=1.0)
+    drafters = [ModelDrafter(draft.slot(i)) for i in range(slots)]
+    return Worker(client, drafters, draft.fingerprint(), draft.n_vocab, model=draft), draft
+
+
+async def ask(http: httpx.AsyncClient, text: str) -> dict:
+    r = await http.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": text}], "max_tokens": 120})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_a_back_on_the_link_drafts_for_every_session_in_one_call() -> None:
+    texts = ["hello there", "what now", "tell me more", "and then"]
+    alone = {}
+
+    async def reference() -> None:
+        app, _ = linked_lead(1)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
+                                     base_url="http://lead") as http:
+            for text in texts:
+                alone[text] = text_of(await ask(http, text))
+
+    async def body() -> None:
+        await reference()
+        app, _ = linked_lead(4)
+        engine = app.state.engine  # type: ignore[attr-defined]
+        async with ASGIWebSocketTransport(app=app) as transport:
+            worker, draft = linked_worker(transport, 4)
+
+            async def check() -> None:
+                await async_wait_until(lambda: worker.version >= 0, what="the link")
+                async with httpx.AsyncClient(transport=transport, base_url="http://lead") \
+                        as http:
+                    replies = await asyncio.gather(*(ask(http, t) for t in texts))
+                for text, r in zip(texts, replies, strict=True):
+                    assert text_of(r) == alone[text]  # drafts change nothing
+                    assert r["usage"]["accepted_tokens"] > 20, r["usage"]
+                assert engine.metrics.link_updates > 0 and engine.metrics.state_polls == 0
+                assert max(draft.slot_calls) >= 3  # guesses of several sessions in one call
+
+            await with_workers([worker], check)
+
+    asyncio.run(asyncio.wait_for(body(), 60))
