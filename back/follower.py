@@ -26,6 +26,7 @@ class Follower:
         self.rng: np.random.Generator = make_draft_rng(seed)
         self.latest = LatestTokens()  # lead's tokens, for the model thread's abort check
         self.lead_step = StepClock()  # lead's step time in this session, from its states
+        self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
 
     @property
     def state(self) -> State:
@@ -52,21 +53,34 @@ class Follower:
         self.stats.add(drafted.work)
         self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists, drafted.probs)
 
-    def post(self, drafted: Drafted, back_id: str, max_post: int, send_dists: bool
-             ) -> DraftPost | None:
-        """The post of what `drafted` holds past lead's tokens, if anything new. A draft on
-        a path lead has left since (its news came while the model thread drafted) is not
-        posted: at lead's new length it would read as a fresh draft."""
+    def post(self, drafted: Drafted, back_id: str, max_post: int, send_dists: bool,
+             ahead: int | None = None) -> DraftPost | None:
+        """The post of what `drafted` holds past lead's tokens, if anything new is due. A
+        draft on a path lead has left since (its news came while the model thread drafted)
+        is not posted: at lead's new length it would read as a fresh draft. With `ahead`
+        (as far as the back drafts), a draft is posted as it doubles, from its first guess
+        to `ahead`, and whatever it holds once it grows no more: a post per guess would
+        cost lead a message to read per guess and session."""
         local = drafted.local
         draft = self.mirror.draft_past(local)
         if draft is None:
             return None
         start = len(self.mirror.tokens)
+        if ahead is not None and drafted.changed and not self._due(start, len(draft), ahead):
+            return None
         made = self.posts.next_post(self.session_id, start, draft[:max_post], back_id,
                                     send_dists, hanging_off(local, drafted.branches), max_post)
         if made is None:
             return None
         post, new_tokens = made
+        self._posted = (start, len(post.token_ids))
         self.stats.posts += 1
         self.stats.drafted += new_tokens
         return post
+
+    def _due(self, start: int, n: int, ahead: int) -> bool:
+        """Whether a draft of n tokens past lead's `start` is due for a post: twice what the
+        last post at this start held (its first guess at once), or all the back drafts."""
+        at, last = self._posted
+        last = last if at == start else 0
+        return n >= min(ahead, max(1, 2 * last))

@@ -360,7 +360,8 @@ class Worker:
             follower.took(job, drafted)
             for tokens, seconds in drafted.calls:
                 self.prices.note(tokens, seconds)
-            post = follower.post(drafted, self.back_id, self.max_post, self.send_dists)
+            post = follower.post(drafted, self.back_id, self.max_post, self.send_dists,
+                                 job.ahead)
             if post is not None and self._link is not None:
                 await self._link.post(post)
             changed = changed or drafted.changed or post is not None

@@ -67,3 +67,21 @@ def test_only_a_few_ended_sessions_are_kept_and_totals_count_all() -> None:
     assert [s.session_id for s in history.recent] == ["s7", "s8", "s9"]
     totals = history.totals
     assert (totals.sessions, totals.drafted, totals.posts, totals.accepted) == (10, 20, 10, 10)
+
+
+def test_a_growing_draft_is_posted_as_it_doubles_and_once_it_stops() -> None:
+    f = follower()
+    f.take(state(1, [1, 2, 3]), now=0.0)
+    posted = []
+    for n in range(1, 13):  # a guess a job, to 12 tokens past lead (`ahead`)
+        drafted = Drafted(Work(), 1, (1, 2, 3, *range(10, 10 + n)), 3, {})
+        if (post := f.post(drafted, "b", 16, False, ahead=12)) is not None:
+            posted.append(len(post.token_ids))
+    assert posted == [1, 2, 4, 8, 12]
+    f.take(state(2, [1, 2, 3, 10]), now=0.1)  # lead took a token: the doubling starts over
+    post = f.post(Drafted(Work(), 1, (1, 2, 3, *range(10, 23)), 4, {}), "b", 16, False, 12)
+    assert post is not None and len(post.token_ids) == 12
+    f.take(state(3, [1, 2, 3, 10, 11]), now=0.2)
+    stopped = Drafted(Work(), 0, (1, 2, 3, 10, 11, 30, 31), 5, {})  # it grows no more
+    tail = f.post(stopped, "b", 16, False, 12)
+    assert tail is not None and tail.token_ids == [30, 31]  # posted, short of doubling
