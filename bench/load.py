@@ -184,8 +184,9 @@ def run(a: argparse.Namespace) -> dict:
 
 
 def report(a: argparse.Namespace, data: dict) -> str:
-    results, names = data["results"], list(data["results"])
-    peer = names[-1] if len(names) > 1 else None
+    results = data["results"]
+    names = sorted(results, key=lambda name: name.startswith("peer"))  # duo first
+    peer = next((name for name in names if name.startswith("peer")), None)
     lines = [f"{a.tokens}-token greedy streamed replies, all clients at once; {a.repeat} "
              f"round{'s' * (a.repeat > 1)}", "",
              "| clients | configuration | aggregate tok/s | vs " + (peer or "-") +

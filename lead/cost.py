@@ -11,6 +11,7 @@ Formulas, defaults and the measurements behind them: docs/cost-model.md.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -177,41 +178,46 @@ class CostModel:
 
     def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
         """Draft tokens to verify per session in one batch, session i's tokens accepted with
-        odds[i] (each given the ones before it; at most what it offers): the allocation of
-        the best expected tokens per second of all the sessions together, token by token to
-        the session whose next token is likeliest, the fewest tokens within 1 % of the best
-        rate; none where that beats plain decoding by less than `margin`. `base`: tokens the
-        batch holds besides drafts (one per session, and any prompt being evaluated)."""
+        odds[i] (each given the ones before it; at most what it offers). Each session's
+        rate is its expected tokens over the batch's price, and the allocation maximises
+        their geometric mean (proportional fairness): one session's long draft makes every
+        session's step dearer, so it is verified only where it raises its own rate more than
+        it lowers the others'. For one session that is its best rate. Tokens go one at a time
+        to the session they raise most; the fewest tokens within 1 % of the best; none where
+        that beats plain decoding by less than `margin`. `base`: tokens the batch holds
+        besides drafts (one per session, and any prompt being evaluated)."""
         if self.fixed is not None:
             return [min(self.fixed, len(o)) for o in odds]
         base = len(odds) if base is None else base
-        picks, rates = self._greedy(odds, base, max(0, self.prices.largest - base))
-        best = max(rates)
-        t = next(t for t, rate in enumerate(rates) if rate >= 0.99 * best)
-        if rates[t] < self.margin * rates[0]:
+        picks, scores = self._greedy(odds, base, max(0, self.prices.largest - base))
+        best = max(scores)
+        t = next(t for t, score in enumerate(scores) if score >= best + math.log(0.99))
+        if scores[t] < scores[0] + math.log(self.margin):
             t = 0
         return [picks[:t].count(i) for i in range(len(odds))]
 
     def _greedy(self, odds: Sequence[Sequence[float]], base: int, most: int
                 ) -> tuple[list[int], list[float]]:
-        """Draft tokens added one at a time, the likeliest next first (`picks`: whose), and
-        the expected tokens per second after each (rates[0]: no drafts, quiet)."""
-        reach = [1.0] * len(odds)
-        taken = [0] * len(odds)
-        expected = float(len(odds))
-        rates = [expected / max(self.prices.plain() * self.prices.relative(base), 1e-9)]
+        """Draft tokens added one at a time, each to the session whose expected tokens it
+        raises by the largest factor (`picks`: whose), and after each the mean log of the
+        sessions' rates (scores[0]: no drafts, quiet)."""
+        n = max(len(odds), 1)
+        reach, expected, taken = [1.0] * len(odds), [1.0] * len(odds), [0] * len(odds)
+        plain = max(self.prices.plain() * self.prices.relative(base), 1e-9)
+        scores = [-math.log(plain)]
         picks: list[int] = []
         while len(picks) < most:
             open_ = [i for i in range(len(odds)) if taken[i] < len(odds[i])]
             if not open_:
                 break
-            i = max(open_, key=lambda j: reach[j] * odds[j][taken[j]])
+            i = max(open_, key=lambda j: reach[j] * odds[j][taken[j]] / expected[j])
             reach[i] *= odds[i][taken[i]]
             taken[i] += 1
-            expected += reach[i]
+            expected[i] += reach[i]
             picks.append(i)
-            rates.append(expected / max(self.prices.busy_s(base + len(picks)), 1e-9))
-        return picks, rates
+            price = max(self.prices.busy_s(base + len(picks)), 1e-9)
+            scores.append(sum(math.log(e) for e in expected) / n - math.log(price))
+        return picks, scores
 
     def odds_at(self, n: int, first: bool = False) -> list[float]:
         """Odds of a draft of n tokens known only by the acceptance estimate: each right

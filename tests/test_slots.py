@@ -71,6 +71,17 @@ def test_a_batch_holds_no_more_than_the_largest_priced_size() -> None:
     assert 4 + sum(lengths) <= 9 and sum(lengths) > 0
 
 
+def test_a_long_draft_that_would_crush_another_sessions_rate_is_cut() -> None:
+    cost = CostModel(max_draft=8)  # the 2-core Xeon's prices: long batches are cheap a token
+    cost.calibrate({1: 1.0, 2: 1.53, 3: 1.86, 4: 1.77, 5: 2.35, 6: 2.62, 7: 3.0, 8: 3.31,
+                    9: 3.45, 24: 6.2, 32: 6.97, 48: 9.47, 65: 14.18})
+    echo = [0.97] * 60  # a file echoed back: lead's own copy, nearly always right
+    alone = cost.allocate([echo])[0]
+    beside, other = cost.allocate([echo, []])
+    assert alone >= 30  # alone, the longest copies pay
+    assert 0 < beside < alone / 2 and other == 0  # beside another reply, far shorter ones
+
+
 def test_a_forced_length_applies_to_every_session() -> None:
     cost = CostModel(max_draft=8, fixed=3)
     assert cost.allocate([[0.1] * 8, [0.5] * 2]) == [3, 2]
