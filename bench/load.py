@@ -21,7 +21,7 @@ import statistics
 import time
 from collections.abc import Sequence
 from contextlib import ExitStack
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import httpx
@@ -50,6 +50,7 @@ class Sample:
     done: float
     drafted: int = 0
     accepted: int = 0
+    round: int = 0
 
 
 async def request(http: httpx.AsyncClient, config: str, clients: int, text: str,
@@ -102,8 +103,11 @@ async def short_during_long(url: str, config: str, long_text: str, short_text: s
 
 
 def summary(samples: list[Sample]) -> dict[str, float]:
-    """Aggregate tok/s over the wall time, and the latencies' p50/p95."""
-    wall = max(s.done for s in samples) - min(s.sent for s in samples)
+    """Aggregate tok/s (each round's tokens over its wall time, pooled over the rounds),
+    and the latencies' p50/p95."""
+    rounds = {s.round for s in samples}
+    wall = sum(max(s.done for s in samples if s.round == r) -
+               min(s.sent for s in samples if s.round == r) for r in rounds)
     tokens = sum(s.tokens for s in samples)
     return {"tok_s": tokens / wall if wall > 0 else 0.0,
             "ttft_p50": _pct(samples, "ttft_s", 50), "ttft_p95": _pct(samples, "ttft_s", 95),
@@ -171,7 +175,8 @@ def run(a: argparse.Namespace) -> dict:
                 order = list(urls) if (round_ + n) % 2 == 0 else list(reversed(urls))
                 for name in order:
                     chosen = [texts[(round_ * 8 + n + i) % len(texts)] for i in range(n)]
-                    got = asyncio.run(level(urls[name], name, chosen, a.tokens))
+                    got = [replace(s, round=round_) for s in
+                           asyncio.run(level(urls[name], name, chosen, a.tokens))]
                     results.setdefault(name, {}).setdefault(n, []).extend(got)
                     print(f"  round {round_ + 1}, {n} client{'s' * (n > 1)}, {name}: "
                           f"{summary(got)['tok_s']:.1f} tok/s", flush=True)
