@@ -18,7 +18,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from lead import api
+from lead import anthropic, api
+from lead.agentroutes import agent_router
 from lead.backroutes import back_router
 from lead.engine import Engine
 from lead.gate import Gate
@@ -31,6 +32,7 @@ from shared.modelthread import Threads
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
 
 PREPARE_THREADS = 2  # requests prepared at once (templates, tokens, grammars), off the loop
+ANTHROPIC_PATH = "/v1/messages"  # its errors in Anthropic's shape
 
 
 def lead_placement(settings: LeadSettings) -> Placement:
@@ -70,6 +72,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
     app.include_router(openai_router(engine, settings.max_tokens, workers))
+    app.include_router(agent_router(engine, settings.max_tokens, workers))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,
@@ -95,16 +98,25 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
+    """Errors in OpenAI's shape, or in Anthropic's on its API's path."""
     @app.exception_handler(RequestValidationError)
-    async def invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
-        return JSONResponse(api.error_body(message, param=where or None), status_code=400)
+        return _error(request, 400, message, where or None)
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "authentication_error" if exc.status_code == 401 else "invalid_request_error"
-        body = api.error_body(str(exc.detail), kind, param=getattr(exc, "param", None))
-        return JSONResponse(body, status_code=exc.status_code,
-                            headers=getattr(exc, "headers", None))
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error(request, exc.status_code, str(exc.detail), getattr(exc, "param", None),
+                      getattr(exc, "headers", None))
+
+
+def _error(request: Request, status: int, message: str, param: str | None = None,
+           headers: dict[str, str] | None = None) -> JSONResponse:
+    if request.url.path.startswith(ANTHROPIC_PATH):
+        return JSONResponse(anthropic.error_body(status, message), status_code=status,
+                            headers=headers)
+    kind = "authentication_error" if status == 401 else "invalid_request_error"
+    return JSONResponse(api.error_body(message, kind, param=param), status_code=status,
+                        headers=headers)

@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections import deque
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
 
@@ -22,7 +22,6 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from lead import api, toolreply
-from lead.engine import Engine
 from lead.session import Emission, Session
 from lead.toolparse import Delta
 from lead.wire import Stall, wire_of
@@ -88,16 +87,19 @@ async def decode_into(gen: AsyncGenerator[Emission, None], outbox: Outbox) -> No
         await gen.aclose()
 
 
-class StreamedReply(Response):
-    """The reply as an ASGI response: decoding in a task of its own, sending here."""
+Events = Callable[[AsyncIterator[Emission]], AsyncIterator[str]]  # an API's stream format
 
-    def __init__(self, engine: Engine, gen: AsyncGenerator[Emission, None], first: Emission,
-                 rid: str, shape: api.ReplyShape, deltas: toolreply.Deltas) -> None:
+
+class StreamedReply(Response):
+    """The reply as an ASGI response: decoding in a task of its own, sending here the
+    server-sent events `events` makes of its emissions (`first`, then the rest)."""
+
+    def __init__(self, gen: AsyncGenerator[Emission, None], first: Emission,
+                 events: Events) -> None:
         # Response's own __init__ would give it a body, and so a Content-Length of 0.
         self.status_code, self.media_type, self.background = 200, "text/event-stream", None
         self.init_headers({"Cache-Control": "no-cache"})
-        self.engine, self.gen, self.first = engine, gen, first
-        self.rid, self.shape, self.deltas = rid, shape, deltas
+        self.gen, self.first, self.events = gen, first, events
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outbox = Outbox()
@@ -117,8 +119,7 @@ class StreamedReply(Response):
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
         try:
-            async for text in sse(self.engine, outbox, self.first, self.rid, self.shape,
-                                  self.deltas):
+            async for text in self.events(chain(self.first, outbox)):
                 await send({"type": "http.response.body", "body": text.encode(),
                             "more_body": True})
         except ReplyCut:
@@ -157,12 +158,11 @@ async def until_disconnect(receive: Receive) -> None:
         await asyncio.get_running_loop().create_future()  # until cancelled
 
 
-async def sse(engine: Engine, gen: AsyncIterator[Emission], first: Emission, rid: str,
+async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
               shape: api.ReplyShape, deltas: toolreply.Deltas | None = None
               ) -> AsyncIterator[str]:
-    """A reply's events: `first`, then `gen`'s emissions, then the finish and [DONE]."""
-    head = api.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid,
-                        engine.model.name)
+    """An OpenAI reply's events: a chunk per emission, then the finish and [DONE]."""
+    head = api.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
     deltas = deltas or toolreply.Deltas(None)  # None: the text is all content
 
     def event(e: Emission | None, part: Delta | None = None, finish: str | None = None,
@@ -181,8 +181,8 @@ async def sse(engine: Engine, gen: AsyncIterator[Emission], first: Emission, rid
 
     if shape.chat:
         yield event(None, opening=True)
-    last = first
-    async for e in _chain(first, gen):
+    last = None
+    async for e in emissions:
         if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
             parts = deltas.push(e.text)
             yield event(e, parts[0] if parts else None)
@@ -191,13 +191,13 @@ async def sse(engine: Engine, gen: AsyncIterator[Emission], first: Emission, rid
         last = e
     for part in deltas.finish():
         yield event(None, part)
-    session = last.session
+    session = last.session if last is not None else None
     assert session is not None, "the last emission carries the session"
     yield event(None, finish=deltas.finish_reason(session.finish_reason), usage=usage(session))
     yield "data: [DONE]\n\n"
 
 
-async def _chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator[Emission]:
+async def chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator[Emission]:
     yield first
     async for e in rest:
         yield e

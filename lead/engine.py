@@ -244,7 +244,7 @@ class Engine:
         chunks = self._texts(emitted, run)
         if run.text.stopped:  # tokens past a stop string are no part of the reply
             self.decoder.cut(session, len(emitted) - len(chunks))
-            session.finish_reason = "stop"
+            session.finish_reason, session.stop_sequence = "stop", run.text.matched
         run.offers.settle(session.tokens, final=session.finish_reason is not None)
         if log.isEnabledFor(logging.DEBUG):
             self._trace(session, offered, result)

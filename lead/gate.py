@@ -27,6 +27,7 @@ from lead.webroutes import STATIC_PREFIX
 
 LOOPBACK_NAMES = ("localhost",)
 BACK_PREFIX = "/duo/"  # the back protocol's routes: the back key is good there too
+ANTHROPIC_PATH = "/v1/messages"  # its errors in Anthropic's shape
 
 
 class Gate:
@@ -69,11 +70,13 @@ class Gate:
                                 status_code=413)
         path = scope["path"]
         if path in self.OPEN or path.startswith(STATIC_PREFIX) or \
-                self.keys.admits(header(scope, b"authorization") or b"",
-                                 back_route=path.startswith(BACK_PREFIX)):
+                self.keys.admits(authorization(scope), back_route=path.startswith(BACK_PREFIX)):
             return None
-        return JSONResponse(api.error_body("missing or wrong API key (Authorization: Bearer "
-                                           "KEY)", "authentication_error"), status_code=401)
+        message = "missing or wrong API key (Authorization: Bearer KEY, or x-api-key: KEY)"
+        if path.startswith(ANTHROPIC_PATH):
+            return JSONResponse({"type": "error", "error": {"type": "authentication_error",
+                                                           "message": message}}, 401)
+        return JSONResponse(api.error_body(message, "authentication_error"), status_code=401)
 
 
 async def _refuse_socket(receive: Receive, send: Send, refusal: JSONResponse) -> None:
@@ -96,6 +99,16 @@ def _host_refusal(host: bytes | None) -> JSONResponse:
 
 def header(scope: Scope, name: bytes) -> bytes | None:
     return next((v for k, v in scope["headers"] if k == name), None)
+
+
+def authorization(scope: Scope) -> bytes:
+    """The request's key as an Authorization value: its own, or `x-api-key` (Anthropic's
+    clients send the key so) as a bearer token."""
+    given = header(scope, b"authorization")
+    if given:
+        return given
+    key = header(scope, b"x-api-key")
+    return b"Bearer " + key if key else b""
 
 
 def arrived_on_loopback(scope: Scope) -> bool:

@@ -16,14 +16,14 @@ from fastapi.responses import JSONResponse, Response
 
 from lead import api, toolreply
 from lead.admission import Place, QueueFull
-from lead.delivery import StreamedReply, unless_gone, usage
+from lead.delivery import StreamedReply, sse, unless_gone, usage
 from lead.engine import Engine
 from lead.prepare import Prepared, prepare_chat, prepare_completion
 from lead.session import Emission
 from lead.tools import ToolPlan
 from shared.modelthread import Threads
 
-Started = tuple[AsyncGenerator[Emission, None], Emission, ToolPlan | None]
+Started = tuple[AsyncGenerator[Emission, None], Emission, Prepared]
 
 
 def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
@@ -56,9 +56,15 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
     return router
 
 
-async def _reply(engine: Engine, workers: Threads, request: Request,
-                 body: api.CommonRequest, shape: api.ReplyShape,
-                 prepare: Callable[[], Prepared]) -> Response:
+Whole = Callable[[list[Emission], ToolPlan | None], Response]  # a reply not streamed
+Streamed = Callable[[AsyncGenerator[Emission, None], Emission, Prepared], Response]
+
+
+async def reply(engine: Engine, workers: Threads, request: Request, stream: bool,
+                prepare: Callable[[], Prepared], whole: Whole, streamed: Streamed
+                ) -> Response:
+    """A request's place in line (429 before any work), its preparation off the event loop,
+    its turn; then its reply, whole or streamed, in its API's shape."""
     place = _reserve(engine)  # 429 before any template, tokens or grammar
     try:
         started = await unless_gone(request.receive, _start(engine, workers, place, prepare))
@@ -66,18 +72,31 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
         place.leave()  # gone, refused or failed before its turn: the place is free again
     if started is None:
         return Response(status_code=499)  # the client left while it waited: nobody reads it
-    gen, first, plan = started
-    rid = api.new_id("chatcmpl" if shape.chat else "cmpl")
-    if body.stream:
-        return StreamedReply(engine, gen, first, rid, shape, toolreply.Deltas(plan))
+    gen, first, prepared = started
+    if stream:
+        return streamed(gen, first, prepared)
     emissions = await unless_gone(request.receive, _rest(first, gen))
     if emissions is None:
         return Response(status_code=499)
-    return _whole(engine.model.name, rid, shape, plan, emissions)
+    return whole(emissions, prepared.plan)
 
 
-def _whole(model: str, rid: str, shape: api.ReplyShape, plan: ToolPlan | None,
-           emissions: list[Emission]) -> JSONResponse:
+async def _reply(engine: Engine, workers: Threads, request: Request,
+                 body: api.CommonRequest, shape: api.ReplyShape,
+                 prepare: Callable[[], Prepared]) -> Response:
+    rid = api.new_id("chatcmpl" if shape.chat else "cmpl")
+    name = engine.model.name
+
+    def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
+                 prepared: Prepared) -> Response:
+        return StreamedReply(gen, first, partial(sse, name, rid=rid, shape=shape,
+                                                 deltas=toolreply.Deltas(prepared.plan)))
+    return await reply(engine, workers, request, body.stream, prepare,
+                       partial(_whole, name, rid, shape), streamed)
+
+
+def _whole(model: str, rid: str, shape: api.ReplyShape, emissions: list[Emission],
+           plan: ToolPlan | None) -> JSONResponse:
     """A reply not streamed, from all of its emissions."""
     text = "".join(e.text for e in emissions)
     session = emissions[-1].session
@@ -104,7 +123,7 @@ async def _start(engine: Engine, workers: Threads, place: Place,
     prepared = await workers.run(prepare)
     gen = engine.generate(prepared.req, place)
     try:
-        return gen, await anext(gen), prepared.plan
+        return gen, await anext(gen), prepared
     except BaseException:
         await gen.aclose()  # cancelled while queued or in its prompt: the generation ends
         raise

@@ -44,6 +44,7 @@ class Session:
     constraint: Constraint | None = None  # the grammar's state after the tokens so far
     done: bool = False
     finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
     drafted: int = 0
     accepted: int = 0
     rejections: int = 0  # verify steps that rejected a draft token

@@ -17,14 +17,16 @@ class TextStream:
         self._stop = [s for s in stop if s]
         self._held = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the reply
 
     def push(self, data: bytes) -> str:
         """Feed one token's bytes; return the text that is now safe to emit."""
         if self.stopped:
             return ""
         self._held += self._decoder.decode(data)
-        cut = self._first_stop()
-        if cut is not None:
+        found = self._first_stop()
+        if found is not None:
+            cut, self.matched = found
             self.stopped = True
             out, self._held = self._held[:cut], ""
             return out
@@ -43,8 +45,9 @@ class TextStream:
         self._decoder.reset()
         return out
 
-    def _first_stop(self) -> int | None:
-        hits = [i for i in (self._held.find(s) for s in self._stop) if i >= 0]
+    def _first_stop(self) -> tuple[int, str] | None:
+        """Where the first stop string in the held text begins, and which it is."""
+        hits = [(i, s) for i, s in ((self._held.find(s), s) for s in self._stop) if i >= 0]
         return min(hits) if hits else None
 
     def _partial_stop_len(self) -> int:

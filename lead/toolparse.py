@@ -40,6 +40,8 @@ HERMES = CallFormat("hermes", "<tool_call>", "</tool_call>", "arguments", bare=(
 LLAMA3 = CallFormat("llama3", "<|python_tag|>", None, "parameters", bare=("{", FENCE))
 MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", None, "arguments", bare=("[", FENCE),
                      prefix="[TOOL_CALLS]", array=True)
+# A template with none of these: the reply is one JSON object (lead/generictools.py)
+GENERIC = CallFormat("generic", "", None, "arguments")
 
 
 def finish_reason(finish: str | None, called: bool) -> str | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from lead.api import ChatRequest, FieldRefused
+from lead.generictools import generic_messages
 from lead.toolparse import Delta, ToolStream, finish_reason
 from lead.tools import ToolPlan, ToolsError, plan_tools, template_messages, wrap_gbnf
 from shared.model import Model
@@ -21,6 +22,8 @@ def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
         messages = template_messages([m.for_template() for m in body.messages])
     except ToolsError as exc:
         raise FieldRefused(exc.param, str(exc)) from None
+    if plan.generic:
+        messages = generic_messages(messages, plan.tools, plan.choice.mode == "required")
     return plan, model.format_chat(messages, plan.template_tools())
 
 

@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from lead.toolparse import HERMES, LLAMA3, MISTRAL, CallFormat, ToolStream, parse_reply
+from lead.generictools import GenericStream, reply_schema
+from lead.toolparse import GENERIC, HERMES, LLAMA3, MISTRAL, CallFormat, ToolStream, parse_reply
 from shared.schema_bounds import check_schema
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
@@ -74,17 +75,33 @@ class ToolPlan:
     def names(self) -> list[str]:
         return [t["function"]["name"] for t in self.tools]
 
-    def stream(self) -> ToolStream | None:
+    @property
+    def generic(self) -> bool:
+        """The template has no call format: the generic JSON one (lead/generictools.py)."""
+        return self.fmt is GENERIC
+
+    def stream(self) -> ToolStream | GenericStream | None:
         """A parser for a streamed reply's text, or None where text is only content."""
-        return None if self.fmt is None else ToolStream(self.fmt, self.names())
+        if self.fmt is None:
+            return None
+        return GenericStream(self.names()) if self.generic else ToolStream(self.fmt,
+                                                                            self.names())
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        """A finished reply's (content, tool_calls): toolparse.parse_reply."""
-        return (text, []) if self.fmt is None else parse_reply(self.fmt, text, self.names())
+        """A finished reply's (content, tool_calls)."""
+        if self.fmt is None:
+            return text, []
+        if not self.generic:
+            return parse_reply(self.fmt, text, self.names())
+        stream = GenericStream(self.names())
+        deltas = stream.push(text) + stream.finish()
+        content = "".join(d.get("content", "") for d in deltas)
+        return (content or None) if stream.calls else content, stream.calls
 
     def template_tools(self) -> list[dict[str, Any]] | None:
-        """The template's `tools` variable (None: render as without tools)."""
-        return self.tools or None
+        """The template's `tools` variable (None: render as without tools; the generic
+        format describes them in a system message)."""
+        return None if self.generic else self.tools or None
 
 
 def plan_tools(template: str | None, tools: Any, tool_choice: Any) -> ToolPlan:
@@ -93,10 +110,7 @@ def plan_tools(template: str | None, tools: Any, tool_choice: Any) -> ToolPlan:
     choice = check_tool_choice(tool_choice, checked)
     if choice.mode == "none":
         return ToolPlan(None)
-    fmt = detect_format(template)
-    if fmt is None:
-        raise ToolsError("tools", "this model's chat template has no tool-call format lead "
-                                  "knows (Hermes/Qwen, Llama 3.x, Mistral)")
+    fmt = detect_format(template) or GENERIC
     return ToolPlan(fmt, checked, choice, call_grammar(fmt, checked, choice))
 
 
@@ -163,13 +177,18 @@ def _named(choice: Any) -> str:
 
 def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
                  choice: ToolChoice) -> CallGrammar | None:
-    """The shape a forced call takes ("required": any one tool; named: that one)."""
-    if choice.mode != "required":
+    """The shape a forced call takes ("required": any one tool; named: that one); in the
+    generic format, every reply's (a call, or under "auto" an answer)."""
+    if choice.mode != "required" and fmt is not GENERIC:
         return None
     for i, tool in enumerate(tools):
         if choice.name in (None, tool["function"]["name"]):
             _check_parameters(f"tools[{i}].function.parameters", tool["function"]["parameters"])
     allowed = [t["function"] for t in tools if choice.name in (None, t["function"]["name"])]
+    if fmt is GENERIC:
+        functions = [{**f, "parameters": _without(f["parameters"], _DEFS)} for f in allowed]
+        schema = reply_schema(functions, choice.mode == "required")
+        return CallGrammar("", {**schema, **_hoisted_defs(allowed)}, "")
     options = [_call_schema(fmt.key, f["name"], _without(f["parameters"], _DEFS))
                for f in allowed]
     one = options[0] if len(options) == 1 else {"anyOf": options}

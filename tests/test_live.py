@@ -14,6 +14,7 @@ import pytest
 from lead import api
 from lead.app import create_app
 from lead.cost import CostModel
+from lead.delivery import chain
 from lead.delivery import sse as _sse
 from lead.drafts import BackRecord, BackRegistry
 from lead.live import LiveNews, ReplyRecord, reply_record, snapshot
@@ -257,8 +258,9 @@ def test_every_token_is_an_event_even_before_its_text_is() -> None:
             for e in rest:
                 yield e
         shape = api.ReplyShape(chat=True, token_bytes=app.state.engine.model.token_bytes)
-        chunks = [c async for c in _sse(app.state.engine, gen(), Emission("a", 1, 1, back="x"),
-                                        "id", shape)]
+        first = Emission("a", 1, 1, back="x")
+        chunks = [c async for c in _sse(app.state.engine.model.name, chain(first, gen()), "id",
+                                        shape)]
         return list(sse_events("".join(chunks).splitlines()))
 
     events = asyncio.run(body())

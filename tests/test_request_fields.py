@@ -29,8 +29,7 @@ def post(client: TestClient, path: str, **fields: object) -> tuple[int, dict]:
 
 REFUSED = [
     (CHAT, {"json_schema": {"type": "object"}}, "json_schema"),  # response_format's job
-    # the fake's template has no tool-call format lead knows
-    (CHAT, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    (CHAT, {"tools": [{"type": "shell"}]}, "tools[0].type"),  # functions only
     (CHAT, {"tool_choice": "auto"}, "tool_choice"),  # without tools
     (COMPLETIONS, {"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     (CHAT, {"functions": [{"name": "f"}]}, "functions"),

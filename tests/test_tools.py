@@ -129,10 +129,16 @@ def test_tool_choice_none_renders_no_tools_and_parses_nothing() -> None:
     assert plan_tools(SMOLLM2, None, None).stream() is None
 
 
-def test_tools_on_a_template_without_a_call_format_are_refused() -> None:
-    with pytest.raises(ToolsError, match="no tool-call format") as caught:
-        plan_tools(SMOLLM2, [WEATHER], None)
-    assert caught.value.param == "tools"
+def test_tools_on_a_template_without_a_call_format_take_the_generic_one() -> None:
+    plan = plan_tools(SMOLLM2, [WEATHER], None)
+    assert plan.generic and plan.template_tools() is None  # described in a system message
+    assert plan.grammar is not None and "anyOf" in plan.grammar.schema  # a call or an answer
+    required = plan_tools(SMOLLM2, [WEATHER], "required")
+    assert required.grammar is not None and "anyOf" not in required.grammar.schema
+    assert plan.parse('{"response": "sunny"}') == ("sunny", [])
+    content, calls = plan.parse('{"tool_call": {"name": "get_weather", "arguments": '
+                                '{"city": "Paris"}}}')
+    assert content is None and calls[0]["function"]["name"] == "get_weather"
 
 
 def test_auto_renders_tools_and_parses_only_their_names() -> None:
