@@ -366,3 +366,23 @@ def test_the_generic_format_describes_the_tools_and_writes_history_as_text() -> 
     assert json.loads(out[1]["content"]) == {"tool_call": {"name": "f", "arguments": {"x": 1}}}
     assert out[2] == {"role": "user", "content": "f returned: 42"}
     assert "anyOf" not in reply_schema([{"name": "f", "parameters": {}}], required=True)
+
+
+def test_response_logprobs_are_chat_s_for_the_same_tokens() -> None:
+    app = app_over(FakeModel(eos_bias=-100.0))
+    with TestClient(app) as client:
+        chat = client.post("/v1/chat/completions", json={
+            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 6,
+            "logprobs": True, "top_logprobs": 2}).json()["choices"][0]["logprobs"]["content"]
+        whole = client.post("/v1/responses", json={
+            "input": "hi", "max_output_tokens": 6, "top_logprobs": 2,
+            "include": ["message.output_text.logprobs"]}).json()
+        with client.stream("POST", "/v1/responses", json={
+                "input": "hi", "max_output_tokens": 6, "top_logprobs": 2, "stream": True,
+                "include": ["message.output_text.logprobs"]}) as s:
+            events = [json.loads(line[6:]) for line in s.iter_lines()
+                      if line.startswith("data: ")]
+    assert whole["output"][0]["content"][0]["logprobs"] == chat
+    streamed = [lp for e in events if e["type"] == "response.output_text.delta"
+                for lp in e["logprobs"]]
+    assert streamed == chat and len(chat) == 6
