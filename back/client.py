@@ -14,8 +14,8 @@ import httpx
 from httpx_ws import WebSocketUpgradeError, aconnect_ws
 from pydantic import BaseModel, ValidationError
 
+from shared.httpclient import auth_headers, error_message, lead_url, retry_after
 from shared.protocol import DraftPost, Grammar, Info, State
-from shared.web import auth_headers, error_message, lead_url, retry_after
 
 M = TypeVar("M", bound=BaseModel)
 

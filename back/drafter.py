@@ -31,6 +31,7 @@ from back.tree import (
     rejection_odds,
     taken_by_lead,
 )
+from shared.bounded import Lru
 from shared.constraint import Constraint, Track, best, masked
 from shared.grammar_bounds import check_gbnf
 from shared.model import (
@@ -124,7 +125,7 @@ class ModelDrafter:
         self.clock = clock
         self._logits: np.ndarray | None = None  # next-token logits after model.cached
         self._pending: list[int] = []  # a guess handed out, not yet evaluated
-        self._grammars: dict[str, Constraint | None] = {}  # text -> start state (None: bad)
+        self._grammars: Lru[str, Constraint | None] = Lru(MAX_GRAMMARS)  # text -> start (None: bad)
         self._track: Track | None = None  # the grammar's state along `local`
         self._track_key: tuple[str, int] | None = None  # (grammar, n_prompt) it follows
         self._picks: dict[int, Pick] = {}  # position in local -> how its guess was picked
@@ -343,8 +344,6 @@ class ModelDrafter:
 
     def _parsed(self, grammar: str) -> Constraint | None:
         if grammar not in self._grammars:
-            if len(self._grammars) >= MAX_GRAMMARS:
-                self._grammars.clear()
             try:  # lead checked and parsed it; another lead or llama.cpp may not have
                 check_gbnf(grammar)  # before any parser: a bomb would crash this back
                 self._grammars[grammar] = self.model.constraint(grammar)

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from shared.bounded import Lru
 from shared.protocol import State
 
 
@@ -46,7 +47,7 @@ class LeadMirror:
         # a session sat out: more than the draft model holds, its grammar is gone, or the
         # draft model failed on it
         self.skipped: str | None = None
-        self.grammars: dict[str, str] = {}  # grammar id -> text
+        self.grammars: Lru[str, str] = Lru(GRAMMARS_KEPT)  # grammar id -> text
         self._floor = -1  # no state older than this is taken, even while refetching
 
     def attach(self, lead_id: str) -> None:
@@ -100,10 +101,7 @@ class LeadMirror:
         return gid
 
     def hold_grammar(self, gid: str, text: str) -> None:
-        self.grammars.pop(gid, None)
-        self.grammars[gid] = text  # re-added last: the oldest goes first
-        if len(self.grammars) > GRAMMARS_KEPT:
-            self.grammars.pop(next(iter(self.grammars)))
+        self.grammars[gid] = text
         self.state = self._with_grammar(self.state)
 
     def _with_grammar(self, state: State) -> State:

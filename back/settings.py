@@ -9,10 +9,10 @@ from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.httpclient import lead_url
 from shared.placement import parse_cpus
 from shared.protocol import MAX_BRANCHES
 from shared.rpcwire import parse_endpoints, parse_weights
-from shared.web import lead_url
 
 
 class BackSettings(BaseSettings):

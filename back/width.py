@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.bounded import ewma
+
 EWMA = 0.2  # weight of a new measurement
 MARGIN = 0.8  # the share of lead's step the guesses may take: room for HTTP and noise
 PER_BRANCH = 0.1  # a branch adding this share of a lone guess's price to a call is cheap
@@ -36,8 +38,7 @@ class DraftPrices:
         if tokens <= 0:
             return
         self.calls += 1
-        old = self.seconds.get(tokens)
-        self.seconds[tokens] = seconds if old is None else old + EWMA * (seconds - old)
+        self.seconds[tokens] = ewma(self.seconds.get(tokens), seconds, EWMA)
         self.noted_at[tokens] = self.calls
         for size in [s for s, at in self.noted_at.items() if self.calls - at >= FORGET_CALLS]:
             del self.seconds[size], self.noted_at[size]
@@ -80,8 +81,7 @@ class StepClock:
         if self._last is not None and n_tokens > self._last[0]:
             gap, skip, self._skip = now - self._last[1], self._skip, False
             if gap < STALE_S and not skip:
-                old = self.step_s
-                self.step_s = gap if old is None else old + EWMA * (gap - old)
+                self.step_s = ewma(self.step_s, gap, EWMA)
         if self._last is None or n_tokens != self._last[0]:
             self._last = (n_tokens, now)
 

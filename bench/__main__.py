@@ -25,7 +25,7 @@ from bench.coverage import MEASURED_COVER
 from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import metric
 from bench.runs import Result
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError
 

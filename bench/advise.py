@@ -61,7 +61,7 @@ class Loader:
 
 
 def run(a: argparse.Namespace, progress: Callable[[str], None]) -> None:
-    from lead.settings import LeadSettings
+    from lead.server.settings import LeadSettings
     from shared.presets import resolve_model
 
     started, watch = time.monotonic(), LoadWatch()

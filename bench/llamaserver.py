@@ -20,8 +20,8 @@ import httpx
 
 from bench.procs import LEAD_CTX, Proc, free_port
 from bench.runs import Result
+from shared.httpclient import sse_events
 from shared.hugepages import without_tunable
-from shared.web import sse_events
 
 PLAIN = "peer: llama-server (its defaults)"
 SPEC_DEFAULT = "peer: llama-server --spec-default"
@@ -128,11 +128,11 @@ def via_server(config: str, url: str, index: int, text: str, n: int) -> Result:
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as r:
         if r.status_code != 200:
             raise RuntimeError(f"llama-server answered {r.status_code}: {r.read()[:300]!r}")
-        return result_of(config, index, _stamped(r.iter_lines()), t0)
+        return result_of(config, index, _stamped(r), t0)
 
 
-def _stamped(lines: Iterable[str]) -> Iterator[tuple[float, dict]]:
-    for event in sse_events(lines):
+def _stamped(response: httpx.Response) -> Iterator[tuple[float, dict]]:
+    for event in sse_events(response):
         yield time.perf_counter(), event
 
 

@@ -29,7 +29,7 @@ import httpx
 from bench import prompts as prompt_sets
 from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import Lead, SimBack, SimLead
-from shared.web import sse_events
+from shared.httpclient import asse_events
 
 LONG_TOKENS, SHORT_TOKENS = 400, 16
 SIM_TARGET = (0.03, 0.0005)  # seconds per call, per token: bench --sim's GPU-like target
@@ -63,14 +63,13 @@ async def request(http: httpx.AsyncClient, config: str, clients: int, text: str,
     async with http.stream("POST", "/v1/chat/completions", json=body) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{config} answered {r.status_code}: {(await r.aread())[:300]!r}")
-        async for line in r.aiter_lines():
-            for event in sse_events([line]):
-                delta = (event.get("choices") or [{}])[0].get("delta") or {}
-                if first is None and delta.get("content"):
-                    first = time.perf_counter()
-                    if started is not None:
-                        started.set()
-                usage = event.get("usage") or usage
+        async for event in asse_events(r):
+            delta = (event.get("choices") or [{}])[0].get("delta") or {}
+            if first is None and delta.get("content"):
+                first = time.perf_counter()
+                if started is not None:
+                    started.set()
+            usage = event.get("usage") or usage
     done = time.perf_counter()
     return Sample(config, clients, int(usage.get("completion_tokens", 0)),
                   (first or done) - sent, done - sent, sent, done,

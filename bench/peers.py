@@ -8,7 +8,7 @@ import time
 import numpy as np
 
 from bench.runs import Result
-from lead.verify import verify
+from lead.decode.verify import verify
 from shared.model import Model, sync_cache
 from shared.protocol import SamplingParams
 

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import httpx
 
+from shared.scrape import read_samples
+
 ROOT = Path(__file__).resolve().parent.parent
 LEAD_CTX = 2048  # the context every lead here runs with (llama-server peers get the same)
 
@@ -125,9 +127,7 @@ class Back(Proc):
 def metrics(lead: Lead | Proc) -> dict[str, float]:
     """Every sample of lead's /metrics, by name."""
     url = lead.url  # type: ignore[union-attr]
-    lines = httpx.get(f"{url}/metrics", timeout=5).text.splitlines()
-    return {name: float(value) for name, value in
-            (line.split() for line in lines if line and not line.startswith("#"))}
+    return read_samples(httpx.get(f"{url}/metrics", timeout=5).text)
 
 
 def metric(lead: Lead | Proc, name: str) -> float:

@@ -173,7 +173,7 @@ def show_bounds(a: argparse.Namespace, data: dict, results: dict[str, list[Resul
     """Print the free-draft bound, the async ideal and the ideal with branches (a branch
     ready after a.cover of rejections) for this placement against duo; return them."""
     from bench.ideal import async_ideal, branch_ideal, free_draft_bound, padded
-    from lead.settings import LeadSettings
+    from lead.server.settings import LeadSettings
 
     costs: dict[int, float] = data["costs"]
     drafting = [n for n in results if n == duo_name or n.startswith("peer: synchronous")]
@@ -215,7 +215,7 @@ def _per_prompt_ideals(cover: float, data: dict, results: dict[str, list[Result]
     """The ideals from each prompt's own acceptance, and replaying each reply's measured
     agreement where the run measured it; printed and returned."""
     from bench.ideal import async_ideal, branch_ideal, padded, replayed_ideal
-    from lead.settings import LeadSettings
+    from lead.server.settings import LeadSettings
 
     cost, draft_s = padded(data["costs"]), data["draft_s"]
     max_draft = LeadSettings().max_draft

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from bench.procs import Lead, metrics
-from shared.web import sse_events
+from shared.httpclient import sse_events
 
 
 @dataclass
@@ -92,7 +92,7 @@ def _streamed(lead: Lead, body: dict, t0: float) -> tuple[dict, list[str], float
     pieces: list[str] = []
     usage: dict = {}
     with httpx.stream("POST", f"{lead.url}/v1/chat/completions", json=body, timeout=900) as r:
-        for event in sse_events(r.iter_lines()):
+        for event in sse_events(r):
             if event["duo"]["tokens"]:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last

@@ -16,7 +16,7 @@ import logging
 import sys
 
 from bench.coverage import MEASURED_COVER
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.cli import setup_logging
 from shared.fake import FakeModel
 
@@ -27,8 +27,8 @@ def target_model(a: argparse.Namespace) -> FakeModel:
 
 
 def run_lead(a: argparse.Namespace) -> None:
-    from lead.app import create_app
-    from lead.serve import serve
+    from lead.server.app import create_app
+    from lead.server.serve import serve
     # verify_cost: a simulation's prices are its models' own, never LEAD_VERIFY_COST's
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,

@@ -42,8 +42,8 @@ from bench import configs, report
 from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import ROOT, Back, Lead, metric, wait_until
 from bench.runs import Result
+from shared.httpclient import sse_events
 from shared.placement import PlacementError, allowed_cpus
-from shared.web import sse_events
 
 ALONE, UNDER, BLIND = "lead alone", "duo: back under the grammar", "duo: back blind"
 
@@ -132,7 +132,7 @@ def ask(config: str, lead: Lead, max_tokens: int, index: int) -> Reply:
                       timeout=900) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{case.name}: HTTP {r.status_code}: {r.read().decode()}")
-        for event in sse_events(r.iter_lines()):
+        for event in sse_events(r):
             if event["duo"]["tokens"]:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last

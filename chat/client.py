@@ -8,8 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from httpx_sse import SSEError
 
-from shared.web import auth_headers, error_message, lead_url, retry_after, sse_events
+from shared.httpclient import auth_headers, error_message, lead_url, retry_after, sse_events
+from shared.scrape import read_samples
 
 
 class ChatError(Exception):
@@ -58,7 +60,7 @@ class ChatClient:
         try:
             with self._http.stream("POST", "/v1/chat/completions", json=body) as response:
                 self._check(response)
-                for event in sse_events(response.iter_lines()):
+                for event in sse_events(response):
                     piece = self._event(event, stats)
                     if piece is not None:
                         yield piece
@@ -68,6 +70,9 @@ class ChatClient:
         except httpx.TimeoutException:
             raise ChatError(f"lead at {self.base} stopped answering (timeout)") from None
         except httpx.TransportError as exc:
+            if isinstance(exc, SSEError):  # httpx_sse's error is a TransportError
+                raise ChatError(f"lead at {self.base} answered with no event stream "
+                                f"({exc}); is it a duo lead?") from None
             raise ChatError(f"connection to lead lost: {exc}") from None
         except (ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ChatError(f"lead at {self.base} sent a stream this chat cannot read "
@@ -107,9 +112,5 @@ class ChatClient:
         except httpx.TransportError:
             raise ChatError(f"cannot reach lead at {self.base}") from None
         self._check(response)
-        out: dict[str, float] = {}
-        for line in response.text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.partition(" ")
-                out[name.removeprefix("duo_")] = float(value)
-        return out
+        return {name.removeprefix("duo_"): value
+                for name, value in read_samples(response.text).items()}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.cli import fail, parse_settings, setup_logging
 from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError, allowed_cpus, apply
@@ -20,8 +20,8 @@ def main(argv: list[str] | None = None) -> None:
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
-    from lead.app import create_app, lead_placement
-    from lead.serve import serve
+    from lead.server.app import create_app, lead_placement
+    from lead.server.serve import serve
 
     log = logging.getLogger("lead")
     try:

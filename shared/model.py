@@ -28,7 +28,7 @@ class Model(Protocol):
     n_ctx: int
     eos_token_ids: frozenset[int]
     cached: list[int]
-    chat_template: str | None  # the GGUF's (lead/tools.py reads its tool-call format)
+    chat_template: str | None  # the GGUF's (lead/apis/tools.py reads its tool-call format)
     fim_tokens: tuple[int, int, int] | None  # fill-in-the-middle prefix, suffix, middle
 
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]: ...

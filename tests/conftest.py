@@ -6,14 +6,15 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator
 
+import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
 from bench.procs import wait_until
-from lead.app import create_app
-from lead.settings import LeadSettings
+from lead.server.app import create_app
+from lead.server.settings import LeadSettings
 from shared.fake import FakeModel
 
 pytest_plugins = ("tests.tiers",)  # unit / process / real: see tests/tiers.py
@@ -65,7 +66,7 @@ class ScriptedModel(FakeModel):
 
 
 class LiveServer:
-    """A lead app served as `python -m lead` serves it (lead/serve.py's uvicorn config), on
+    """A lead app served as `python -m lead` serves it (lead/server/serve.py's uvicorn config), on
     a free loopback port, in a thread (for sockets and PTYs)."""
 
     def __init__(self, app: FastAPI) -> None:
@@ -74,7 +75,7 @@ class LiveServer:
 
         import uvicorn
 
-        from lead.serve import uvicorn_config
+        from lead.server.serve import uvicorn_config
 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -91,3 +92,8 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(10)
+
+
+def event_stream(text: str) -> httpx.Response:
+    """A response carrying `text` as a server-sent event stream."""
+    return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import async_wait_until, chat_body, make_settings
 

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from lead.app import create_app
-from lead.generictools import GenericStream, generic_messages, reply_schema
+from lead.apis.generictools import GenericStream, generic_messages, reply_schema
+from lead.server.app import create_app
 from shared.fake import FakeModel
+from shared.httpclient import sse_events
 from tests.conftest import make_settings
 from tests.test_tools_api import CALL, PieceModel
 
@@ -273,7 +274,7 @@ def test_infill_fills_between_prefix_and_suffix_as_llama_server_answers() -> Non
         with client.stream("POST", "/infill", json={"input_prefix": "def f(",
                                                     "input_suffix": ")", "n_predict": 8,
                                                     "stream": True}) as s:
-            events = [json.loads(line[6:]) for line in s.iter_lines() if line.startswith("data")]
+            events = list(sse_events(s))
         assert "".join(e["content"] for e in events) == as_completion
         assert events[-1]["stop"] is True and all(not e["stop"] for e in events[:-1])
         extra = client.post("/infill", json={"input_prefix": "a", "input_extra": [
@@ -380,8 +381,7 @@ def test_response_logprobs_are_chat_s_for_the_same_tokens() -> None:
         with client.stream("POST", "/v1/responses", json={
                 "input": "hi", "max_output_tokens": 6, "top_logprobs": 2, "stream": True,
                 "include": ["message.output_text.logprobs"]}) as s:
-            events = [json.loads(line[6:]) for line in s.iter_lines()
-                      if line.startswith("data: ")]
+            events = list(sse_events(s))
     assert whole["output"][0]["content"][0]["logprobs"] == chat
     streamed = [lp for e in events if e["type"] == "response.output_text.delta"
                 for lp in e["logprobs"]]

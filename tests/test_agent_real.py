@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric
+from shared.httpclient import sse_events
 from tests.drafting import FORCED
 from tests.test_real_pair import DRAFT, TARGET, WEATHER_RESULT, _installed
 
@@ -126,8 +127,8 @@ def test_tools_on_a_model_whose_template_has_no_call_format() -> None:
         assert "city" in json.loads(call["function"]["arguments"])
         with httpx.stream("POST", f"{lead.url}/v1/chat/completions", timeout=120,
                           json={**ask, "tool_choice": "auto", "stream": True}) as s:
-            lines = [line for line in s.iter_lines() if line.startswith("data: {")]
-        finish = json.loads(lines[-1][6:])["choices"][0]["finish_reason"]
+            chunks = [e for e in sse_events(s) if e.get("choices")]
+        finish = chunks[-1]["choices"][0]["finish_reason"]
         assert finish in ("tool_calls", "stop", "length")  # a call, or an answer: both parse
     finally:
         lead.stop()

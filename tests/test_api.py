@@ -12,15 +12,23 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import ALPHABET, FakeModel
-from tests.conftest import ScriptedModel, async_wait_until, chat_body, make_settings
+from shared.httpclient import sse_events as read_events
+from shared.scrape import read_samples
+from tests.conftest import (
+    ScriptedModel,
+    async_wait_until,
+    chat_body,
+    event_stream,
+    make_settings,
+)
 
 
 def sse_events(text: str) -> list[dict]:
-    lines = [ln[6:] for ln in text.splitlines() if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(ln) for ln in lines[:-1]]
+    """A whole OpenAI stream's events; it must end with data: [DONE]."""
+    assert text.rstrip().endswith("data: [DONE]"), text[-200:]
+    return list(read_events(event_stream(text)))
 
 
 def scripted_client(text: str, **settings: object) -> tuple[TestClient, ScriptedModel]:
@@ -148,9 +156,9 @@ def test_models_health_metrics(client: TestClient) -> None:
     assert client.get("/v1/models").json()["data"][0]["id"] == "fake"
     assert client.get("/health").json()["status"] == "ok"
     client.post("/v1/chat/completions", json=chat_body(max_tokens=3))
-    metrics = client.get("/metrics").text
-    assert "duo_requests_total 1" in metrics and "duo_generated_tokens_total 3" in metrics
-    assert "duo_draft_len" in metrics and "duo_backs_active 0" in metrics
+    metrics = read_samples(client.get("/metrics").text)
+    assert metrics["duo_requests_total"] == 1 and metrics["duo_generated_tokens_total"] == 3
+    assert "duo_draft_len" in metrics and metrics["duo_backs_active"] == 0
 
 
 # --- bad input: 4xx with a message, and the server keeps serving ---
@@ -364,7 +372,7 @@ def test_draft_post_errors(client: TestClient) -> None:
     assert nan.status_code == 400 and "finite" in nan.json()["error"]["message"], nan.text
     stale = client.post("/duo/draft", json={**base, "token_ids": [1]})
     assert stale.status_code == 200 and stale.json()["session_id"] is None
-    assert "duo_draft_posts_invalid_total 2" in client.get("/metrics").text
+    assert read_samples(client.get("/metrics").text)["duo_draft_posts_invalid_total"] == 2
 
 
 def test_calibration_and_decoding_evaluate_on_one_thread() -> None:

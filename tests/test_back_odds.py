@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lead.backodds import DECAY, WEIGHT, BackOdds, band
-from lead.cost import CostModel
-from lead.drafts import DraftBoard, post_candidates
+from lead.drafts.backodds import DECAY, WEIGHT, BackOdds, band
+from lead.drafts.board import DraftBoard, post_candidates
+from lead.policy.cost import CostModel
 from shared.protocol import DraftPost
 
 CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0}  # a 2-core CPU's batches

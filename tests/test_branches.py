@@ -15,13 +15,15 @@ from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lead.app import create_app
-from lead.drafts import Branch, Candidate, DraftBoard, post_candidates
-from lead.engine import Engine, GenRequest, Session
-from lead.verify import verify
+from lead.decode.engine import Engine, GenRequest, Session
+from lead.decode.verify import verify
+from lead.drafts.board import Branch, Candidate, DraftBoard, post_candidates
+from lead.server.app import create_app
+from lead.server.prometheus import exposition
 from shared.fake import FakeModel
 from shared.protocol import MAX_BRANCHES, SamplingParams
 from shared.sampling import Dist
+from shared.scrape import read_samples
 from tests.conftest import chat_body, make_settings
 from tests.test_inprocess import TARGET_COST, ask, new_lead, reference, run, text_of
 
@@ -237,10 +239,9 @@ def test_ready_after_rejection_counts_a_matching_branch() -> None:
     # step 2 verified the main chain and rejected `wrong`; step 3 verified the branch
     assert (m.steps_after_rejection, m.ready_after_rejection, m.branch_drafts) == (1, 1, 1)
     assert m.accepted == 2 + 4 and m.rejections == 1
-    text = m.prometheus({})
-    for line in ("duo_steps_after_rejection_total 1", "duo_ready_after_rejection_total 1",
-                 "duo_branch_drafts_total 1", "duo_accepted_tokens_total 6"):
-        assert line in text
+    samples = read_samples(exposition(m, {}))
+    assert [samples[f"duo_{name}_total"] for name in ("steps_after_rejection",
+            "ready_after_rejection", "branch_drafts", "accepted_tokens")] == [1, 1, 1, 6]
 
 
 def test_a_rejection_with_no_branch_for_its_correction_finds_no_draft_ready() -> None:
@@ -289,7 +290,8 @@ def test_junk_trees_are_a_400_naming_the_field_and_lead_keeps_serving() -> None:
         error = r.json()["error"]
         assert r.status_code == 400 and fragment in error["message"], (branches, r.text)
         assert param is None or error["param"] == param, (branches, error)
-    assert "duo_draft_posts_invalid_total 3" in client.get("/metrics").text  # lead's checks
+    invalid = read_samples(client.get("/metrics").text)["duo_draft_posts_invalid_total"]
+    assert invalid == 3  # lead's checks
     reply = client.post("/v1/chat/completions", json=chat_body("still there?"))
     assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
     ok = client.post("/duo/draft", json={**base, "branches": [{"at": 0, "token_ids": [4]}]})
@@ -335,8 +337,7 @@ async def with_tree_back(cost_s: tuple[float, float] = TARGET_COST, **settings: 
             back.cancel()
             await asyncio.gather(back, return_exceptions=True)
         metrics = (await http.get("/metrics")).text
-    counters = {name: float(v) for name, v in
-                (line.split() for line in metrics.splitlines() if line[0] != "#")}
+    counters = read_samples(metrics)
     return text_of(reply), counters, target
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import LiveServer, make_settings
 

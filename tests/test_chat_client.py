@@ -29,3 +29,10 @@ def test_a_garbled_stream_is_a_one_line_error(garbled: str) -> None:
     chat = client_streaming(GOOD, garbled, "data: [DONE]")
     with pytest.raises(ChatError, match="cannot read"):
         list(chat.stream([], ReplyStats()))
+
+
+def test_a_reply_that_is_no_event_stream_is_a_one_line_error() -> None:
+    chat = ChatClient("lead:5555", transport=httpx.MockTransport(
+        lambda _: httpx.Response(200, text=GOOD + "\n\n")))  # no text/event-stream
+    with pytest.raises(ChatError, match="no event stream"):
+        list(chat.stream([], ReplyStats()))

@@ -9,7 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from back.settings import BackSettings
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.cli import build_parser, parse_settings
 from shared.rpc import RpcSettings
 

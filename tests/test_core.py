@@ -7,9 +7,11 @@ import pytest
 
 from back.drafter import ModelDrafter
 from back.ngram import ngram_draft
-from lead.drafts import BackRegistry, Candidate, DraftBoard, RateLimiter
-from lead.settings import LeadSettings
-from lead.textstream import TextStream
+from lead.apis.textstream import TextStream
+from lead.drafts.board import Candidate, DraftBoard
+from lead.drafts.limits import RateLimiter
+from lead.drafts.registry import BackRegistry
+from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
 from shared.fake import FakeModel
 from shared.protocol import SamplingParams

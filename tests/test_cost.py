@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from lead.acceptance import Acceptance
-from lead.cost import CostModel
-from lead.prices import Prices
-from lead.probes import AfterProbe, ProbeSchedule
+from lead.policy.acceptance import Acceptance
+from lead.policy.cost import CostModel
+from lead.policy.prices import Prices
+from lead.policy.probes import AfterProbe, ProbeSchedule
 
 # measured on a 2-core Xeon (one thread): b=4 is cheaper than b=3
 XEON = {1: 1.0, 2: 1.64, 3: 2.09, 4: 1.56, 5: 2.21, 6: 2.71, 7: 3.09, 8: 3.02, 9: 3.37}
@@ -189,7 +189,7 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
         model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x
     for _ in range(30):
         model.record_outcome(0, True)  # drafts on offer were wrong at their first token
-    assert model.alpha < 0.25 and model.choose() == 0
+    assert model.acceptance.alpha < 0.25 and model.choose() == 0
     asked = []
     for step in range(21):
         model.record_step(1, 0.05)
@@ -202,7 +202,7 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
     assert asked[13:20] == [0] * 7 and asked[20] == 1
     for _ in range(30):  # plain steps whose offered draft proved right: no verify paid
         model.record_outcome(1, False)
-    assert model.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
+    assert model.acceptance.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
 
 
 def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None,
@@ -212,7 +212,7 @@ def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | Non
     (at the quiet price)."""
     asked = ""
     for _ in range(steps):
-        model.record_step(1, model.plain() if model.plain_s else 0.05,
+        model.record_step(1, model.prices.plain() if model.prices.plain_s else 0.05,
                           busy=busy and asked[-1:] not in ("", "0"))
         asked += str(model.wanted())
         if outcome is not None and asked[-1] != "0":
@@ -250,16 +250,16 @@ def test_cost_model_follows_a_change_of_prompt_within_a_few_steps() -> None:
     model = CostModel(max_draft=8)
     for _ in range(50):
         model.record_outcome(8, False)  # a code reply: whole drafts right
-    assert model.alpha > 0.95
+    assert model.acceptance.alpha > 0.95
     for _ in range(3):
         model.record_outcome(1, True)  # then prose: a miss after one match, every step
-    assert model.alpha < 0.7
+    assert model.acceptance.alpha < 0.7
     for _ in range(3):
         model.record_outcome(0, True)  # then only misses
-    assert model.alpha < 0.35
+    assert model.acceptance.alpha < 0.35
     for _ in range(3):
         model.record_outcome(8, False)  # and code again
-    assert model.alpha > 0.8
+    assert model.acceptance.alpha > 0.8
 
 
 def test_a_replys_first_token_is_estimated_apart() -> None:
@@ -272,11 +272,12 @@ def test_a_replys_first_token_is_estimated_apart() -> None:
     assert model.choose(first=True) == 0 and model.wanted(first=True) == 1
     for _ in range(5):
         model.record_outcome(0, True, first=True)  # chat replies: the first guess misses
-    assert model.alpha_first < 0.2 and model.alpha > 0.95  # mid-reply estimate untouched
+    seen = model.acceptance
+    assert seen.alpha_first < 0.2 and seen.alpha > 0.95  # mid-reply estimate untouched
     assert model.choose(first=True) == 0 and model.choose() >= 2
     for _ in range(10):
         model.record_outcome(4, False, first=True)  # completions: first guesses right
-    assert model.alpha_first > 0.8 and model.choose(first=True) >= 2
+    assert model.acceptance.alpha_first > 0.8 and model.choose(first=True) >= 2
 
 
 def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
@@ -295,11 +296,11 @@ def test_a_calibrated_model_verifies_the_paying_length_without_exploring() -> No
 
 def test_a_short_draft_is_padded_to_a_cheaper_larger_batch() -> None:
     model = calibrated(0.68, XEON)
-    assert [model.batch_for(b) for b in (1, 2, 3, 4, 5)] == [1, 4, 4, 4, 5]
+    assert [model.prices.batch_for(b) for b in (1, 2, 3, 4, 5)] == [1, 4, 4, 4, 5]
     # 2 draft tokens: 2.14 tokens expected, for 1.56x at b=4 padded (2.09x at b=3)
     assert model.choose(available=2) == 2
     flat = calibrated(0.68, {1: 1.0, 2: 1.02, 3: 1.01, 4: 1.03})  # a GPU: noise, not gain
-    assert [flat.batch_for(b) for b in (2, 3)] == [2, 3]
+    assert [flat.prices.batch_for(b) for b in (2, 3)] == [2, 3]
 
 
 def test_a_drafting_backs_slowdown_switches_speculation_off() -> None:
@@ -307,8 +308,8 @@ def test_a_drafting_backs_slowdown_switches_speculation_off() -> None:
     assert model.choose() >= 2  # quiet prices: 2.88 tokens for 2.6x at k=2
     for _ in range(10):
         model.record_step(1, 0.12, busy=True)  # plain steps 1.2x slower while it drafts
-    assert model.slowdown > 1.15 and model.choose() == 0
-    assert model.plain() == pytest.approx(0.1)  # plain decoding is priced quiet
+    assert model.prices.slowdown > 1.15 and model.choose() == 0
+    assert model.prices.plain() == pytest.approx(0.1)  # plain decoding is priced quiet
 
 
 def test_one_slow_step_does_not_price_a_length_out_for_good() -> None:
@@ -334,7 +335,7 @@ def _prose_step(model: CostModel, slow: float) -> str:
     model.record_step(1, 0.1 * (slow if drafting else 1.0), busy=drafting)
     if drafting:
         model.record_outcome(0, True)
-    return "H" if model.hush else "p" if model.probing else "."
+    return "H" if model.hush else "p" if model.probes.probing else "."
 
 
 def test_a_back_that_slows_lead_so_much_drafts_cannot_pay_is_hushed_until_it_stops() -> None:
@@ -350,24 +351,25 @@ def test_a_back_that_slows_lead_so_much_drafts_cannot_pay_is_hushed_until_it_sto
 
 def test_a_probe_from_a_hush_asks_for_drafts_until_it_has_measured_the_back() -> None:
     model = calibrated(0.3, EPYC, probes=probing(2, 8, outcomes=3))
-    for until in (lambda: model.hush, lambda: model.probing > 0):
+    for until in (lambda: model.hush, lambda: model.probes.probing > 0):
         for _ in range(200):
             if until():
                 break
             _prose_step(model, 1.5)
-    assert model.probing and model.slowdown == 1.0  # the probe measures the back afresh
+    assert model.probes.probing  # the probe measures the back afresh
+    assert model.prices.slowdown == 1.0
     asked = []
-    while model.probing and len(asked) < 16:  # its slowed steps bring the slowdown back...
+    while model.probes.probing and len(asked) < 16:  # its slowed steps bring the slowdown back...
         asked.append(model.wanted())
         assert not model.hush  # ...over hush_at, yet the probe goes on
         _prose_step(model, 1.5)
-    assert asked == [1, 1, 1] and model.slowdown > model.hush_at and model.hush
+    assert asked == [1, 1, 1] and model.prices.slowdown > model.hush_at and model.hush
 
 
 def test_a_back_whose_perfect_drafts_would_still_pay_is_not_hushed() -> None:
     model = calibrated(0.3, XEON, probes=probing(2, 8, outcomes=2))
     slowed = "".join(_prose_step(model, 1.5) for _ in range(200))
-    assert model.could_pay(model.slowdown) and "H" not in slowed  # probes go on
+    assert model.could_pay(model.prices.slowdown) and "H" not in slowed  # probes go on
 
 
 def test_cost_model_fixed_and_available() -> None:
@@ -380,8 +382,8 @@ def test_snapshot_reports_measured_prices_and_estimates() -> None:
     model = calibrated(0.9, XEON)
     model.record_step(4, 0.2, busy=True)
     snap = model.snapshot()
-    assert snap["cost_b4"] == 0.2 and "cost_b1" not in snap  # measured, not calibrated
-    assert snap["slowdown"] == model.slowdown > 1.0 and snap["hush"] == 0.0
+    assert model.prices.cost_s[4] == 0.2 and 1 not in model.prices.cost_s  # measured only
+    assert snap["slowdown"] == model.prices.slowdown > 1.0 and snap["hush"] == 0.0
     assert snap["alpha"] == pytest.approx(0.9) and snap["alpha_first"] == 0.5
 
 
@@ -401,7 +403,7 @@ def test_prices_where_drafts_never_pay_ask_no_back_even_for_perfect_drafts() -> 
     model.fix_prices([2.0, 3.0])  # a batch costs what its tokens cost one at a time
     for _ in range(50):
         model.record_outcome(8, False)  # every draft right
-    assert model.alpha > 0.95 and model.choose() == 0 and model.wanted(first=True) == 0
+    assert model.acceptance.alpha > 0.95 and model.choose() == 0 and model.wanted(first=True) == 0
     assert not model.could_pay(1.0)
 
 
@@ -412,6 +414,6 @@ def test_prices_where_drafts_always_pay_stay_given_whatever_steps_cost() -> None
         model.record_step(9, 0.9, busy=True)
         model.record_step(1, 0.1)
         model.record_step(1, 0.3, busy=True)
-    assert model.prices.shape[9] == 1.0 and model.slowdown == 1.0 and not model.hush
-    assert model.plain() == pytest.approx(0.1)  # one token's time is still measured
+    assert model.prices.shape[9] == 1.0 and model.prices.slowdown == 1.0 and not model.hush
+    assert model.prices.plain() == pytest.approx(0.1)  # one token's time is still measured
     assert model.choose() == 8 and model.wanted() == 8

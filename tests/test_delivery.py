@@ -16,9 +16,10 @@ import pytest
 from fastapi import FastAPI
 
 from bench.procs import wait_until
-from lead.app import create_app
-from lead.session import Session
+from lead.decode.session import Session
+from lead.server.app import create_app
 from shared.fake import FakeModel
+from shared.scrape import read_samples
 from tests.conftest import LiveServer, chat_body, make_settings
 
 pytestmark = pytest.mark.process
@@ -44,7 +45,7 @@ def open_stream(port: int, max_tokens: int) -> socket.socket:
     socket, read up to the end of the response's headers."""
     sock = socket.socket()
     # A small receive buffer only shortens the test: the client's buffer is the one part of
-    # the path lead cannot bound (its own are bounded, lead/wire.py), and a silent client
+    # the path lead cannot bound (its own are bounded, lead/server/wire.py), and a silent client
     # is noticed once every buffer on the way is full.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RCVBUF)
     sock.connect(("127.0.0.1", port))
@@ -61,7 +62,7 @@ def open_stream(port: int, max_tokens: int) -> socket.socket:
 
 
 def lead_is_watching(server: LiveServer) -> bool:
-    """Whether lead holds bytes a client has not taken, and is timing it (lead/wire.py)."""
+    """Whether lead holds bytes a client has not taken, and is timing it (lead/server/wire.py)."""
     return any(getattr(p, "wire", None) is not None and p.wire.watching
                for p in server.server.server_state.connections)
 
@@ -93,7 +94,8 @@ def test_a_client_that_reads_nothing_is_cut_off_and_the_next_is_served(
         lines = [r.getMessage() for r in caplog.records if "read nothing" in r.getMessage()]
         assert len(lines) == 1 and session.id in lines[0] and "unsent" in lines[0] and \
             "generation cancelled" in lines[0], lines
-        assert "duo_clients_cut_off_total 1\n" in httpx.get(f"{server.url}/metrics").text
+        cut = read_samples(httpx.get(f"{server.url}/metrics").text)["duo_clients_cut_off_total"]
+        assert cut == 1
         assert read_to_close(silent)  # what the kernels held, then the end: closed
     finally:
         silent.close()
@@ -133,6 +135,7 @@ def test_a_slow_steady_reader_gets_all_of_its_reply_and_never_slows_decoding(
             time.sleep(0.1)  # the client's pace, not synchronisation
     finally:
         reader.close()
+    # raw bytes off a socket, chunked: the data lines are picked out of them
     events = [json.loads(line[6:]) for line in received.decode().splitlines()
               if line.startswith("data: {")]
     assert events[-1]["usage"]["completion_tokens"] == 800

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from back.settings import BackSettings
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 
 pytestmark = pytest.mark.process
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from tests.conftest import make_settings
 

@@ -8,16 +8,18 @@ import asyncio
 import numpy as np
 import pytest
 
-from lead.admission import Admission, QueueFull
-from lead.backfeed import BackFeed, wakes
-from lead.cost import CostModel
-from lead.decoder import Decoder, Job, Step
-from lead.drafts import Draft, PostLimiter
-from lead.metrics import Metrics
-from lead.offers import OfferLedger
-from lead.session import Session, StepResult
-from lead.slots import Seat
-from lead.verify import Verdict
+from lead.decode.admission import Admission, QueueFull
+from lead.decode.decoder import Decoder, Job, Step
+from lead.decode.plan import Planner
+from lead.decode.session import Session, StepResult
+from lead.decode.slots import Seat
+from lead.decode.verify import Verdict
+from lead.drafts.board import Draft
+from lead.drafts.feed import BackFeed, wakes
+from lead.drafts.limits import PostLimiter
+from lead.drafts.offers import OfferLedger
+from lead.policy.cost import CostModel
+from lead.server.metrics import Metrics
 from shared.fake import EOS, FakeModel, VirtualClock
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
@@ -235,12 +237,11 @@ def test_a_step_verifies_the_draft_and_is_timed_on_the_clock() -> None:
 
 
 def test_a_plan_fits_the_draft_to_the_reply_and_the_context() -> None:
-    model = FakeModel(n_ctx=12)
-    dec = decoder(model, VirtualClock(), fixed=8)
+    planner = Planner(CostModel(max_draft=8, fixed=8), n_ctx=12)
     offered = Draft("b", [1, 2, 3, 4, 5, 6], None)
 
     def plan(s: Session, draft: Draft | None, max_tokens: int) -> Draft | None:
-        return dec.plan([(s, draft)], [max_tokens], 1)[0]
+        return planner.plan([(s, draft)], [max_tokens], 1)[0]
 
     cut = plan(session([1, 2, 3]), offered, max_tokens=4)
     assert cut is not None and cut.token_ids == [1, 2, 3]  # with its own token: 4

@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from bench.procs import SIM_DRAFT, SIM_TARGET, SimBack, SimLead, wait_until
-from shared.web import sse_events
+from shared.httpclient import sse_events
+from shared.scrape import read_samples
 
 pytestmark = pytest.mark.process
 
@@ -29,7 +30,7 @@ def stream(url: str, prompt: str, on_event=None) -> tuple[str, int, str | None]:
             "stream": True}
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
-        for event in sse_events(r.iter_lines()):
+        for event in sse_events(r):
             text.append(event["choices"][0]["delta"].get("content", ""))
             accepted += event["duo"]["accepted"]
             finish = event["choices"][0]["finish_reason"] or finish
@@ -124,9 +125,7 @@ def test_lead_restart_back_reconnects_and_helps(capsys: pytest.CaptureFixture[st
 
 
 def generated_total(url: str) -> int:
-    line = next(ln for ln in httpx.get(f"{url}/metrics").text.splitlines()
-                if ln.startswith("duo_generated_tokens_total "))
-    return int(float(line.split()[1]))
+    return int(read_samples(httpx.get(f"{url}/metrics").text)["duo_generated_tokens_total"])
 
 
 def test_client_disconnect_cancels_its_generation(lead: SimLead,

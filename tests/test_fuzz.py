@@ -6,7 +6,7 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import make_settings
 

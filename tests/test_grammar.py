@@ -20,12 +20,12 @@ from hypothesis import strategies as st
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
-from lead.app import create_app
-from lead.verify import verify
+from lead.decode.verify import verify
+from lead.server.app import create_app
 from shared.constraint import Constraint, Track, best
 from shared.fake import EOS, FakeGrammar, FakeModel, VirtualClock
+from shared.httpclient import sse_events
 from shared.protocol import SamplingParams, State
-from shared.web import sse_events
 from tests.conftest import async_wait_until, chat_body, make_settings
 
 GREEDY = SamplingParams()
@@ -229,7 +229,7 @@ def test_a_constrained_stream_is_the_plain_reply_in_pieces(client: TestClient) -
     body = chat_body(grammar=gbnf(literals(2)), max_tokens=60)
     whole = content(client.post(CHAT, json=body))
     with client.stream("POST", CHAT, json={**body, "stream": True}) as r:
-        events = list(sse_events(r.iter_lines()))
+        events = list(sse_events(r))
     pieces = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
     assert pieces == whole and whole in literals(2)
     assert events[-1]["choices"][0]["finish_reason"] == "stop"

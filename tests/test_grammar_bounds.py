@@ -16,9 +16,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from back.drafter import ModelDrafter
-from lead.app import create_app
-from lead.toolparse import HERMES
-from lead.tools import ToolChoice, ToolsError, call_grammar, check_tools
+from lead.apis.toolparse import HERMES
+from lead.apis.tools import ToolChoice, ToolsError, call_grammar, check_tools
+from lead.server.app import create_app
 from shared import grammar_bounds as gb
 from shared import schema_bounds as sb
 from shared.fake import FakeModel

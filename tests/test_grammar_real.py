@@ -15,8 +15,8 @@ import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
 from shared.constraint import best, unenforced
+from shared.httpclient import sse_events
 from shared.llm import LlamaModel, load_model
-from shared.web import sse_events
 from tests.drafting import FORCED, roles
 
 pytestmark = pytest.mark.real
@@ -71,7 +71,7 @@ def ask(url: str, schema: dict, prompt: str, stream: bool = False) -> tuple[str,
         return reply["choices"][0]["message"]["content"], reply
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
                       timeout=120) as r:
-        events = list(sse_events(r.iter_lines()))
+        events = list(sse_events(r))
     text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
     return text, events[-1]
 

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from lead import serve as lead_serve
-from lead.app import create_app
-from lead.gate import exposure_warning, names_loopback
+from lead.server import serve as lead_serve
+from lead.server.app import create_app
+from lead.server.gate import exposure_warning, names_loopback
 from shared.fake import FakeModel
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import is_error_body

@@ -24,21 +24,25 @@ from fastapi.testclient import TestClient
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
-from lead.app import create_app
-from lead.backfeed import POLLS_PER_ADDRESS, BackFeed
-from lead.backrank import BackScores, expected_yield
-from lead.backroutes import back_router
-from lead.cost import CostModel
-from lead.drafts import BACKS_PER_ADDRESS, BackRegistry, Candidate, DraftBoard
-from lead.engine import Engine, GenRequest
-from lead.keys import Keys
-from lead.metrics import Metrics
-from lead.session import Session
-from lead.verify import verify
+from lead.decode.engine import Engine, GenRequest
+from lead.decode.session import Session
+from lead.decode.verify import verify
+from lead.drafts.board import Candidate, DraftBoard
+from lead.drafts.feed import BackFeed
+from lead.drafts.limits import BACKS_PER_ADDRESS, POLLS_PER_ADDRESS
+from lead.drafts.rank import BackScores, expected_yield
+from lead.drafts.registry import BackRegistry
+from lead.policy.cost import CostModel
+from lead.server.app import create_app
+from lead.server.backroutes import back_router
+from lead.server.keys import Keys
+from lead.server.metrics import Metrics
+from lead.server.prometheus import exposition
 from shared.fake import FakeModel
 from shared.placement import LeadPlace
 from shared.protocol import SamplingParams, State, grammar_id
 from shared.sampling import Dist
+from shared.scrape import read_samples
 from tests.conftest import async_wait_until, make_settings
 from tests.test_sampling_exact import (
     PARAMS,
@@ -123,7 +127,8 @@ def test_dists_count_only_from_a_back_with_the_back_key(key: str | None, kept: b
     main, branch = board_of(engine, "s1").candidates["b@testclient"]
     assert (main.dists is not None, branch.dists is not None) == (kept, kept)
     assert engine.metrics.drafts_untrusted == (0 if kept else 1)
-    assert ("duo_draft_posts_untrusted_total 1" in engine.metrics.prometheus({})) is not kept
+    text = exposition(engine.metrics, {})
+    assert read_samples(text)["duo_draft_posts_untrusted_total"] == (0 if kept else 1)
 
 
 def test_without_any_key_every_back_is_trusted() -> None:

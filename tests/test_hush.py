@@ -10,7 +10,7 @@ import httpx
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from shared.placement import Placement
 from tests.conftest import async_wait_until, make_settings
@@ -55,7 +55,7 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
 
         def hushed_for_a_while() -> bool:  # and no probe due within the next reply
             cost = engine.cost
-            return cost.hush and cost.probe_gap - cost.since_probe > 12
+            return cost.hush and cost.probes.gap - cost.probes.since > 12
 
         async def check() -> None:
             await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")

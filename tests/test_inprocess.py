@@ -11,7 +11,7 @@ import pytest
 from back.client import LeadClient
 from back.drafter import ModelDrafter, NgramDrafter
 from back.worker import IncompatibleModel, Worker
-from lead.app import create_app
+from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from tests.conftest import async_wait_until, make_settings
 
@@ -215,7 +215,8 @@ def test_steps_while_a_back_drafts_are_priced_apart() -> None:
         engine = app.state.engine  # type: ignore[attr-defined]
         quiet = target.cost_of(1)
         await ask(transport)  # lead alone: every step is quiet
-        assert engine.cost.slowdown == 1.0 and engine.cost.plain_s == pytest.approx(quiet)
+        prices = engine.cost.prices
+        assert prices.slowdown == 1.0 and prices.plain_s == pytest.approx(quiet)
         worker = model_worker(transport, agree=1.0)  # perfect drafts: wanted at every step
 
         async def check() -> None:
@@ -223,8 +224,8 @@ def test_steps_while_a_back_drafts_are_priced_apart() -> None:
             target.factor = 1.5  # type: ignore[attr-defined]
             assert (await ask(transport))["usage"]["accepted_tokens"] > 0
             # busy steps leave the quiet price alone and show how much slower they are
-            assert engine.cost.plain_s == pytest.approx(quiet)
-            assert engine.cost.slowdown == pytest.approx(1.5, abs=0.1)
+            assert engine.cost.prices.plain_s == pytest.approx(quiet)
+            assert engine.cost.prices.slowdown == pytest.approx(1.5, abs=0.1)
 
         await with_workers([worker], check)
     run(body())

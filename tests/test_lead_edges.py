@@ -6,13 +6,18 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from lead.delivery import Outbox, ReplyCut
-from lead.drafts import BACKS_PER_ADDRESS, PostLimiter
-from lead.metrics import EXPORTED_COUNTERS, Metrics, prometheus_text
-from lead.session import Emission
-from lead.textstream import TextStream
-from lead.wire import StallWatch
+from lead.apis.textstream import TextStream
+from lead.decode.engine import Engine
+from lead.decode.session import Emission
+from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
+from lead.server.delivery import Outbox, ReplyCut
+from lead.server.metrics import Metrics
+from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
+from lead.server.wire import StallWatch
+from shared.fake import FakeModel
+from shared.scrape import read_samples
 from tests.conftest import async_wait_until
 
 
@@ -31,21 +36,29 @@ def test_one_back_gets_its_rate_and_no_more() -> None:
     assert limiter.allow("10.0.0.1", "other", now=0.0)  # a second back on that address
 
 
-def test_prometheus_text_types_every_sample() -> None:
-    text = prometheus_text({"posts": 3}, {"alpha": 0.25})
-    assert text == ("# TYPE duo_posts_total counter\nduo_posts_total 3\n"
-                    "# TYPE duo_alpha gauge\nduo_alpha 0.25\n")
-
-
-def test_lead_metrics_export_each_counter_and_gauge() -> None:
+def test_metrics_parse_as_prometheus_text_with_help_and_type_for_every_family() -> None:
     metrics = Metrics(requests=2, drafted=10, accepted=4, state_polls=7)
-    lines = metrics.prometheus({"backs_active": 1}).splitlines()
-    samples = dict(line.split() for line in lines if not line.startswith("#"))
-    assert samples["duo_requests_total"] == "2" and samples["duo_state_polls_total"] == "7"
-    assert samples["duo_acceptance_rate"] == "0.4" and samples["duo_backs_active"] == "1"
-    gauges = 3  # acceptance_rate, decode_tokens_per_second and the backs_active given
-    assert len([line for line in lines if line.startswith("# TYPE")]) == len(samples) == \
-        len(EXPORTED_COUNTERS) + gauges
+    slots = [{"slot": 0, "state": "idle"},
+             {"slot": 1, "state": "decoding", "prompt_left": 0, "tokens": 5, "drafted": 3,
+              "accepted": 2}]
+    text = exposition(metrics, {"backs_active": 1}, {1: 0.03, 4: 0.05}, slots)
+    families = list(text_string_to_metric_families(text))  # the official parser
+    assert all(f.documentation and f.type in ("counter", "gauge") for f in families)
+    assert text.count("# HELP ") == text.count("# TYPE ") == len(families) == \
+        len(COUNTERS) + 3 + 1 + len(SLOT_GAUGES)  # rate, tok/s, backs; verify cost; slots
+    samples = read_samples(text)
+    assert samples["duo_requests_total"] == 2 and samples["duo_state_polls_total"] == 7
+    assert samples["duo_acceptance_rate"] == 0.4 and samples["duo_backs_active"] == 1
+    assert samples['duo_verify_cost_seconds{batch="4"}'] == 0.05
+    assert samples['duo_slot_busy{slot="0"}'] == 0 and samples['duo_slot_busy{slot="1"}'] == 1
+    assert samples['duo_slot_accepted{slot="1"}'] == 2
+
+
+def test_every_gauge_lead_exports_has_its_help() -> None:
+    engine = Engine(FakeModel(), max_draft=4)
+    assert set(engine.gauges()) <= set(GAUGES)
+    with pytest.raises(KeyError):
+        exposition(Metrics(), {"unexplained": 1.0})
 
 
 def test_a_reply_cut_inside_a_character_ends_before_it() -> None:

@@ -16,12 +16,12 @@ from starlette.websockets import WebSocketDisconnect
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
-from lead.app import create_app
-from lead.backfeed import BackFeed
-from lead.backlink import Link
-from lead.cost import CostModel
-from lead.metrics import Metrics
-from lead.session import Session
+from lead.decode.session import Session
+from lead.drafts.feed import BackFeed
+from lead.drafts.link import Link
+from lead.policy.cost import CostModel
+from lead.server.app import create_app
+from lead.server.metrics import Metrics
 from shared.fake import FakeModel, VirtualClock
 from shared.protocol import Hello, SamplingParams
 from tests.conftest import async_wait_until, make_settings

@@ -1,4 +1,4 @@
-"""The live panel's data (lead/live.py), its stream GET /duo/live, the page's routes, and
+"""The live panel's data (lead/server/live.py), its stream GET /duo/live, the page's routes, and
 what the chat stream tells the page about drafts (the back of each accepted token)."""
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ import httpx
 import numpy as np
 import pytest
 
-from lead import api
-from lead.app import create_app
-from lead.cost import CostModel
-from lead.delivery import chain
-from lead.delivery import sse as _sse
-from lead.drafts import BackRecord, BackRegistry
-from lead.live import LiveNews, ReplyRecord, reply_record, snapshot
-from lead.metrics import Metrics
-from lead.session import Emission, Session
-from lead.webroutes import live_events
+from lead.apis import shapes
+from lead.decode.session import Emission, Session
+from lead.drafts.registry import BackRecord, BackRegistry
+from lead.policy.cost import CostModel
+from lead.server.app import create_app
+from lead.server.delivery import chain
+from lead.server.delivery import sse as _sse
+from lead.server.live import LiveNews, ReplyRecord, reply_record, snapshot
+from lead.server.metrics import Metrics
+from lead.server.webroutes import live_events
 from shared.fake import FakeModel
+from shared.httpclient import sse_events
 from shared.protocol import SamplingParams
-from shared.web import sse_events
-from tests.conftest import async_wait_until, make_settings
+from tests.conftest import async_wait_until, event_stream, make_settings
 from tests.test_inprocess import model_worker, new_lead, run, with_workers
 
 KEY = {"Authorization": "Bearer s3cret"}
@@ -217,7 +217,7 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
             async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
                 r = await http.post("/v1/chat/completions", json={
                     "messages": [{"role": "user", "content": "hi"}], "stream": True})
-            events = list(sse_events(r.text.splitlines()))
+            events = list(sse_events(r))
             usage = events[-1]["usage"]
             drafted = [e["duo"] for e in events if e["duo"]["accepted"]]
             assert usage["accepted_tokens"] > 0
@@ -257,11 +257,11 @@ def test_every_token_is_an_event_even_before_its_text_is() -> None:
         async def gen() -> Any:
             for e in rest:
                 yield e
-        shape = api.ReplyShape(chat=True, token_bytes=app.state.engine.model.token_bytes)
+        shape = shapes.ReplyShape(chat=True, token_bytes=app.state.engine.model.token_bytes)
         first = Emission("a", 1, 1, back="x")
         chunks = [c async for c in _sse(app.state.engine.model.name, chain(first, gen()), "id",
                                         shape)]
-        return list(sse_events("".join(chunks).splitlines()))
+        return list(sse_events(event_stream("".join(chunks))))
 
     events = asyncio.run(body())
     duo = [e["duo"] for e in events]

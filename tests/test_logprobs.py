@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from lead.app import create_app
-from lead.engine import Engine, GenRequest
+from lead.decode.engine import Engine, GenRequest
+from lead.server.app import create_app
 from shared.fake import ALPHABET, FakeModel
 from shared.logprobs import TokenLogprob, log_softmax, token_logprob
 from shared.penalties import adjust
@@ -76,7 +76,7 @@ def test_without_logprobs_none_are_computed(monkeypatch: pytest.MonkeyPatch) -> 
     def never(*_: object) -> TokenLogprob:
         raise AssertionError("a logprob computed that nobody asked for")
 
-    monkeypatch.setattr("lead.decoder.token_logprob", never)
+    monkeypatch.setattr("lead.decode.decoder.token_logprob", never)
     client = TestClient(create_app(make_settings(), FakeModel()))
     assert chat(client, max_tokens=5)["choices"][0]["logprobs"] is None
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 
-from lead.cost import OfferWatch, draft_outcome
-from lead.engine import Engine, GenRequest
+from lead.decode.engine import Engine, GenRequest
+from lead.policy.cost import OfferWatch, draft_outcome
 from shared.fake import FakeModel
 
 
@@ -46,7 +46,7 @@ def test_drafts_posted_a_token_at_a_time_teach_lead_their_whole_worth() -> None:
     reference = asyncio.run(_reply(Engine(FakeModel()), prompt, 40, grow=False))
     engine = Engine(target, max_draft=8, draft_len=0)  # offers are compared, never verified
     assert asyncio.run(_reply(engine, prompt, 40, grow=True, reference=reference)) == reference
-    assert engine.cost.alpha > 0.95
+    assert engine.cost.acceptance.alpha > 0.95
 
 
 async def _reply(engine: Engine, prompt: list[int], n: int, grow: bool,

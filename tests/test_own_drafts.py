@@ -9,12 +9,12 @@ import asyncio
 import numpy as np
 import pytest
 
-from lead.bandodds import BandOdds
-from lead.cost import CostModel
-from lead.drafts import Candidate, DraftBoard, odds_yield
-from lead.engine import Engine
-from lead.owndrafts import DECAY, OWN, PRIOR, PRIOR_WEIGHT, OwnDrafts
-from lead.session import GenRequest
+from lead.decode.engine import Engine
+from lead.decode.session import GenRequest
+from lead.drafts.bandodds import BandOdds
+from lead.drafts.board import Candidate, DraftBoard, odds_yield
+from lead.drafts.own import DECAY, OWN, PRIOR, PRIOR_WEIGHT, OwnDrafts
+from lead.policy.cost import CostModel
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST, NgramIndex
 
@@ -117,7 +117,7 @@ def test_a_copy_that_is_nearly_always_right_is_verified_long_where_batches_are_d
     model = priced(CPU)
     assert model.choose_odds([0.97] * 64) >= 24  # ~20 tokens for ~9 steps' price
     assert model.choose_odds([0.2] * 64) == 0  # an accidental match: not worth a batch
-    # a short match turning long: the odds rise along the draft (lead/owndrafts.py)
+    # a short match turning long: the odds rise along the draft (lead/drafts/own.py)
     rising = [fresh().odds(3 + i) for i in range(64)]
     assert model.choose_odds(rising) == 0  # at the priors, a 3-token match does not pay
     assert model.choose_odds(rising[21:]) > 0  # one of 24 does

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lead.verify import verify
+from lead.decode.verify import verify
 from shared.fake import FakeModel
 from shared.penalties import adjust, adjust_rows
 from shared.protocol import SamplingParams

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from back.settings import BackSettings
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
 from shared.placement import (
     LeadPlace,

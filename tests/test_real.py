@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
-from shared.web import sse_events
+from shared.httpclient import sse_events
 from tests.drafting import FORCED, HELD_PROMPT, roles
 
 pytestmark = pytest.mark.real
@@ -41,7 +41,7 @@ def stream_chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> Iterator
     with httpx.stream("POST", f"{lead.url}/v1/chat/completions", timeout=120, json={
             "messages": [{"role": "user", "content": text}], "stream": True, **body}) as r:
         assert r.status_code == 200
-        yield from sse_events(r.iter_lines())
+        yield from sse_events(r)
 
 
 def state(lead: Lead, offset: int = 0, since: int = -1, wait: float = 0) -> dict:

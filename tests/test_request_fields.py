@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from lead import api
-from lead.app import create_app
+from lead.apis import shapes
+from lead.server.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import chat_body, make_settings
 
@@ -83,10 +83,10 @@ def test_harmless_fields_are_accepted(client: TestClient, path: str, fields: dic
 
 def test_each_harmless_field_is_tested() -> None:
     tested = {name for _, fields in HARMLESS for name in fields}
-    assert set(api.HARMLESS) <= tested, set(api.HARMLESS) - tested
+    assert set(shapes.HARMLESS) <= tested, set(shapes.HARMLESS) - tested
 
 
-# What duo's own clients send (chat/client.py, lead/web/app.js, bench/runs.py,
+# What duo's own clients send (chat/client.py, lead/server/web/app.js, bench/runs.py,
 # bench/acceptance.py) stays accepted.
 OWN_CLIENTS = [
     {"stream": True, "max_tokens": 3, "temperature": 0.0},

@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, Proc, free_port, metric, wait_until
+from shared.httpclient import sse_events
 from shared.rpcwire import Endpoint, RpcError, hello
-from shared.web import sse_events
 from tests.drafting import FORCED
 
 pytestmark = pytest.mark.real
@@ -133,7 +133,7 @@ def test_a_server_killed_mid_reply_ends_lead_with_a_clear_line(
                 "POST", f"{lead.url}/v1/chat/completions", timeout=60, json={
                     "messages": [{"role": "user", "content": "Tell a long story."}],
                     "max_tokens": 1500, "stream": True, "temperature": 0}) as r:
-            for _ in sse_events(r.iter_lines()):
+            for _ in sse_events(r):
                 received += 1
                 if received == 5:
                     servers[0].kill(signal.SIGKILL)

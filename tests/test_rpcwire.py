@@ -11,7 +11,7 @@ from contextlib import contextmanager
 import pytest
 
 from back.settings import BackSettings
-from lead.settings import LeadSettings
+from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
 from shared.rpcwire import (
     CAPS_SIZE,

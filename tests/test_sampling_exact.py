@@ -21,8 +21,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lead.drafts import Branch, Candidate, DraftBoard, post_candidates
-from lead.verify import TreeBranch, Verdict, verify, verify_tree
+from lead.decode.verify import TreeBranch, Verdict, verify, verify_tree
+from lead.drafts.board import Branch, Candidate, DraftBoard, post_candidates
 from shared.fake import FakeGrammar
 from shared.penalties import adjust
 from shared.protocol import SamplingParams

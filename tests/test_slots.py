@@ -10,12 +10,12 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from lead.cost import CostModel
-from lead.decoder import Job
-from lead.drafts import Draft
-from lead.engine import Engine, GenRequest, QueueFull
-from lead.session import Session
-from lead.slots import Seat, choose_seat
+from lead.decode.decoder import Job
+from lead.decode.engine import Engine, GenRequest, QueueFull
+from lead.decode.session import Session
+from lead.decode.slots import Seat, choose_seat
+from lead.drafts.board import Draft
+from lead.policy.cost import CostModel
 from shared.fake import FakeModel, VirtualClock
 from shared.model import Part
 from shared.protocol import SamplingParams
@@ -267,7 +267,7 @@ def test_sessions_sampled_in_one_batch_each_follow_their_own_distribution() -> N
     """Two sessions with different targets (their prompts salt them) step together, each
     drafting 3 tokens from a far-off q and verifying them in the same model call; each
     one's first two tokens must follow its own joint law."""
-    from lead.decoder import Decoder
+    from lead.decode.decoder import Decoder
     from shared.modelthread import ModelThread
 
     model = SaltedTarget(slots=2, n_vocab=96)

@@ -1,4 +1,4 @@
-"""Tool calling's pure core (lead/tools.py, lead/toolparse.py): the call format from a
+"""Tool calling's pure core (lead/apis/tools.py, lead/apis/toolparse.py): the call format from a
 chat template, tools and tool_choice checked, messages as templates read them, replies
 parsed whole and streamed. Tests that read a real GGUF are in the real tier and skip
 where the file is missing."""
@@ -16,8 +16,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lead.toolparse import HERMES, LLAMA3, MISTRAL, CallFormat, ToolStream, parse_reply
-from lead.tools import (
+from lead.apis.toolparse import HERMES, LLAMA3, MISTRAL, CallFormat, ToolStream, parse_reply
+from lead.apis.tools import (
     ToolChoice,
     ToolsError,
     call_grammar,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from lead.app import create_app
-from shared.web import sse_events
+from lead.server.app import create_app
+from shared.httpclient import sse_events
 from tests.conftest import ScriptedModel, chat_body, make_settings
 
 HERMES_TEMPLATE = "{% for tool in tools %}<tools>{{ tool }}</tools>{% endfor %}<tool_call>"
@@ -63,7 +63,7 @@ def ask_streamed(client: TestClient, **extra: Any) -> list[dict[str, Any]]:
     with client.stream("POST", "/v1/chat/completions",
                        json=chat_body(tools=[WEATHER], stream=True, **extra)) as r:
         assert r.status_code == 200
-        return list(sse_events(r.iter_lines()))
+        return list(sse_events(r))
 
 
 def test_a_call_in_the_reply_becomes_tool_calls() -> None:

@@ -16,12 +16,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lead.cost import CostModel
-from lead.drafts import Branch, DraftBoard, post_candidates
-from lead.engine import Engine, GenRequest, Session
-from lead.session import StepResult
-from lead.tree import Cover, branch_lengths, continuation
-from lead.verify import TreeBranch, Verdict, verify_tree
+from lead.decode.engine import Engine, GenRequest, Session
+from lead.decode.session import StepResult
+from lead.decode.verify import TreeBranch, Verdict, verify_tree
+from lead.drafts.board import Branch, DraftBoard, post_candidates
+from lead.policy.cost import CostModel
+from lead.policy.tree import Cover, branch_lengths, continuation
 from shared.fake import FakeModel, VirtualClock
 from shared.model import MAIN
 from shared.protocol import SamplingParams

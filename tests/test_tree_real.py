@@ -14,7 +14,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from lead.engine import Engine
+from lead.decode.engine import Engine
 from shared.llm import load_model
 from shared.model import common_prefix
 from tests.test_tree import _reply, wrong_at_1_with_its_branch

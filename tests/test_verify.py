@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lead.verify import verify
+from lead.decode.verify import verify
 from shared.fake import FakeModel
 from shared.protocol import SamplingParams
 

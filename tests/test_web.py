@@ -2,8 +2,10 @@
 
 import httpx
 import pytest
+from httpx_sse import SSEError
 
-from shared.web import error_message, lead_url, retry_after, sse_events
+from shared.httpclient import error_message, lead_url, retry_after, sse_events
+from tests.conftest import event_stream
 
 
 @pytest.mark.parametrize(("given", "want"), [
@@ -24,7 +26,11 @@ def test_retry_after_reads_whole_seconds_only() -> None:
     assert retry_after(httpx.Response(429, headers={"retry-after": "soon"}), 0.5) == 0.5
 
 
-def test_sse_events_stop_at_done_and_skip_other_lines() -> None:
-    lines = ["", ": keep-alive", 'data: {"a": 1}', "", 'data: {"a": 2}', "data: [DONE]",
-             'data: {"a": 3}']
-    assert list(sse_events(lines)) == [{"a": 1}, {"a": 2}]
+def test_sse_events_stop_at_done_and_skip_comments() -> None:
+    text = ': keep-alive\n\ndata: {"a": 1}\n\ndata: {"a": 2}\n\ndata: [DONE]\n\ndata: {"a": 3}\n\n'
+    assert list(sse_events(event_stream(text))) == [{"a": 1}, {"a": 2}]
+
+
+def test_sse_events_refuse_a_response_that_is_no_event_stream() -> None:
+    with pytest.raises(SSEError):
+        list(sse_events(httpx.Response(200, text='data: {"a": 1}\n\n')))

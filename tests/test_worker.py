@@ -20,8 +20,8 @@ from back.backoff import Backoff
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import BackFatal, Worker
-from lead.app import create_app
-from lead.session import Session
+from lead.decode.session import Session
+from lead.server.app import create_app
 from shared.fake import FakeModel
 from shared.model import common_prefix
 from shared.placement import Placement

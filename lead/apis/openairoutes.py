@@ -1,0 +1,136 @@
+"""The OpenAI-compatible routes: /v1/models, /v1/chat/completions, /v1/completions.
+
+A request takes its place in line first, so that a full queue is a 429 before any work;
+then it is prepared on a worker thread (lead/apis/prepare.py) while it holds its place, then
+waits for its turn. A client that leaves before its reply starts gives its place back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, Response
+
+from lead.apis import shapes, toolreply
+from lead.apis.prepare import Prepared, prepare_chat, prepare_completion
+from lead.apis.tools import ToolPlan
+from lead.decode.admission import Place, QueueFull
+from lead.decode.engine import Engine
+from lead.decode.session import Emission
+from lead.server.delivery import StreamedReply, sse, unless_gone, usage
+from shared.modelthread import Threads
+
+Started = tuple[AsyncGenerator[Emission, None], Emission, Prepared]
+
+
+def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
+    """`max_tokens`: a request's default; `workers`: where requests are prepared."""
+    router = APIRouter()
+    model = engine.model
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model.name, "object": "model",
+                                            "owned_by": "duo", "n_ctx": model.n_ctx}]}
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def chat(body: shapes.ChatRequest, request: Request) -> Response:
+        shapes.check_served(body)
+        shape = shapes.ReplyShape(chat=True, token_bytes=model.token_bytes,
+                               logprobs=body.top_logprobs_wanted() is not None)
+        prepare = partial(prepare_chat, model, max_tokens, body)
+        return await _reply(engine, workers, request, body, shape, prepare)
+
+    @router.post("/v1/completions", response_model=None)
+    async def completions(body: shapes.CompletionRequest, request: Request) -> Response:
+        shapes.check_served(body)
+        logprobs = None if body.logprobs is None else \
+            shapes.CompletionLogprobs(body.prompt, model.token_bytes)
+        shape = shapes.ReplyShape(chat=False, token_bytes=model.token_bytes, completion=logprobs)
+        prepare = partial(prepare_completion, model, max_tokens, body)
+        return await _reply(engine, workers, request, body, shape, prepare)
+
+    return router
+
+
+Whole = Callable[[list[Emission], ToolPlan | None], Response]  # a reply not streamed
+Streamed = Callable[[AsyncGenerator[Emission, None], Emission, Prepared], Response]
+
+
+async def reply(engine: Engine, workers: Threads, request: Request, stream: bool,
+                prepare: Callable[[], Prepared], whole: Whole, streamed: Streamed
+                ) -> Response:
+    """A request's place in line (429 before any work), its preparation off the event loop,
+    its turn; then its reply, whole or streamed, in its API's shape."""
+    place = _reserve(engine)  # 429 before any template, tokens or grammar
+    try:
+        started = await unless_gone(request.receive, _start(engine, workers, place, prepare))
+    finally:
+        place.leave()  # gone, refused or failed before its turn: the place is free again
+    if started is None:
+        return Response(status_code=499)  # the client left while it waited: nobody reads it
+    gen, first, prepared = started
+    if stream:
+        return streamed(gen, first, prepared)
+    emissions = await unless_gone(request.receive, _rest(first, gen))
+    if emissions is None:
+        return Response(status_code=499)
+    return whole(emissions, prepared.plan)
+
+
+async def _reply(engine: Engine, workers: Threads, request: Request,
+                 body: shapes.CommonRequest, shape: shapes.ReplyShape,
+                 prepare: Callable[[], Prepared]) -> Response:
+    rid = shapes.new_id("chatcmpl" if shape.chat else "cmpl")
+    name = engine.model.name
+
+    def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
+                 prepared: Prepared) -> Response:
+        return StreamedReply(gen, first, partial(sse, name, rid=rid, shape=shape,
+                                                 deltas=toolreply.Deltas(prepared.plan)))
+    return await reply(engine, workers, request, body.stream, prepare,
+                       partial(_whole, name, rid, shape), streamed)
+
+
+def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emission],
+           plan: ToolPlan | None) -> JSONResponse:
+    """A reply not streamed, from all of its emissions."""
+    text = "".join(e.text for e in emissions)
+    session = emissions[-1].session
+    assert session is not None, "the last emission carries the session"
+    entries = [lp for e in emissions for lp in e.logprobs]
+    choice = shape.choice(text, session.finish_reason, entries)
+    if plan is not None:
+        choice = toolreply.with_calls(choice, plan, text)
+    return JSONResponse({**shapes.envelope(shape.kind, rid, model), "choices": [choice],
+                         "usage": usage(session)})
+
+
+def _reserve(engine: Engine) -> Place:
+    try:
+        return engine.reserve()
+    except QueueFull:
+        raise HTTPException(429, "lead is busy: the queue is full; retry shortly",
+                            headers={"Retry-After": "1"}) from None
+
+
+async def _start(engine: Engine, workers: Threads, place: Place,
+                 prepare: Callable[[], Prepared]) -> Started:
+    """Prepare the request off the event loop, then wait for its turn and its first text."""
+    prepared = await workers.run(prepare)
+    gen = engine.generate(prepared.req, place)
+    try:
+        return gen, await anext(gen), prepared
+    except BaseException:
+        await gen.aclose()  # cancelled while queued or in its prompt: the generation ends
+        raise
+
+
+async def _rest(first: Emission, gen: AsyncGenerator[Emission, None]) -> list[Emission]:
+    try:
+        return [first, *[e async for e in gen]]
+    finally:
+        await gen.aclose()  # the client left mid-reply: its generation ends here

@@ -1,0 +1,75 @@
+"""A request made ready to generate: its prompt through the chat template, its tokens, its
+grammar, checked against the model. The expensive part of a request before decoding, so
+it runs on a worker thread (lead/apis/openairoutes.py), never on the event loop nor the model
+thread, while the request holds its place in line. Every refusal is a 400 naming what is
+wrong, raised from here as from the event loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import HTTPException
+
+from lead.apis import shapes, structured, toolreply
+from lead.apis.tools import ToolPlan
+from lead.decode.session import GenRequest
+from shared.model import Model
+
+
+@dataclass(frozen=True)
+class Prepared:
+    req: GenRequest
+    plan: ToolPlan | None = None  # a chat request's tools
+
+
+def prepare_chat(model: Model, default_max_tokens: int, body: shapes.ChatRequest) -> Prepared:
+    try:
+        plan, prompt = toolreply.chat_prompt(model, body)
+    except ValueError as exc:  # the model's template refuses these messages
+        raise HTTPException(400, f"messages: the chat template refuses them: {exc}") from None
+    prompt_ids = model.tokenize(prompt, special=True, add_bos=False)
+    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan)
+
+
+def prepare_completion(model: Model, default_max_tokens: int,
+                       body: shapes.CompletionRequest) -> Prepared:
+    prompt_ids = infill_ids(model, body.prompt, body.suffix) if body.suffix else \
+        model.tokenize(body.prompt, special=False, add_bos=True)
+    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, None))
+
+
+def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
+    """Fill in the middle, as the model was trained for it (prefix, suffix, middle:
+    llama.cpp's order): the reply is what goes between `prefix` and `suffix`."""
+    if model.fim_tokens is None:
+        raise shapes.FieldRefused("suffix", f"suffix: {model.name} has no fill-in-the-middle "
+                                         "tokens (Qwen2.5-Coder, the default target, has)")
+    pre, suf, mid = model.fim_tokens
+    return [*model.tokenize("", add_bos=True), pre,
+            *model.tokenize(prefix, special=False, add_bos=False), suf,
+            *model.tokenize(suffix, special=False, add_bos=False), mid]
+
+
+def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonRequest,
+                prompt_ids: list[int], plan: ToolPlan | None) -> GenRequest:
+    n_ctx = model.n_ctx
+    if not prompt_ids:
+        raise HTTPException(400, "the prompt is empty")
+    if len(prompt_ids) >= n_ctx:
+        raise HTTPException(400, f"the prompt is {len(prompt_ids)} tokens; the context holds "
+                                 f"{n_ctx} (start lead with a larger --ctx-size)")
+    wanted = body.wanted_tokens()
+    if wanted is not None and wanted > n_ctx:
+        raise HTTPException(400, f"max_tokens {wanted} exceeds the context size {n_ctx}")
+    outside = [t for t in body.logit_bias or {} if t >= model.n_vocab]
+    if outside:
+        raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
+                                             f"the vocabulary (0-{model.n_vocab - 1})")
+    forced = toolreply.forced_grammar(plan, model) if plan is not None else None
+    params = body.sampling(0.0)
+    constrained = structured.constraint_of(body, model, forced)
+    if constrained is not None:
+        params = params.model_copy(update={"grammar": constrained[0]})
+    return GenRequest(prompt_ids, wanted or default_max_tokens, params, body.stops(),
+                      body.top_logprobs_wanted(), constrained[1] if constrained else None)

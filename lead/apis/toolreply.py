@@ -1,0 +1,68 @@
+"""A chat request's tools joined to the model and to the reply (lead/apis/tools.py and
+lead/apis/toolparse.py are the pure parts): the prompt with the tools the template renders,
+the grammar a forced call follows, and the calls parsed out of the reply, whole or
+streamed as deltas."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lead.apis.generictools import generic_messages
+from lead.apis.shapes import ChatRequest, FieldRefused
+from lead.apis.toolparse import Delta, ToolStream, finish_reason
+from lead.apis.tools import ToolPlan, ToolsError, plan_tools, template_messages, wrap_gbnf
+from shared.model import Model
+
+
+def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
+    """The request's tool plan and its prompt; FieldRefused naming a bad tools field,
+    ValueError where the chat template refuses the messages."""
+    try:
+        plan = plan_tools(model.chat_template, body.tools, body.tool_choice)
+        messages = template_messages([m.for_template() for m in body.messages])
+    except ToolsError as exc:
+        raise FieldRefused(exc.param, str(exc)) from None
+    if plan.generic:
+        messages = generic_messages(messages, plan.tools, plan.choice.mode == "required")
+    return plan, model.format_chat(messages, plan.template_tools())
+
+
+def forced_grammar(plan: ToolPlan, model: Model) -> str | None:
+    """GBNF for the call that tool_choice "required" or a named function forces."""
+    if plan.grammar is None:
+        return None
+    try:  # a function's parameters are a hint to the model: keywords past the grammar pass
+        schema_gbnf = model.schema_grammar(plan.grammar.schema, strict=False)
+    except ValueError as exc:
+        raise FieldRefused("tools", f"tools: a function's parameters: {exc}") from None
+    return wrap_gbnf(schema_gbnf, plan.grammar)
+
+
+def with_calls(choice: dict[str, Any], plan: ToolPlan, text: str) -> dict[str, Any]:
+    """A plain reply's choice with the calls its text holds (OpenAI's message.tool_calls,
+    finish_reason "tool_calls"); unchanged where it holds none."""
+    content, calls = plan.parse(text)
+    if not calls:
+        return choice
+    message = {**choice["message"], "content": content, "tool_calls": calls}
+    return {**choice, "message": message,
+            "finish_reason": finish_reason(choice["finish_reason"], True)}
+
+
+class Deltas:
+    """A streamed reply's text as chunk deltas: content as it comes, or, with tools,
+    content and whole calls as the parser releases them."""
+
+    def __init__(self, plan: ToolPlan | None) -> None:
+        self.stream: ToolStream | None = plan.stream() if plan is not None else None
+
+    def push(self, text: str) -> list[Delta]:
+        if self.stream is None:
+            return [{"content": text}] if text else []
+        return self.stream.push(text)
+
+    def finish(self) -> list[Delta]:
+        return self.stream.finish() if self.stream is not None else []
+
+    def finish_reason(self, finish: str | None) -> str | None:
+        return self.stream.finish_reason(finish) if self.stream is not None else finish

@@ -1,0 +1,238 @@
+"""The decode loop's model side: seating a generation in a slot, one step of every slot
+(prompt chunks and verify batches in one model call), and what a verdict does.
+
+Every evaluation runs on the one model thread, which gets what it needs as arguments
+(`Job`s: each session's tokens, draft, sampling state and grammar state) and gives back
+StepResults (with the grammar's next state); the sessions themselves stay on the event
+loop, which installs them. Each slot's own `cached` list is the truth about its cache.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import cast
+
+import numpy as np
+
+from lead.decode.session import Session, StepResult
+from lead.decode.slots import Seat
+from lead.decode.verify import TreeBranch, Verdict, verify_tree
+from lead.drafts.board import Draft
+from lead.policy.cost import CostModel
+from shared.constraint import Constraint
+from shared.logprobs import TokenLogprob, token_logprob
+from shared.model import Forking, Model, Part, Slotted, can_fork, slots_of
+from shared.modelthread import ModelThread
+from shared.protocol import SamplingParams
+
+log = logging.getLogger("lead")
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One session's share of a step, fixed on the event loop: a chunk of its prompt to
+    evaluate (`prompt`), or its last token and `draft` to verify."""
+
+    slot: int
+    tokens: tuple[int, ...]  # the session's tokens so far
+    n_prompt: int
+    params: SamplingParams
+    rng: np.random.Generator
+    draft: Draft | None = None
+    top_logprobs: int | None = None
+    constraint: Constraint | None = None
+    prompt: tuple[int, ...] = ()  # a prompt chunk: evaluated, nothing verified
+
+    @property
+    def verifies(self) -> bool:
+        return not self.prompt
+
+
+@dataclass(frozen=True)
+class Step:
+    """What one model call did: its seconds, and per job its verdict (None: a prompt chunk)."""
+
+    seconds: float
+    results: list[StepResult | None]
+    n_tokens: int
+
+
+class Decoder:
+    def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
+                 batch: int = 512, grammar_s: float = 1.0) -> None:
+        """`grammar_s`: most seconds of verifying per token emitted that a constrained
+        reply may take (an ambiguous grammar's masks can cost seconds a row)."""
+        self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
+        self.batch, self.grammar_s = batch, grammar_s
+        self.slotted = cast(Slotted, model)
+        self.n_slots = slots_of(model)
+        # branch sequences each slot holds for trees (0: it verifies chains only)
+        self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
+
+    def slot(self, i: int) -> Model:
+        return self.slotted.slot(i)
+
+    # --- seating ---
+    def cached(self) -> list[tuple[int, ...]]:
+        """What each slot's cache holds (read between steps, on the event loop)."""
+        return [tuple(self.slot(i).cached) for i in range(self.n_slots)]
+
+    async def seat(self, seat: Seat, prompt: Sequence[int]) -> int:
+        """Make slot `seat.slot` hold what it can of the prompt without evaluating (its own
+        prefix, or a donor's); the prompt tokens it holds."""
+        return await self.thread.run(self._seat, seat, tuple(prompt))
+
+    def _seat(self, seat: Seat, prompt: tuple[int, ...]) -> int:
+        if seat.donor is not None:
+            self.slotted.share_prefix(seat.donor, seat.slot, seat.shared)
+        view = self.slot(seat.slot)
+        # The cache holds everything but the prompt's last token; each step evaluates that.
+        view.truncate(min(seat.cached, len(prompt) - 1))
+        return len(view.cached)
+
+    # --- one step ---
+    def padded(self, jobs: Sequence[Job]) -> int:
+        """The batch a lone verify job is evaluated in: a larger priced one where the kernels
+        make that cheaper (its padding's rows are not read); 0: no padding."""
+        if len(jobs) != 1 or not jobs[0].verifies:
+            return 0
+        job = jobs[0]
+        n = 1 + (job.draft.n_tokens if job.draft else 0)
+        size = self.cost.prices.batch_for(n) if job.draft else 1
+        return min(size, self.model.n_ctx - len(job.tokens) + 1)
+
+    async def step(self, jobs: Sequence[Job]) -> Step:
+        """One model call for every job: prompt chunks evaluated, drafts verified."""
+        return await self.thread.run(self._step, tuple(jobs), self.padded(jobs))
+
+    def _step(self, jobs: tuple[Job, ...], size: int) -> Step:
+        parts = [self._part(job, size) for job in jobs]
+        for job in jobs:
+            if job.verifies and len(self.slot(job.slot).cached) != len(job.tokens) - 1:
+                raise RuntimeError("model cache out of step with the session")
+        t0 = self.clock()
+        rows = self.slotted.evaluate_parts(parts)
+        seconds = self.clock() - t0
+        results = [self._verify(job, part, got, seconds) if job.verifies else None
+                   for job, part, got in zip(jobs, parts, rows, strict=True)]
+        return Step(seconds, results, sum(p.n_tokens for p in parts))
+
+    def _part(self, job: Job, size: int) -> Part:
+        if not job.verifies:
+            return Part(job.slot, job.prompt, 0)
+        draft = job.draft
+        draft_ids = draft.token_ids if draft else []
+        # padding's rows are not read, and _settle drops its cells
+        pad = max(size - 1 - (draft.n_tokens if draft else 0), 0)
+        main = (job.tokens[-1], *draft_ids, *[job.tokens[-1]] * pad)
+        branches = tuple((b.at, tuple(b.token_ids)) for b in draft.branches) if draft else ()
+        return Part(job.slot, main, len(main), branches)
+
+    def _verify(self, job: Job, part: Part, got: tuple[np.ndarray, list[np.ndarray]],
+                seconds: float) -> StepResult:
+        draft = job.draft
+        draft_ids = draft.token_ids if draft else []
+        tree = draft.branches if draft else ()
+        rows, branch_rows = got
+        t0 = self.clock()
+        branches = [TreeBranch(b.at, b.token_ids, r, b.dists)
+                    for b, r in zip(tree, branch_rows, strict=True)]
+        verdict = verify_tree(draft_ids, rows[:len(draft_ids) + 1], branches, job.params,
+                              job.rng, draft.dists if draft else None, job.tokens,
+                              job.n_prompt, job.constraint)
+        verify_s = self.clock() - t0
+        self._settle(self.slot(job.slot), len(job.tokens) + len(verdict.accepted),
+                     verdict.branch, len(tree))
+        logprobs = None if job.top_logprobs is None else _logprobs(verdict, job.top_logprobs)
+        taken = None if verdict.branch is None else tree[verdict.branch]
+        root_at = None if taken is None else taken.at
+        path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
+        return StepResult(verdict, 1 + (draft.n_tokens if draft else 0), seconds,
+                          draft.back_id if draft else "", part.n_tokens, logprobs, path,
+                          _covered(draft, verdict), len(tree), root_at, verify_s)
+
+    @staticmethod
+    def _settle(view: Model, n_keep: int, taken: int | None, n_branches: int) -> None:
+        """Keep the path verified: the branch taken (if one was) as the main sequence, up
+        to `n_keep` tokens; every branch slot used is emptied."""
+        if taken is not None:
+            cast(Forking, view).adopt(taken)
+        view.truncate(n_keep)
+        for branch in range(n_branches):
+            cast(Forking, view).fork(branch, 0)
+
+    # --- what a verdict does ---
+    def apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
+        """Extend the session by what the step emits, and count; the tokens emitted (cut at
+        max_tokens and after an EOS)."""
+        verdict = result.verdict
+        drafted = result.batch - 1
+        if result.covered is not None:
+            self.cost.record_cover(result.covered)
+        emitted = verdict.emitted[: max_tokens - session.n_generated]
+        eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
+        if eos is not None:
+            emitted = emitted[: eos + 1]
+            session.finish_reason = "stop"
+        # none counted past an EOS
+        accepted = sum(result.from_draft(i) for i in range(min(len(verdict.accepted),
+                                                                len(emitted))))
+        session.drafted += drafted
+        session.rejections += result.rejections
+        session.accepted += accepted
+        if drafted:
+            _add(session.accepted_by_back, result.back_id, accepted)
+            _add(session.drafted_by_back, result.back_id, drafted)
+        session.steps += 1
+        session.tokens.extend(emitted)
+        # The grammar's state after the whole verdict: a cut one ends the reply, so the
+        # tokens it holds past the cut are never followed.
+        session.constraint = verdict.constraint
+        if session.finish_reason is None and (session.n_generated >= max_tokens
+                                              or len(session.tokens) >= self.model.n_ctx
+                                              or self._grammar_too_slow(session, result)):
+            session.finish_reason = "length"
+        return emitted
+
+    def _grammar_too_slow(self, session: Session, result: StepResult) -> bool:
+        """Whether a constrained reply's verifying took over `grammar_s` per token emitted:
+        then it ends here (as llama.cpp's server ends one over its time limit), else it
+        would hold lead for minutes."""
+        per_token = result.verify_s / max(len(result.verdict.emitted), 1)
+        if session.constraint is None or per_token <= self.grammar_s:
+            return False
+        log.warning("%s: its grammar took %.1f s a token to apply (over %.1f s): the reply "
+                    "ends here", session.id, per_token, self.grammar_s)
+        return True
+
+    @staticmethod
+    def cut(session: Session, n: int) -> None:
+        """Drop the last `n` tokens of the step just applied (a stop string ended the reply
+        before them), so that the reply and its usage are those of decoding without drafts.
+        Their acceptance still counts: verification accepted them."""
+        if n > 0:
+            del session.tokens[-n:]
+
+def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
+    assert verdict.rows is not None, "verify keeps the rows it verified"
+    return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
+
+
+def _covered(draft: Draft | None, verdict: Verdict) -> bool | None:
+    """Whether the token emitted in place of a rejected draft token was the root of a branch
+    offered there; None where no draft token was rejected or none was offered there."""
+    if draft is None:
+        return None
+    at = len(verdict.accepted) if verdict.branch is None else \
+        draft.branches[verdict.branch].at
+    roots = {root for where, root in draft.roots if where == at}
+    if at >= len(draft.token_ids) or not roots:
+        return None
+    return verdict.emitted[at] in roots
+
+
+def _add(counts: dict[str, int], key: str, n: int) -> None:
+    counts[key] = counts.get(key, 0) + n

@@ -1,0 +1,345 @@
+"""The lead's engine: several generations at once, one batch a step, drafts verified and
+never awaited.
+
+Each generation takes a slot of the target's KV cache (lead/decode/slots.py chooses it by the
+prefix it finds cached there) and joins the loop, which steps every slot together: one
+model call holding each decoding session's last token and the draft that pays for it (the
+draft lengths chosen jointly, lead/policy/cost.py `allocate`), and a chunk of any prompt still
+being evaluated, so that a long prompt never stalls the others. Sessions join and leave
+between steps. The loop joins four jobs, each its own class: Admission (the places and the
+queue), Decoder (seating, the step, verify, apply on the model thread), OfferLedger (what
+offers were worth, fed to the cost model) and BackFeed (what backs see and post). All
+session state lives on the event loop; model work runs on one dedicated thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Sequence
+
+from lead.decode.admission import Admission, Place, QueueFull
+from lead.decode.calibration import Calibration
+from lead.decode.decoder import Clock, Decoder, Job, Step
+from lead.decode.plan import Planner
+from lead.decode.runs import Run
+from lead.decode.session import Emission, GenRequest, Session, StepResult
+from lead.decode.slots import choose_seat
+from lead.drafts.board import Branch, Candidate, Draft
+from lead.drafts.feed import BackFeed
+from lead.drafts.offers import OfferLedger
+from lead.drafts.own import OWN, OwnDrafts
+from lead.policy.cost import CostModel
+from lead.server.live import LiveNews
+from lead.server.metrics import Metrics
+from shared.model import Model, slots_of
+from shared.modelthread import ModelThread
+from shared.protocol import MAX_DRAFT_WIRE
+from shared.sampling import Dist, make_rng
+
+__all__ = ["Emission", "Engine", "GenRequest", "QueueFull", "Session"]
+log = logging.getLogger("lead")
+PREFILL_STEPS = 8.0  # a prompt chunk beside decoding sessions costs at most this many steps
+
+
+class Engine:
+    def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
+                 max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
+                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1
+                 ) -> None:
+        """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
+        most branches verified beside a draft (the model's branch slots bound it);
+        `parallel`: generations at once (the model's slots bound it)."""
+        self.model, self.max_draft, self.clock, self.batch = model, max_draft, clock, batch
+        self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
+        self.cost = CostModel(max_draft=max_draft, fixed=draft_len, longest=ngram)
+        # lead's own drafts (`ngram`: their most tokens; 0, or no drafts at all: none)
+        self.own = OwnDrafts(ngram) if ngram and max_draft else None
+        self.metrics = Metrics()
+        self.n_slots = max(1, min(parallel, slots_of(model)))
+        self.admission = Admission(max_queue, self.n_slots)
+        self.model_thread = ModelThread("model")  # every model call, calibration too
+        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, grammar_s)
+        tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
+        self.planner = Planner(self.cost, model.n_ctx, tree_slots)
+        self.calibration = Calibration(model, self.cost, self.model_thread, clock, tree_slots)
+        self.live = LiveNews()  # what the web page's live panel is woken by
+        self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
+        self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
+        self._loop: asyncio.Task[None] | None = None
+        self._ids = itertools.count(1)
+
+    @property
+    def session(self) -> Session | None:
+        """The session started last (running or not)."""
+        return self.feed.session
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.runs)
+
+    def calibrate(self, passes: int = 2) -> None:
+        """Price verify batches before serving (blocking)."""
+        self.calibration.calibrate(self.max_draft, passes, self.own.longest if self.own else 0)
+
+    def reserve(self) -> Place:
+        """A place in line for one generation, or QueueFull (counted) if there is none."""
+        try:
+            return self.admission.reserve()
+        except QueueFull:
+            self.metrics.rejected += 1
+            raise
+
+    async def generate(self, req: GenRequest, place: Place | None = None
+                       ) -> AsyncIterator[Emission]:
+        """Wait in `place` (reserved now if None), then run one generation, yielding text as
+        it is decided. A caller that never starts it gives the place back (`place.leave`)."""
+        place = place or self.reserve()
+        async with place.turn():
+            run = self._add(req)
+            try:
+                async for emission in run.emissions():
+                    yield emission
+            finally:
+                if not run.ended:  # its reader left: it ends now, its slot free for the
+                    self._end(run)  # next step (the one under way, if any, is dropped)
+
+    def _add(self, req: GenRequest) -> Run:
+        loop = self._loop
+        if loop is not None and not loop.done() and \
+                loop.get_loop() is not asyncio.get_running_loop():
+            for stale in list(self.runs):  # a test's earlier event loop closed under them
+                self._end(stale)
+        session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
+                          tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
+                          params=req.params, rng=make_rng(req.params.seed),
+                          constraint=req.constraint, t_start=self.clock())
+        run = Run(req, session, OfferLedger(self.cost.record_outcome, max(self.max_draft, 1)))
+        self.runs.append(run)
+        self.feed.start(session)
+        self.live.bump()
+        if loop is None or loop.done() or loop.get_loop() is not asyncio.get_running_loop():
+            self._loop = asyncio.create_task(self._steps())
+        return run
+
+    # --- the loop ---
+    async def _steps(self) -> None:
+        try:
+            while self.runs:
+                await self._seat_waiting()
+                jobs, offered = self._plan()
+                if not jobs:
+                    continue
+                step = await self.decoder.step(jobs)
+                changed = self._apply(step, jobs, offered)
+                self.feed.log_hush()
+                self.feed.notify(changed)
+                # The readers write what this step emitted before the next step starts:
+                # Python work overlapping a step preempts llama.cpp's threads.
+                await asyncio.sleep(0)
+        except BaseException as exc:
+            for run in list(self.runs):
+                self._end(run, exc if isinstance(exc, Exception) else
+                          RuntimeError("lead is shutting down"))
+            if not isinstance(exc, Exception):
+                raise
+
+    async def _seat_waiting(self) -> None:
+        """Give waiting runs the free slots, in arrival order."""
+        for run in [r for r in self.runs if r.slot is None]:
+            taken = {r.slot for r in self.runs if r.slot is not None}
+            free = [i for i in range(self.n_slots) if i not in taken]
+            if not free:
+                return
+            prompt = run.session.tokens
+            seat = choose_seat(prompt, self.decoder.cached(), free)
+            held = await self.decoder.seat(seat, prompt)
+            run.slot, run.todo = seat.slot, list(prompt[held:-1])
+            if not run.todo:
+                run.session.t_decode = self.clock()
+
+    def _plan(self) -> tuple[list[Job], dict[str, Draft | None]]:
+        """This step's jobs: each decoding session's last token and draft, then a chunk of
+        each prompt still being evaluated; and what each session was offered."""
+        decoding = [r for r in self.runs if r.decoding]
+        chunks = self._chunks([r for r in self.runs if r.slot is not None and r.todo],
+                              bool(decoding))
+        offered = {r.session.id: self._offered(r.session) for r in decoding}
+        drafts = self.planner.plan([(r.session, offered[r.session.id]) for r in decoding],
+                                   [r.req.max_tokens for r in decoding],
+                                   len(decoding) + sum(len(c) for _, c in chunks))
+        jobs = [self._job(r, d) for r, d in zip(decoding, drafts, strict=True)]
+        jobs += [Job(r.slot or 0, (), 0, r.session.params, r.session.rng, prompt=tuple(c))
+                 for r, c in chunks]
+        return jobs, offered
+
+    def _chunks(self, prefilling: list[Run], beside: bool) -> list[tuple[Run, list[int]]]:
+        """Prompt chunks for this step, oldest first: up to the batch, or beside decoding
+        sessions, what costs at most PREFILL_STEPS of their steps."""
+        budget = self.batch // 2 if beside else self.batch
+        if beside:
+            budget = min(budget, self.cost.prices.within(PREFILL_STEPS))
+        out: list[tuple[Run, list[int]]] = []
+        for run in prefilling:
+            if budget <= 0:
+                break
+            out.append((run, run.todo[:budget]))
+            budget -= len(out[-1][1])
+        return out
+
+    def _job(self, run: Run, draft: Draft | None) -> Job:
+        s = run.session
+        return Job(run.slot or 0, tuple(s.tokens), s.n_prompt, s.params, s.rng, draft,
+                   run.req.top_logprobs, s.constraint)
+
+    def _offered(self, session: Session) -> Draft | None:
+        """The draft on the session's board expected to yield the most, lead's own among
+        them."""
+        board = self.feed.board_of(session.id)
+        if board is None:
+            return None
+        tokens = session.tokens
+        own = self.own.propose(session.id, tokens) if self.own is not None else None
+        if own is not None:
+            board.post(tokens, Candidate(OWN, len(tokens), own[0], odds=own[1]))
+        return board.best(tokens, self.max_draft)
+
+    def _apply(self, step: Step, jobs: Sequence[Job], offered: dict[str, Draft | None]
+               ) -> list[str]:
+        """What the step did, session by session; the sessions whose tokens it changed."""
+        by_slot = {r.slot: r for r in self.runs if r.slot is not None}  # (runs ended during
+        # the step are gone: what it did for them is dropped)
+        done = [(by_slot[j.slot], j, res) for j, res in zip(jobs, step.results, strict=True)
+                if j.slot in by_slot]
+        verified = [(run, job, res) for run, job, res in done if res is not None]
+        busy = any(self.feed.back_drafting(r.session) for r, _, _ in verified)
+        # A step of one session prices the model (a batch of several sessions' tokens is
+        # not the batch of one sequence that calibration priced).
+        self.cost.record_step(step.n_tokens, step.seconds, busy,
+                              priced=len(jobs) == 1 and bool(verified))
+        for run, job, result in done:
+            if result is None:
+                self._prefilled(run, len(job.prompt))
+            else:
+                self._advance(run, job, result, offered.get(run.session.id))
+        return [r.session.id for r, _, _ in verified]
+
+    def _prefilled(self, run: Run, n: int) -> None:
+        del run.todo[:n]
+        run.session.prompt_evaluated += n
+        if not run.todo:
+            run.session.t_decode = self.clock()
+
+    def _advance(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
+        """What one session's verify step means: its tokens, text, counts and offers."""
+        session, req = run.session, run.req
+        first = session.n_generated == 0
+        self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
+                                 bool(job.draft and offered and offered.branch))
+        self.metrics.record_tree(result.tree, result.verdict.branch is not None)
+        run.after_rejection = result.rejected
+        if offered is not None and offered.back_id != OWN:  # verified or not, a back's
+            # offer shows what backs' drafts are worth (lead's own are priced apart)
+            run.offers.offered(job.tokens, offered.token_ids, first)
+        emitted = self.decoder.apply(session, result, req.max_tokens)
+        chunks = self._texts(emitted, run)
+        if run.text.stopped:  # tokens past a stop string are no part of the reply
+            self.decoder.cut(session, len(emitted) - len(chunks))
+            session.finish_reason, session.stop_sequence = "stop", run.text.matched
+        run.offers.settle(session.tokens, final=session.finish_reason is not None)
+        if log.isEnabledFor(logging.DEBUG):
+            self._trace(session, offered, result)
+        for i, chunk in enumerate(chunks):
+            run.emit(self._emission(result, i, emitted[i], chunk, session.id))
+        if session.finish_reason is not None:
+            run.emit(Emission(run.text.finish(), 0, 0, session=session, sid=session.id))
+            self._end(run)
+
+    def _texts(self, emitted: list[int], run: Run) -> list[str]:
+        """The text each token releases, up to the one that completes a stop string."""
+        chunks: list[str] = []
+        for token in emitted:
+            eos = token in self.model.eos_token_ids
+            chunks.append("" if eos else run.text.push(self.model.token_bytes(token)))
+            if run.text.stopped:
+                break
+        return chunks
+
+    def _emission(self, result: StepResult, i: int, token: int, chunk: str, sid: str
+                  ) -> Emission:
+        """The step's i-th token, `token`, releasing `chunk`."""
+        drafted = result.from_draft(i)
+        # An end-of-generation token has no logprob entry: its text is no part of the reply.
+        logprobs = [] if result.logprobs is None or token in self.model.eos_token_ids else \
+            [result.logprobs[i]]
+        return Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "",
+                        logprobs=logprobs, sid=sid)
+
+    def _end(self, run: Run, error: BaseException | None = None) -> None:
+        """End `run`: its session's counts and log line, its slot freed (its cache stays,
+        for the next prompt that shares its prefix)."""
+        if run in self.runs:
+            self.runs.remove(run)
+        session = run.session
+        run.offers.settle(session.tokens, final=True)  # a stop string may end a watched offer
+        if session.finish_reason is None:
+            session.finish_reason = "cancelled"
+        session.done = True
+        now = self.clock()
+        self.metrics.record_session(session, now)
+        log.info("%s", self.metrics.session_line(session, now))
+        self.feed.backs.credit(session.drafted_by_back, session.accepted_by_back)
+        self.feed.end(session)
+        if self.own is not None:
+            self.own.forget(session.id)
+        self.live.add_reply(session, now)
+        if error is not None:
+            run.fail(error)
+        run.ended = True
+
+    def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
+        cost = self.cost
+        log.debug("%s step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "
+                  "slowdown %.2f, wanted %d%s", session.id, session.steps,
+                  len(offered.token_ids) if offered else 0, result.batch - 1,
+                  len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
+                  cost.prices.slowdown, cost.wanted(), " (probe)" if cost.probes.probing else "")
+
+    def post_draft(self, session_id: str, start: int, token_ids: list[int],
+                   dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = ()
+                   ) -> bool:
+        return self.feed.post_draft(session_id, start, token_ids, dists, back_id, branches)
+
+    def slot_views(self) -> list[dict[str, object]]:
+        """What each slot holds now: idle, a prompt being evaluated, or a reply decoding,
+        with its counts and the backs whose drafts for it are on its board."""
+        by_slot = {r.slot: r for r in self.runs if r.slot is not None}
+        return [self._slot_view(i, by_slot.get(i)) for i in range(self.n_slots)]
+
+    def _slot_view(self, slot: int, run: Run | None) -> dict[str, object]:
+        if run is None:
+            return {"slot": slot, "state": "idle"}
+        s = run.session
+        board = self.feed.board_of(s.id)
+        backs = sorted({c.back_id for kept in board.candidates.values() for c in kept} - {OWN}) \
+            if board is not None else []
+        return {"slot": slot, "state": "prompt" if run.todo else "decoding",
+                "prompt_left": len(run.todo), "tokens": s.n_generated, "drafted": s.drafted,
+                "accepted": s.accepted, "own_accepted": s.accepted_by_back.get(OWN, 0),
+                "backs": backs}
+
+    def gauges(self) -> dict[str, float]:
+        return {"draft_len": self.cost.wanted(), "verify_len": self.cost.choose(),
+                "backs_active": self.feed.backs.active(),
+                "queue_waiting": self.admission.waiting,
+                "slots": self.n_slots, "slots_busy": sum(r.slot is not None for r in self.runs),
+                **self.cost.snapshot()}
+
+    def shutdown(self) -> None:
+        self.live.close()
+        if self._loop is not None:
+            self._loop.cancel()
+        self.model_thread.shutdown()

@@ -1,0 +1,91 @@
+"""What one generation holds: its request, its tokens and counts, and what a step yields."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from lead.decode.verify import Verdict
+from shared.constraint import Constraint
+from shared.logprobs import TokenLogprob
+from shared.protocol import SamplingParams
+
+
+@dataclass
+class GenRequest:
+    prompt_ids: list[int]
+    max_tokens: int
+    params: SamplingParams = field(default_factory=SamplingParams)
+    stop: list[str] = field(default_factory=list)
+    top_logprobs: int | None = None  # None: no logprobs; n: each token's and the n likeliest
+    constraint: Constraint | None = None  # the grammar (params.grammar) at the reply's start
+
+
+@dataclass
+class Emission:
+    text: str
+    n_tokens: int
+    n_from_draft: int
+    session: Session | None = None  # set on the last emission of a generation
+    back: str = ""  # the back whose draft gave its accepted tokens
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
+    sid: str = ""  # the session it belongs to
+
+
+@dataclass
+class Session:
+    id: str
+    tokens: list[int]
+    n_prompt: int
+    params: SamplingParams
+    rng: np.random.Generator
+    constraint: Constraint | None = None  # the grammar's state after the tokens so far
+    done: bool = False
+    finish_reason: str | None = None
+    stop_sequence: str | None = None  # the stop string that ended it, if one did
+    drafted: int = 0
+    accepted: int = 0
+    rejections: int = 0  # verify steps that rejected a draft token
+    steps: int = 0
+    accepted_by_back: dict[str, int] = field(default_factory=dict)
+    drafted_by_back: dict[str, int] = field(default_factory=dict)  # draft tokens verified
+    prompt_evaluated: int = 0
+    t_start: float = field(default_factory=time.perf_counter)
+    t_decode: float = 0.0
+
+    @property
+    def n_generated(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass
+class StepResult:
+    verdict: Verdict
+    batch: int
+    seconds: float
+    back_id: str
+    evaluated: int  # batch size evaluated: `batch` and any padding
+    logprobs: list[TokenLogprob] | None = None  # of verdict.emitted, if the request asks
+    path: int = -1  # draft tokens on the verified path (the draft's or a branch's); -1: batch - 1
+    covered: bool | None = None  # a rejection's correction was a branch's root (None: no try)
+    tree: int = 0  # branches verified beside the draft
+    root_at: int | None = None  # where the branch taken has its root among the emitted
+    verify_s: float = 0.0  # seconds verifying took: penalties, sampling and the grammar
+
+    @property
+    def rejected(self) -> bool:
+        """Whether the step ended rejecting a draft token (on its path)."""
+        drafted = self.batch - 1 if self.path < 0 else self.path
+        return len(self.verdict.accepted) < drafted
+
+    def from_draft(self, i: int) -> bool:
+        """Whether emitted token i was a draft's guess lead accepted. A branch's root is
+        not: lead drew it where it rejected the draft's guess."""
+        return i < len(self.verdict.accepted) and i != self.root_at
+
+    @property
+    def rejections(self) -> int:
+        """Draft guesses rejected: on the path, and the draft's where a branch was taken."""
+        return int(self.rejected) + (self.root_at is not None)

@@ -1,0 +1,244 @@
+"""The back feed: what backs see of the running sessions, when their news comes, and where
+their drafts go (a draft board per session). Lives on the event loop.
+
+Backs see sessions two ways: a back on the link (lead/drafts/link.py) is sent every session's
+news; a back long-polling GET /duo/state follows one session at a time, the one it is
+shown (`shown`: its own until that ends, else the running session fewest such backs
+follow).
+A session's grammar goes to a back once (`grammar_of`, GET /duo/grammar), not in every
+state: a state names it by `grammar_id`. Only a trusted back's draft probabilities count.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import Counter, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+
+from lead.decode.session import Session
+from lead.drafts.board import Branch, DraftBoard, post_candidates
+from lead.drafts.limits import PollSlots, RateLimiter
+from lead.drafts.rank import BackScores
+from lead.drafts.registry import BackRegistry
+from lead.policy.cost import CostModel
+from lead.server.metrics import Metrics
+from shared.bounded import Lru
+from shared.broadcast import Broadcast
+from shared.protocol import SamplingParams, SessionState, State, grammar_id
+from shared.sampling import Dist
+
+log = logging.getLogger("lead")
+ARRIVALS_PER_S = 1.0  # how often backs arriving may wake the live panel's streams
+ENDED_KEPT = 16  # sessions ended lately, kept for backs still following them
+FOCUS_KEPT = 1024  # backs whose followed session is remembered
+
+
+def wakes(session: Session | None, quiet_session: str | None, idle: bool,
+          wanted: Callable[[], int]) -> bool:
+    """Whether a change of state wakes a long-poll. A back that may not draft passes its
+    session as `quiet_session`: it wakes only when drafts are wanted (never, if `idle`: a
+    back sitting out) or that session changes or ends, so it costs lead no request per
+    token. `wanted`: the draft length asked for (asked only when it matters)."""
+    if quiet_session is None or session is None or session.id != quiet_session or session.done:
+        return True
+    return not idle and wanted() > 0
+
+
+@dataclass
+class Followed:
+    """A session as backs see it: its board, and its sampling settings without the
+    grammar's text (which goes once, by its id)."""
+
+    session: Session
+    board: DraftBoard
+    grammar_id: str | None = None
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    version: int = 0  # the feed's version at its last change
+
+    @classmethod
+    def of(cls, session: Session, board: DraftBoard, version: int) -> Followed:
+        grammar = session.params.grammar
+        sampling = session.params.model_copy(update={"grammar": None}) if grammar \
+            else session.params
+        return cls(session, board, grammar_id(grammar) if grammar else None, sampling, version)
+
+
+class BackFeed:
+    def __init__(self, cost: CostModel, metrics: Metrics,
+                 on_arrival: Callable[[], None] = lambda: None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        """`on_arrival`: called when a back not heard from recently speaks, at most
+        ARRIVALS_PER_S times a second (a back the panel misses shows at its next
+        heartbeat); `clock`: when backs are seen (tests give a fake one)."""
+        self.cost, self.metrics, self.on_arrival, self.clock = cost, metrics, on_arrival, clock
+        self.scores = BackScores()  # each back's acceptance, learned over every session
+        self.backs = BackRegistry()
+        self.polls = PollSlots()
+        self._arrivals = RateLimiter(ARRIVALS_PER_S)
+        self.followed: dict[str, Followed] = {}  # running sessions, oldest first
+        self.ended: deque[Followed] = deque(maxlen=ENDED_KEPT)
+        self.session: Session | None = None  # the session started last
+        self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
+        self.news = Broadcast()  # bumped on every change backs are shown
+        self.hush_version = 0  # the version at which hush last changed
+        self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
+        self._hushed = False  # as last logged
+
+    @property
+    def version(self) -> int:
+        return self.news.version
+
+    # --- sessions ---
+    def start(self, session: Session) -> None:
+        board = DraftBoard(scores=BackScores(scores=self.scores.scores, odds=self.scores.odds))
+        self.followed[session.id] = Followed.of(session, board, self.version)
+        self.session = session
+        self.notify([session.id])
+
+    def end(self, session: Session) -> None:
+        followed = self.followed.pop(session.id, None)
+        if followed is None:
+            return
+        followed.board.clear()
+        self.ended.append(followed)
+        self.notify([session.id])
+
+    def board_of(self, session_id: str) -> DraftBoard | None:
+        followed = self.followed.get(session_id)
+        return followed.board if followed is not None else None
+
+    def wanted(self, session: Session) -> int:
+        """The draft length backs are asked for now."""
+        return self.cost.wanted(first=session.n_generated == 0)
+
+    def back_drafting(self, session: Session) -> bool:
+        """Whether a back drafts during this step, so that its price counts as busy (a back
+        sitting out slows nothing: its steps are quiet ones)."""
+        return self.backs.drafting(now=self.clock()) > 0 and self.wanted(session) > 0
+
+    def notify(self, changed: Iterable[str] = ()) -> None:
+        """News: the sessions `changed` (or started, or ended) have it."""
+        version = self.news.bump()
+        for sid in changed:
+            followed = self.followed.get(sid) or self._ended(sid)
+            if followed is not None:
+                followed.version = version
+
+    def _ended(self, session_id: str) -> Followed | None:
+        return next((f for f in self.ended if f.session.id == session_id), None)
+
+    def session_state(self, followed: Followed, offset: int, back_id: str,
+                      sampling: bool = True) -> SessionState:
+        """The session's news for a back holding `offset` of its tokens (`sampling`: with
+        its settings)."""
+        s = followed.session
+        offset = min(max(offset, 0), len(s.tokens))
+        return SessionState(session_id=s.id, offset=offset, token_ids=s.tokens[offset:],
+                            n_tokens=len(s.tokens), n_prompt=s.n_prompt, done=s.done,
+                            draft_len=0 if s.done else self.wanted(s),
+                            sampling=followed.sampling if sampling else None,
+                            grammar_id=followed.grammar_id,
+                            your_accepted=s.accepted_by_back.get(back_id, 0))
+
+    # --- backs following one session (GET /duo/state) ---
+    def shown(self, back_id: str = "") -> Followed | None:
+        """The session a back following one is shown: its own while it runs, else the
+        running one fewest such backs follow (the newest of those); with none running, the
+        last it followed, or the last to end."""
+        sid = self.focus.get(back_id)
+        if sid in self.followed:
+            return self.followed[sid]
+        if self.followed:
+            following = Counter(v for v in self.focus.values() if v in self.followed)
+            chosen = min(reversed(self.followed.values()), key=lambda f: following[f.session.id])
+            if back_id:
+                self.focus[back_id] = chosen.session.id
+            return chosen
+        return (self._ended(sid) if sid else None) or (self.ended[-1] if self.ended else None)
+
+    def state(self, offset: int = 0, back_id: str = "") -> State:
+        followed = self.shown(back_id)
+        if followed is None:
+            return State(version=self.version, lead_id=self.lead_id)
+        return self.session_state(followed, offset, back_id).as_state(
+            self.version, self.lead_id, self.cost.hush)
+
+    def grammar_of(self, session_id: str) -> tuple[str, str] | None:
+        """(grammar id, text) of the session, if it runs and has one."""
+        followed = self.followed.get(session_id)
+        if followed is None or followed.grammar_id is None or not followed.session.params.grammar:
+            return None
+        return followed.grammar_id, followed.session.params.grammar
+
+    async def wait_news(self, since: int, timeout: float,
+                        wakes_me: Callable[[], bool] = lambda: True) -> None:
+        """Return once the version passes `since` with news that `wakes_me`, or at
+        timeout."""
+        await self.news.wait(lambda: self.version > since and wakes_me(), timeout)
+
+    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,
+                         idle: bool = False, back_id: str = "") -> None:
+        """Long-poll: return once the session the back is shown has news that `wakes` it
+        (or hush changed), or at timeout."""
+        def wakes_me() -> bool:
+            followed = self.shown(back_id)
+            if followed is None:
+                return True
+            s = followed.session
+            return (followed.version > since or self.hush_version > since) and \
+                wakes(s, quiet_session, idle, lambda: self.wanted(s))
+        await self.wait_news(since, timeout, wakes_me)
+
+    # --- backs and their drafts ---
+    def back_seen(self, back_id: str, address: str = "", kind: str = "",
+                  sits_out: bool = False) -> None:
+        now = self.clock()
+        if self.backs.seen(back_id, now, address, kind, sits_out=sits_out) \
+                and self._arrivals.allow("", now):
+            self.on_arrival()
+
+    def board_full_for(self, address: str, back_id: str, session_id: str) -> bool:
+        """Whether a post from this back would find no place on the session's board: its
+        address holds its share of places already (a back on the board keeps its own)."""
+        followed = self.followed.get(session_id)
+        return followed is not None and followed.board.address_full(
+            followed.session.tokens, address, back_id)
+
+    def post_draft(self, session_id: str, start: int, token_ids: list[int],
+                   dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = (),
+                   address: str = "", trusted: bool = True,
+                   probs: Sequence[float] | None = None) -> bool:
+        """Put a back's draft, its main chain and branches, on the session's board in place
+        of that back's last; False if none of it can be verified (or the session is not
+        running). An untrusted back's dists are dropped: its drafts are verified as if
+        chosen."""
+        self.back_seen(back_id, address)
+        followed = self.followed.get(session_id)
+        self.metrics.drafts_posted += 1
+        if not trusted and (dists or any(b.dists for b in branches)):
+            self.metrics.drafts_untrusted += 1
+            dists, branches = None, [replace(b, dists=None) for b in branches]
+        if followed is None or followed.session.done:
+            self.metrics.drafts_stale += 1
+            return False
+        main, *rest = post_candidates(back_id, start, token_ids, dists, branches, address,
+                                      probs)
+        useful = followed.board.post(followed.session.tokens, main, rest)
+        self.metrics.drafts_stale += 0 if useful else 1
+        return useful
+
+    def log_hush(self) -> None:
+        """Say when lead starts or stops hushing backs (news for every back)."""
+        if self.cost.hush == self._hushed:
+            return
+        self._hushed = self.cost.hush
+        self.hush_version = self.version + 1  # the notify that follows carries it
+        if self._hushed:
+            log.info("backs hushed: lead's steps take %.2fx their quiet time while a back "
+                     "works, more than even perfect drafts could make up",
+                     self.cost.prices.slowdown)
+        else:
+            log.info("backs asked again: a probe measures what they cost and give")

@@ -1,0 +1,82 @@
+"""The link: one WebSocket per back (GET /duo/link), news pushed each way instead of a
+request per state and per draft.
+
+Lead sends a back an `Update` whenever sessions it wants news of change: for each, only the
+tokens it has not been sent (its sampling settings in the first). A back sitting out
+(`idle`) hears only of sessions starting and ending; of a session it does not draft for
+(`quiet`), only when that session wants drafts or ends; of one it does not follow
+(`ignored`), only its end. The back sends `Hello` (first, and
+whenever what it wants changes) and its drafts (`Posted`), checked as POST /duo/draft
+checks them; a refused one is answered with `Refused`, an accepted one with nothing (the
+next update says what came of it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lead.drafts.feed import BackFeed, Followed
+from shared.protocol import Hello, SessionState, Update
+
+
+@dataclass
+class Link:
+    """One back on the link: what it has been sent of each session, and what it wants."""
+
+    feed: BackFeed
+    back_id: str = ""
+    kind: str = ""
+    idle: bool = False  # it sits out: sessions starting and ending only
+    quiet: frozenset[str] = frozenset()  # sessions it does not draft for now
+    ignored: frozenset[str] = frozenset()  # sessions it does not follow
+    sent: dict[str, int] = field(default_factory=dict)  # session id -> tokens sent
+    version: int = -1  # the feed's version at the last update
+    greeted: bool = False  # the back said hello: news may go out
+
+    def hello(self, hello: Hello) -> None:
+        self.greeted = True
+        self.back_id, self.kind, self.idle = hello.back_id, hello.kind, hello.idle
+        self.quiet, self.ignored = frozenset(hello.quiet), frozenset(hello.ignored)
+
+    def has_news(self) -> bool:
+        """Whether an update now would carry anything."""
+        feed = self.feed
+        if feed.hush_version > self.version or any(sid not in feed.followed for sid in self.sent):
+            return True
+        return any(self._wants(f) for f in feed.followed.values())
+
+    def _wants(self, followed: Followed) -> bool:
+        sid = followed.session.id
+        if sid not in self.sent:
+            return True  # new to this back
+        if followed.version <= self.version or self.idle or sid in self.ignored:
+            return False
+        return sid not in self.quiet or self.feed.wanted(followed.session) > 0
+
+    def update(self) -> Update | None:
+        """The news since the last update (None: none this back wants)."""
+        feed = self.feed
+        if not self.has_news():
+            return None
+        sessions = [self._state(f) for f in feed.followed.values() if self._wants(f)]
+        gone = {sid: n for sid, n in self.sent.items() if sid not in feed.followed}
+        for sid in gone:
+            del self.sent[sid]
+        final = {f.session.id: f for f in feed.ended if f.session.id in gone}
+        sessions += [feed.session_state(f, gone[sid], self.back_id, sampling=False)
+                     for sid, f in final.items()]  # its last tokens, done
+        self.version = feed.version
+        return Update(version=feed.version, lead_id=feed.lead_id, hush=feed.cost.hush,
+                      sessions=sessions, ended=[sid for sid in gone if sid not in final])
+
+    def heartbeat(self) -> Update:
+        """An update with no news, to show the link is alive."""
+        feed = self.feed
+        return Update(version=self.version, lead_id=feed.lead_id, hush=feed.cost.hush)
+
+    def _state(self, followed: Followed) -> SessionState:
+        sid = followed.session.id
+        first = sid not in self.sent
+        state = self.feed.session_state(followed, self.sent.get(sid, 0), self.back_id, first)
+        self.sent[sid] = state.n_tokens
+        return state

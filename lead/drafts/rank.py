@@ -1,0 +1,111 @@
+"""Which back's draft a step verifies: each back's own acceptance and the tokens its draft
+is expected to yield (pure).
+
+Every back's best candidate on the board at a step is compared with the tokens lead then
+emits, verified or not, so a back is judged by its own guesses whether or not it was
+chosen: junk loses within a step or two and stays lost while it posts junk, and a good
+back that joins late is measured (and wins) without lead first verifying its drafts.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from lead.drafts.backodds import BackOdds
+from lead.policy.acceptance import MAX_ALPHA
+from lead.policy.cost import draft_outcome
+from shared.bounded import Lru
+
+# Pseudo (matches, misses) of a back not yet seen: 0.8 with the weight of two outcomes, so
+# a new back is tried at once and one miss at its first token puts it below a good one.
+PRIOR = (1.6, 0.4)
+DECAY = 0.9  # per outcome: about the last ten carry the estimate
+RECENT = 3  # outcomes in the recent estimate: a back turning bad loses within a few steps
+KEPT = 256  # backs whose estimate is kept (least recently updated dropped first)
+
+
+def expected_yield(alpha: float, k: int) -> float:
+    """Draft tokens a step verifying k of them is expected to accept, each right with
+    probability alpha given the ones before it: a + a^2 + ... + a^k."""
+    a = min(max(alpha, 0.0), MAX_ALPHA)
+    return a * (1.0 - a ** k) / (1.0 - a)
+
+
+def _estimate(matches: float, misses: float) -> float:
+    matches, misses = PRIOR[0] + matches, PRIOR[1] + misses
+    return matches / (matches + misses)
+
+
+@dataclass
+class Score:
+    """One back's outcomes: a censored geometric estimate as lead's own (lead/policy/acceptance.py),
+    with an optimistic prior, over decayed counts or the last RECENT outcomes alone where
+    that is lower (a back good for long, matches pile up: misses alone would take a score
+    of steps to bring it down)."""
+
+    matches: float = 0.0  # decayed
+    misses: float = 0.0
+    recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=RECENT))
+
+    @property
+    def alpha(self) -> float:
+        recent = _estimate(sum(m for m, _ in self.recent), sum(x for _, x in self.recent))
+        return min(_estimate(self.matches, self.misses), recent)
+
+    def record(self, matches: int, missed: bool) -> None:
+        self.matches = self.matches * DECAY + matches
+        self.misses = self.misses * DECAY + int(missed)
+        self.recent.append((matches, missed))
+
+
+@dataclass(frozen=True)
+class Watched:
+    """What each back offered at a step: lead's token count then, and per back (the
+    board's key) the useful tail of its best candidate."""
+
+    n: int
+    tails: Mapping[str, tuple[int, ...]]
+    probs: Mapping[str, tuple[float, ...]]  # of the tails whose back gave its draft model's
+
+
+@dataclass
+class BackScores:
+    """Acceptance per back, learned by comparing what backs offered at a step (`watch`)
+    with the tokens lead emitted (`settle`, at the next step); per token where a back gave
+    its draft model's probabilities (`odds`)."""
+
+    scores: Lru[str, Score] = field(default_factory=lambda: Lru(KEPT))
+    watched: Watched | None = None
+    odds: BackOdds = field(default_factory=BackOdds)
+
+    def alpha(self, key: str) -> float:
+        score = self.scores.get(key)
+        return score.alpha if score is not None else Score().alpha
+
+    def watch(self, n: int, tails: Mapping[str, tuple[int, ...]],
+              probs: Mapping[str, tuple[float, ...]] | None = None) -> None:
+        self.watched = Watched(n, dict(tails), dict(probs or {})) if tails else None
+
+    def settle(self, tokens: Sequence[int]) -> None:
+        """Score what was offered at the last step against the tokens lead holds now."""
+        watched, self.watched = self.watched, None
+        if watched is None or len(tokens) <= watched.n:
+            return  # no step since (or another reply): nothing to compare
+        emitted = tokens[watched.n:]
+        for key, tail in watched.tails.items():
+            self.record(key, *draft_outcome(tail, emitted))
+            if key in watched.probs:
+                self.odds.record(key, watched.probs[key], tail, emitted)
+
+    def record(self, key: str, matches: int, missed: bool) -> None:
+        if matches == 0 and not missed:
+            return  # nothing observed
+        score = self.scores.get(key) or Score()
+        score.record(matches, missed)
+        self.scores[key] = score  # the least recently updated back goes first
+
+    def forget_step(self) -> None:
+        """A reply ended: what was offered at its last step is compared with nothing."""
+        self.watched = None

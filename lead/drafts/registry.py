@@ -1,0 +1,84 @@
+"""The backs lead has heard from: when and where from each last spoke, what it drafts with,
+whether it sits out, its tokens verified and accepted; the live panel's list of backs.
+
+A back chooses its own id, so an address holds at most BACKS_PER_ADDRESS records (a new id
+takes the place of its least recently seen one) and lead at most 1024.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from lead.drafts.limits import BACKS_PER_ADDRESS
+
+ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last <= 30 s)
+
+
+@dataclass
+class BackRecord:
+    """One back as lead knows it: when and where from it last spoke, the drafter it names,
+    whether it sits out, and its draft tokens verified and accepted over lead's life."""
+
+    last_seen: float
+    address: str = ""
+    kind: str = ""
+    drafted: int = 0
+    accepted: int = 0
+    sits_out: bool = False  # its last request was a poll with idle=1: it drafts nothing
+
+
+@dataclass
+class BackRegistry:
+    """The backs lead has heard from (backs seen recently, and the live panel)."""
+
+    records: dict[str, BackRecord] = field(default_factory=dict)
+
+    def seen(self, back_id: str, now: float | None = None, address: str = "",
+             kind: str = "", window_s: float = ACTIVE_S, sits_out: bool = False) -> bool:
+        """Note a back's request (`sits_out`: a poll saying it drafts nothing for now);
+        True if it was not active (new, or back after a silence)."""
+        now = time.monotonic() if now is None else now
+        record = self.records.get(back_id)
+        arrived = record is None or now - record.last_seen > window_s
+        if record is None:
+            self._make_room(address)
+            record = self.records[back_id] = BackRecord(now)
+            self._bound()
+        record.last_seen = now
+        record.address = address or record.address
+        record.kind = kind or record.kind
+        record.sits_out = sits_out
+        return arrived
+
+    def _make_room(self, address: str) -> None:
+        """A new id from an address that has BACKS_PER_ADDRESS takes the place of its least
+        recently seen one: made-up ids push out only each other."""
+        mine = [k for k, r in self.records.items() if address and r.address == address]
+        if len(mine) >= BACKS_PER_ADDRESS:
+            del self.records[min(mine, key=lambda k: self.records[k].last_seen)]
+
+    def _bound(self) -> None:
+        if len(self.records) > 1024:  # bound memory against many ids
+            oldest = min(self.records, key=lambda k: self.records[k].last_seen)
+            del self.records[oldest]
+
+    def credit(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
+        """Add one reply's verified and accepted draft tokens per back."""
+        for back_id, n in drafted.items():
+            if back_id in self.records:
+                self.records[back_id].drafted += n
+                self.records[back_id].accepted += accepted.get(back_id, 0)
+
+    def connected(self, window_s: float = ACTIVE_S, now: float | None = None
+                  ) -> dict[str, BackRecord]:
+        now = time.monotonic() if now is None else now
+        return {k: r for k, r in self.records.items() if now - r.last_seen <= window_s}
+
+    def active(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+        """Backs connected, whether or not they draft."""
+        return len(self.connected(window_s, now))
+
+    def drafting(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+        """Connected backs that draft when asked (not sitting out)."""
+        return sum(1 for r in self.connected(window_s, now).values() if not r.sits_out)

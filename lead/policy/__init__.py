@@ -1,0 +1,1 @@
+"""What pays: verify prices, acceptance, probes, draft lengths and trees (pure)."""

@@ -1,0 +1,278 @@
+"""Cost-aware draft length: the policy over prices, acceptance and probes.
+
+`CostModel` verifies the draft length k that maximises expected tokens per second, and
+asks backs for drafts only when that pays or a probe is open. Its parts, each with one
+job: `Prices` (lead/policy/prices.py: seconds per batch size, quiet and while a back drafts),
+`Acceptance` (lead/policy/acceptance.py: how often drafts are right), `ProbeSchedule`
+(lead/policy/probes.py: when quiet backs are asked anyway). `OfferWatch` follows a draft on
+offer over lead's next steps and yields the outcomes acceptance learns from.
+Formulas, defaults and the measurements behind them: docs/cost-model.md.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+
+from lead.policy.acceptance import MAX_ALPHA, Acceptance
+from lead.policy.prices import Prices
+from lead.policy.probes import AfterProbe, ProbeSchedule
+from lead.policy.tree import Cover, branch_lengths
+
+
+def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
+    """(matches, missed): how many leading draft tokens lead then emitted, and whether a
+    draft token was contradicted (False: the draft or the emitted tokens ran out first)."""
+    for i, (guess, token) in enumerate(zip(draft_ids, emitted, strict=False)):
+        if guess != token:
+            return i, True
+    return min(len(draft_ids), len(emitted)), False
+
+
+@dataclass(frozen=True)
+class OfferWatch:
+    """A draft on offer at position `start`, compared with lead's tokens as they come, over
+    as many steps as that takes (a plain step shows at most one token of it)."""
+
+    start: int
+    token_ids: tuple[int, ...]
+    first: bool  # offered at a reply's first step
+    limit: int = 8  # the most draft tokens one outcome covers
+
+    def extended(self, tokens: Sequence[int], draft_ids: Sequence[int]) -> OfferWatch:
+        """This watch, or, if a later offer continues its draft, that draft reaching
+        further (a back posts its draft a token at a time)."""
+        seen = tuple(self._since(tokens))  # lead's tokens since, all agreeing
+        rest = tuple(self.token_ids[len(seen):])
+        if len(seen) <= len(self.token_ids) and len(draft_ids) > len(rest) \
+                and tuple(draft_ids[:len(rest)]) == rest:
+            return replace(self, token_ids=(seen + tuple(draft_ids))[:self.limit])
+        return self
+
+    def used_up(self, tokens: Sequence[int]) -> bool:
+        return len(tokens) - self.start >= len(self.token_ids)
+
+    def result(self, tokens: Sequence[int]) -> tuple[int, bool]:
+        """(matches, missed) so far."""
+        return draft_outcome(self.token_ids, self._since(tokens))
+
+    def _since(self, tokens: Sequence[int]) -> Sequence[int]:
+        # at most one past the draft: a watch can stay open for a whole reply
+        return tokens[self.start:self.start + len(self.token_ids) + 1]
+
+    def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
+        """The result once `tokens` settle the draft: a miss, `limit` matches, or `final`
+        (the reply ended); else None."""
+        matches, missed = self.result(tokens)
+        return (matches, missed) if final or missed or matches >= self.limit else None
+
+
+@dataclass
+class CostModel:
+    """The draft length to verify (`choose`) and to ask backs for (`wanted`), and whether
+    backs should do no work at all (`hush`)."""
+
+    max_draft: int
+    fixed: int | None = None  # a user-forced draft length bypasses the model
+    margin: float = 1.1  # speculate only for an expected gain of 10 % or more
+    hush_at: float = 1.1  # a back slowing lead this much, past what drafts could repay, is hushed
+    prices: Prices = field(default_factory=Prices)
+    acceptance: Acceptance = field(default_factory=Acceptance)
+    probes: ProbeSchedule = field(default_factory=ProbeSchedule)
+    cover: Cover = field(default_factory=Cover)
+    tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
+    longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
+
+    # --- measurements in ---
+
+    def calibrate(self, seconds: dict[int, float]) -> None:
+        """Quiet seconds per batch size, measured before serving."""
+        self.prices.calibrate(seconds)
+
+    def fix_prices(self, relative: list[float]) -> None:
+        """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
+        i + 2 tokens over one token's; priced up to a draft and its branches."""
+        self.prices.fix(relative, max(2 * self.max_draft, self.longest) + 1)
+
+    def record_step(self, batch_size: int, seconds: float, busy: bool = False,
+                    priced: bool = True) -> None:
+        """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted
+        (a verify step always is); `priced`: a step the prices learn from."""
+        if priced:
+            self.prices.record(batch_size, seconds, busy)
+        self._schedule_probe()
+
+    def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
+        """A draft compared with what lead emitted; `first`: at a reply's first step."""
+        counted = self.acceptance.record(matches, missed, first)
+        if counted and self.probes.probing and self.probes.outcome():
+            self._end_probe()
+
+    def record_cover(self, hit: bool) -> None:
+        """A draft token was rejected where a branch was offered: was its root the token
+        emitted instead."""
+        self.cover.record(hit)
+
+    def _schedule_probe(self) -> None:
+        probes = self.probes
+        if probes.probing:
+            if probes.probe_step():
+                self._end_probe()  # no back offered a draft: it has nothing to say
+        elif self.choose() > 0:
+            probes.speculating()
+        elif probes.quiet_step() and self.could_pay(1.0):
+            if self._too_slow():
+                self.prices.forget_slowdown()
+            probes.start()
+
+    def _end_probe(self) -> None:
+        self.probes.end(self._after_probe())
+
+    def _after_probe(self) -> AfterProbe:
+        if self._too_slow():
+            return AfterProbe.HUSHED
+        if not self.could_pay(self.prices.slowdown):
+            return AfterProbe.PRICED_OUT  # only a change of slowdown would help
+        return AfterProbe.NOTHING_PAYS if self.choose() == 0 else AfterProbe.PAYS
+
+    # --- decisions out ---
+
+    def could_pay(self, slowdown: float) -> bool:
+        """Whether some draft length would pay if every draft token were right."""
+        return any((k + 1) / (self.prices.relative(k + 1) * slowdown) >= self.margin
+                   for k in range(1, self.max_draft + 1))
+
+    def rate(self, k: int, first: bool = False) -> float:
+        """Tokens per second verifying k draft tokens (k=0: plain decoding, back quiet)."""
+        seconds = self.prices.plain() if k == 0 else self.prices.busy_s(k + 1)
+        return self.acceptance.expected_tokens(k, first) / max(seconds, 1e-9)
+
+    def choose(self, available: int | None = None, first: bool = False) -> int:
+        """The draft length to verify, at most `available` (None: no limit but max_draft);
+        `first`: for a reply's first step."""
+        upper = self.max_draft if available is None else min(available, self.max_draft)
+        if self.fixed is not None:
+            return min(self.fixed, upper)
+        upper = min(upper, self.prices.largest)  # at most one size past the priced
+        if upper < 1:
+            return 0
+        best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
+        return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
+
+    def choose_odds(self, odds: Sequence[float], first: bool = False) -> int:
+        """The length of a draft whose tokens lead accepts with `odds` (each given the ones
+        before it) that pays best: the shortest within 1 % of the best rate, 0 where none
+        pays `margin` over plain decoding (lead's own drafts, up to 64 tokens)."""
+        if self.fixed is not None:
+            return min(self.fixed, len(odds))
+        upper = min(len(odds), self.prices.largest - 1)
+        rates, expected, reach = [1.0 / max(self.prices.plain(), 1e-9)], 1.0, 1.0
+        for k in range(1, upper + 1):
+            reach *= odds[k - 1]
+            expected += reach
+            rates.append(expected / max(self.prices.busy_s(k + 1), 1e-9))
+        best = max(rates)
+        k = next(k for k, rate in enumerate(rates) if rate >= 0.99 * best)
+        return k if rates[k] >= self.margin * rates[0] else 0
+
+    def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
+        """Draft tokens to verify per session in one batch, session i's tokens accepted with
+        odds[i] (each given the ones before it; at most what it offers). Each session's
+        rate is its expected tokens over the batch's price, and the allocation maximises
+        their geometric mean (proportional fairness): one session's long draft makes every
+        session's step dearer, so it is verified only where it raises its own rate more than
+        it lowers the others'. For one session that is its best rate. Tokens go one at a time
+        to the session they raise most; the fewest tokens within 1 % of the best; none where
+        that beats plain decoding by less than `margin`. `base`: tokens the batch holds
+        besides drafts (one per session, and any prompt being evaluated)."""
+        if self.fixed is not None:
+            return [min(self.fixed, len(o)) for o in odds]
+        base = len(odds) if base is None else base
+        picks, scores = self._greedy(odds, base, max(0, self.prices.largest - base))
+        best = max(scores)
+        t = next(t for t, score in enumerate(scores) if score >= best + math.log(0.99))
+        if scores[t] < scores[0] + math.log(self.margin):
+            t = 0
+        return [picks[:t].count(i) for i in range(len(odds))]
+
+    def _greedy(self, odds: Sequence[Sequence[float]], base: int, most: int
+                ) -> tuple[list[int], list[float]]:
+        """Draft tokens added one at a time, each to the session whose expected tokens it
+        raises by the largest factor (`picks`: whose), and after each the mean log of the
+        sessions' rates (scores[0]: no drafts, quiet)."""
+        n = max(len(odds), 1)
+        reach, expected, taken = [1.0] * len(odds), [1.0] * len(odds), [0] * len(odds)
+        plain = max(self.prices.plain() * self.prices.relative(base), 1e-9)
+        scores = [-math.log(plain)]
+        picks: list[int] = []
+        while len(picks) < most:
+            open_ = [i for i in range(len(odds)) if taken[i] < len(odds[i])]
+            if not open_:
+                break
+            i = max(open_, key=lambda j: reach[j] * odds[j][taken[j]] / expected[j])
+            reach[i] *= odds[i][taken[i]]
+            taken[i] += 1
+            expected[i] += reach[i]
+            picks.append(i)
+            price = max(self.prices.busy_s(base + len(picks)), 1e-9)
+            scores.append(sum(math.log(e) for e in expected) / n - math.log(price))
+        return picks, scores
+
+    def odds_at(self, n: int, first: bool = False) -> list[float]:
+        """Odds of a draft of n tokens known only by the acceptance estimate: each right
+        with alpha given the ones before it (its first token, at a reply's first step, with
+        alpha_first)."""
+        a = min(self.acceptance.alpha, MAX_ALPHA)
+        return [self.acceptance.alpha_first if first else a, *[a] * (n - 1)][:n]
+
+    def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
+                 first: bool = False) -> list[int]:
+        """Per offered branch (at, tokens), the tokens to verify beside a draft of k
+        (lead/policy/tree.py; 0: none), in a batch of at most `most` tokens and priced sizes."""
+        if self.fixed is not None or not self.tree_width or not k or not offered:
+            return [0] * len(offered)
+        lengths = branch_lengths(k, offered, min(self.acceptance.alpha, MAX_ALPHA), self.cover.rate,
+                                 self.acceptance.expected_tokens(k, first), self.prices.busy_s,
+                                 min(most, self.prices.largest))
+        kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
+        return [n if j in kept else 0 for j, n in enumerate(lengths)]
+
+    def wanted(self, first: bool = False) -> int:
+        """Draft length to ask backs for: what pays, else 1 during a probe or, while
+        speculation is on, before a reply's first step (to keep learning alpha_first),
+        else 0 (quiet)."""
+        best = self.choose(first=first)
+        if best > 0 or self.fixed is not None or self.max_draft == 0:
+            return best
+        if not self.could_pay(1.0) or self.hush:
+            return 0  # not even perfect drafts would pay, or backs slow lead: they stay quiet
+        return 1 if self.probes.probing or (first and self.choose() > 0) else 0
+
+    @property
+    def hush(self) -> bool:
+        """Whether backs should do no work at all, not even catch up: the last probe found
+        a working back too slow (`_too_slow`). Lifted by the next probe, which measures
+        again."""
+        return not self.probes.probing and self._too_slow()
+
+    def _too_slow(self) -> bool:
+        """A working back slows lead's steps by `hush_at` or more, so much that not even
+        perfect drafts could pay for it."""
+        slowdown = self.prices.slowdown
+        return self.fixed is None and slowdown >= self.hush_at and not self.could_pay(slowdown)
+
+    # --- views ---
+
+    def describe(self) -> str:
+        """One line on the priced batch sizes and what they allow."""
+        line = self.prices.describe()
+        if self.could_pay(1.0):
+            return line
+        return (f"{line}; not even perfect drafts would pay {self.margin:.1f}x here, so backs "
+                "will not be asked for drafts (--draft-len N forces a length)")
+
+    def snapshot(self) -> dict[str, float]:
+        return {"slowdown": self.prices.slowdown, "hush": float(self.hush),
+                "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first,
+                "branch_cover": self.cover.rate}

@@ -1,0 +1,1 @@
+"""Lead over HTTP: the app, the gate, routes, streamed replies, settings, web page, metrics."""

@@ -1,0 +1,168 @@
+"""Draft posts, however they come (POST /duo/draft or the link): bounded, checked, put on the
+session's board; and the link's socket (lead/drafts/link.py holds what it sends).
+
+A back chooses its own id, so what one address may post is bounded: posts per second
+(PostLimiter) and places on a board. Every refusal names its cause as the HTTP routes
+answer it: a 400 naming the field, a 429 with the seconds to wait. Draft probabilities
+count only from a back with the back key (lead/server/keys.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+
+import numpy as np
+from fastapi import HTTPException, WebSocket, WebSocketDisconnect
+from pydantic import TypeAdapter, ValidationError
+
+from lead.apis.shapes import FieldRefused
+from lead.drafts.board import Branch
+from lead.drafts.feed import BackFeed
+from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
+from lead.drafts.link import Link
+from lead.server.keys import Keys
+from lead.server.metrics import Metrics
+from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
+from shared.sampling import Dist
+
+HEARTBEAT_S = 10.0  # an update, empty if need be, at least this often: a dead link shows
+MESSAGES = TypeAdapter(BackMessage)
+
+
+class DraftTaker:
+    def __init__(self, feed: BackFeed, metrics: Metrics, n_vocab: int, max_post: int,
+                 limiter: PostLimiter, keys: Keys) -> None:
+        self.feed, self.metrics, self.n_vocab, self.max_post = feed, metrics, n_vocab, max_post
+        self.limiter, self.keys = limiter, keys
+        self.retry_after = max(1, math.ceil(1 / limiter.per_back.rate))  # one refills
+
+    def take(self, post: DraftPost, address: str, authorization: bytes) -> None:
+        """Put the post on its session's board, or raise the HTTPException that refuses it."""
+        if not self.limiter.allow(address, post.back_id):
+            raise HTTPException(429, f"more than {self.limiter.per_back.rate:g} draft posts "
+                                     "per second from this back, or more than "
+                                     f"{BACKS_PER_ADDRESS} backs' worth from its address",
+                                headers={"Retry-After": str(self.retry_after)})
+        _check_size(post, self.max_post, self.metrics)
+        _check_vocab(post, self.n_vocab, self.metrics)
+        if self.feed.board_full_for(address, post.back_id, post.session_id):
+            raise HTTPException(429, f"{BACKS_PER_ADDRESS} other backs from this address hold "
+                                     "drafts on lead's board; this one's post was not taken",
+                                headers={"Retry-After": str(self.retry_after)})
+        self.feed.post_draft(post.session_id, post.start, post.token_ids, _dists(post.dists),
+                             post.back_id, [_branch(b) for b in post.branches],
+                             address=address, trusted=self.keys.trusted_back(authorization),
+                             probs=post.probs)
+
+
+async def serve_link(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metrics,
+                     max_message: int) -> None:
+    """One back's link, until it closes: its messages taken as they come, news pushed."""
+    address = ws.client.host if ws.client else "?"
+    if not feed.polls.take(address):
+        await ws.close(1013, "too many links and long-polls open from this address")
+        return
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # closed (RuntimeError:
+        await _serve(ws, feed, posts, metrics, max_message, address)  # mid-send)
+
+
+async def _serve(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metrics,
+                 max_message: int, address: str) -> None:
+    authorization = ws.headers.get("authorization", "").encode("latin-1")
+    link = Link(feed)
+    pusher: asyncio.Task[None] | None = None  # news goes out once the back said hello
+    try:
+        await ws.accept()
+        while True:
+            text = await ws.receive_text()
+            refused = _handle(text, link, posts, address, authorization, max_message)
+            if refused is not None:
+                await ws.send_text(refused.model_dump_json(exclude_none=True))
+            elif pusher is None and link.greeted:
+                pusher = asyncio.create_task(_push(ws, link, metrics))
+    finally:
+        if pusher is not None:
+            pusher.cancel()
+            await asyncio.gather(pusher, return_exceptions=True)
+        feed.polls.give(address)
+
+
+async def _push(ws: WebSocket, link: Link, metrics: Metrics) -> None:
+    feed = link.feed
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+        while True:
+            await feed.wait_news(link.version, HEARTBEAT_S, link.has_news)
+            update = link.update() or link.heartbeat()  # (nothing new: the heartbeat)
+            metrics.link_updates += 1
+            await ws.send_text(update.model_dump_json(exclude_none=True))
+
+
+def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorization: bytes,
+            max_message: int) -> Refused | None:
+    """Take one message from the back; what refuses it, if anything does."""
+    if len(text) > max_message:
+        return Refused(status=413, message=f"message over {max_message} bytes")
+    try:
+        message = MESSAGES.validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return Refused(status=400, message=f"{where}: {first.get('msg')}", param=where or None)
+    if isinstance(message, Hello):
+        link.hello(message)
+        link.feed.back_seen(message.back_id, address, message.kind, sits_out=message.idle)
+        return None
+    try:
+        posts.take(message.draft, address, authorization)
+    except HTTPException as exc:
+        wait = float((exc.headers or {}).get("Retry-After", 0))
+        return Refused(status=exc.status_code, message=str(exc.detail),
+                       param=getattr(exc, "param", None), retry_after=wait,
+                       session_id=message.draft.session_id)
+    return None
+def _dists(dists: list[DraftDist] | None) -> list[Dist] | None:
+    return [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
+            for d in dists] if dists else None
+
+
+def _branch(branch: DraftBranch) -> Branch:
+    dists = _dists(branch.dists)
+    return Branch(branch.at, tuple(branch.token_ids), tuple(dists) if dists else None)
+
+
+def _check_size(post: DraftPost, max_post: int, metrics: Metrics) -> None:
+    """A 400 for a chain (main or branch) longer than lead takes in one post."""
+    chains = [("token_ids", post.token_ids)] + [
+        (f"branches.{i}.token_ids", b.token_ids) for i, b in enumerate(post.branches)]
+    for where, ids in chains:
+        if len(ids) > max_post:
+            metrics.drafts_invalid += 1
+            raise FieldRefused(where, f"{where}: draft of {len(ids)} tokens; lead takes at "
+                                      f"most {max_post} (max_post in /duo/info)")
+
+
+def _check_vocab(post: DraftPost, n_vocab: int, metrics: Metrics) -> None:
+    """A 400 naming the first field that holds an id outside the vocabulary."""
+    bad = _out_of_vocab(post, n_vocab)
+    if bad is not None:
+        metrics.drafts_invalid += 1
+        where, token = bad
+        raise FieldRefused(where, f"{where}: token id {token} is outside the vocabulary "
+                                  f"(0..{n_vocab - 1})")
+
+
+def _out_of_vocab(post: DraftPost, n_vocab: int) -> tuple[str, int] | None:
+    """(field, id) of the first id outside the vocabulary, in the main chain, the
+    branches or any of their dists."""
+    fields = [("", post.token_ids, post.dists)] + [
+        (f"branches.{i}.", b.token_ids, b.dists) for i, b in enumerate(post.branches)]
+    for prefix, ids, dists in fields:
+        groups = [(f"{prefix}token_ids", ids)] + [
+            (f"{prefix}dists.{j}.token_ids", d.token_ids) for j, d in enumerate(dists or [])]
+        for where, group in groups:
+            token = next((t for t in group if not 0 <= t < n_vocab), None)
+            if token is not None:
+                return where, token
+    return None

@@ -1,0 +1,207 @@
+"""A streamed reply's way to its client: decoding fills the reply's outbox, a sender
+empties it as server-sent events.
+
+Decoding never waits on the client: a slow reader only lets the outbox grow (by at most
+the reply: one emission per token), and lead's one running slot is freed when decoding
+ends, not when the client has read it all. A client that reads nothing is cut off by its
+connection's watch (lead/server/wire.py); the reply then logs it and its generation is cancelled
+at once, as a client that leaves is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from functools import partial
+from typing import Any, TypeVar
+
+from fastapi.responses import Response
+from starlette.types import Receive, Scope, Send
+
+from lead.apis import shapes, toolreply
+from lead.apis.toolparse import Delta
+from lead.decode.session import Emission, Session
+from lead.server.wire import Stall, wire_of
+
+log = logging.getLogger("lead")
+T = TypeVar("T")
+
+
+class ReplyCut(Exception):
+    """The reply's decoding was cancelled: its client was cut off, there is no end to send."""
+
+
+class Outbox:
+    """One reply's emissions decided and not yet sent, in order; iterating waits for more
+    until the reply is closed, then ends (or raises what ended decoding)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Emission] = deque()
+        self._news = asyncio.Event()
+        self._closed = False
+        self._error: BaseException | None = None
+
+    def put(self, emission: Emission) -> None:
+        self._items.append(emission)
+        self._news.set()
+
+    def close(self, error: BaseException | None = None) -> None:
+        self._closed, self._error = True, error
+        self._news.set()
+
+    def tokens(self) -> int:
+        return sum(e.n_tokens for e in self._items)
+
+    async def __aiter__(self) -> AsyncIterator[Emission]:
+        while True:
+            while self._items:
+                yield self._items.popleft()
+            if self._closed:
+                if self._error is not None:
+                    raise self._error
+                return
+            self._news.clear()
+            await self._news.wait()
+
+
+async def decode_into(gen: AsyncGenerator[Emission, None], outbox: Outbox) -> None:
+    """Run the generation to its end (or cancellation), each emission into `outbox`."""
+    error: BaseException | None = None
+    try:
+        async for emission in gen:
+            outbox.put(emission)
+            # The sender writes it before the next step starts: Python work overlapping a
+            # step preempts llama.cpp's threads. A sender waiting on its client does not
+            # run, and decoding goes on.
+            await asyncio.sleep(0)
+    except asyncio.CancelledError:
+        error = ReplyCut()
+        raise
+    except Exception as exc:  # the reply's own failure: the sender raises it
+        error = exc
+    finally:
+        outbox.close(error)
+        await gen.aclose()
+
+
+Events = Callable[[AsyncIterator[Emission]], AsyncIterator[str]]  # an API's stream format
+
+
+class StreamedReply(Response):
+    """The reply as an ASGI response: decoding in a task of its own, sending here the
+    server-sent events `events` makes of its emissions (`first`, then the rest)."""
+
+    def __init__(self, gen: AsyncGenerator[Emission, None], first: Emission,
+                 events: Events) -> None:
+        # Response's own __init__ would give it a body, and so a Content-Length of 0.
+        self.status_code, self.media_type, self.background = 200, "text/event-stream", None
+        self.init_headers({"Cache-Control": "no-cache"})
+        self.gen, self.first, self.events = gen, first, events
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        outbox = Outbox()
+        decoding = asyncio.create_task(decode_into(self.gen, outbox))
+        wire = wire_of(scope)
+        if wire is not None:
+            wire.on_stall = partial(self._stalled, decoding, outbox)
+        try:
+            await unless_gone(receive, self._send_all(send, outbox))
+        finally:
+            if wire is not None:
+                wire.on_stall = None
+            decoding.cancel()  # the client left (or was cut off): the generation ends now
+            await asyncio.gather(decoding, return_exceptions=True)
+
+    async def _send_all(self, send: Send, outbox: Outbox) -> None:
+        await send({"type": "http.response.start", "status": self.status_code,
+                    "headers": self.raw_headers})
+        try:
+            async for text in self.events(chain(self.first, outbox)):
+                await send({"type": "http.response.body", "body": text.encode(),
+                            "more_body": True})
+        except ReplyCut:
+            return  # its connection was aborted (a stall): nothing more goes out
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+    def _stalled(self, decoding: asyncio.Task[None], outbox: Outbox, stall: Stall) -> None:
+        sid, done = self.first.sid or "?", decoding.done()
+        log.warning("%s: client %s read nothing for %.1f s; %d bytes and %d tokens unsent: "
+                    "%s", sid, stall.client, stall.silent_s, stall.unsent, outbox.tokens(),
+                    "connection closed" if done else "generation cancelled")
+        decoding.cancel()
+
+
+async def unless_gone(receive: Receive, work: Awaitable[T]) -> T | None:
+    """`work`'s result, or None if the client disconnects first (`work` is cancelled then).
+    Its errors are raised."""
+    task = asyncio.ensure_future(work)
+    gone = asyncio.ensure_future(until_disconnect(receive))
+    try:
+        await asyncio.wait({task, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, gone):
+            pending.cancel()
+        await asyncio.gather(task, gone, return_exceptions=True)
+    return None if task.cancelled() else task.result()
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Returns when the client disconnects (the body is read: nothing else comes); never
+    where the server cannot tell, and the reply then runs to its end."""
+    try:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+    except Exception:
+        await asyncio.get_running_loop().create_future()  # until cancelled
+
+
+async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
+              shape: shapes.ReplyShape, deltas: toolreply.Deltas | None = None
+              ) -> AsyncIterator[str]:
+    """An OpenAI reply's events: a chunk per emission, then the finish and [DONE]."""
+    head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
+    deltas = deltas or toolreply.Deltas(None)  # None: the text is all content
+
+    def event(e: Emission | None, part: Delta | None = None, finish: str | None = None,
+              opening: bool = False, **extra: Any) -> str:
+        part = part or {}
+        choice = shape.choice(part.get("content", ""), finish, e.logprobs if e else None,
+                              delta=True, opening=opening)
+        if "tool_calls" in part:
+            choice["delta"]["tool_calls"] = part["tool_calls"]
+        duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
+                               "accepted": e.n_from_draft if e else 0}
+        if e and e.n_from_draft:
+            duo["back"] = e.back  # which back drafted them (the page shows it on hover)
+        payload = {**head, "choices": [choice], "duo": duo, **extra}
+        return f"data: {json.dumps(payload)}\n\n"
+
+    if shape.chat:
+        yield event(None, opening=True)
+    last = None
+    async for e in emissions:
+        if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
+            parts = deltas.push(e.text)
+            yield event(e, parts[0] if parts else None)
+            for part in parts[1:]:
+                yield event(None, part)
+        last = e
+    for part in deltas.finish():
+        yield event(None, part)
+    session = last.session if last is not None else None
+    assert session is not None, "the last emission carries the session"
+    yield event(None, finish=deltas.finish_reason(session.finish_reason), usage=usage(session))
+    yield "data: [DONE]\n\n"
+
+
+async def chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator[Emission]:
+    yield first
+    async for e in rest:
+        yield e
+
+
+def usage(s: Session) -> dict[str, int]:
+    return shapes.usage(s.n_prompt, s.n_generated, s.drafted, s.accepted)

@@ -1,0 +1,39 @@
+"""Errors in the shape of the API asked: OpenAI's, or Anthropic's under /v1/messages."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from lead.apis import anthropic, shapes
+
+ANTHROPIC_PATH = "/v1/messages"
+KINDS = {401: "authentication_error", 403: "permission_error"}  # OpenAI's error types
+
+
+def error_response(path: str, status: int, message: str, param: str | None = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    if path.startswith(ANTHROPIC_PATH):
+        return JSONResponse(anthropic.error_body(status, message), status_code=status,
+                            headers=headers)
+    kind = KINDS.get(status, "invalid_request_error")
+    return JSONResponse(shapes.error_body(message, kind, param=param), status_code=status,
+                        headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """A body that fails validation is a 400 naming its first bad field; every HTTP
+    error keeps its status and gets the API's shape."""
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        return error_response(request.url.path, 400, message, where or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(request.url.path, exc.status_code, str(exc.detail),
+                              getattr(exc, "param", None), getattr(exc, "headers", None))

@@ -1,0 +1,83 @@
+"""Run the lead app under uvicorn; SIGTERM/SIGINT drain in-flight work, then exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI
+from uvicorn.protocols.http.auto import AutoHTTPProtocol  # httptools, else h11
+
+from lead.server.gate import exposure_warning
+from lead.server.wire import Wire
+
+log = logging.getLogger("lead")
+
+
+class _Server(uvicorn.Server):
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        # uvicorn re-raises captured signals after shutting down, so the process would
+        # die of SIGTERM; a server that drained cleanly exits 0 instead.
+        self._captured_signals.clear()
+        if sig == signal.SIGINT and self.force_exit:
+            self._captured_signals.append(sig)  # a second Ctrl-C still kills at once
+        # Endless streams (the page's live feed) end now, not at the drain timeout.
+        on_exit = getattr(self.config.app.state, "on_exit", None)
+        if on_exit is not None:
+            with contextlib.suppress(RuntimeError):  # no loop running: nothing to end
+                asyncio.get_running_loop().call_soon_threadsafe(on_exit)
+
+
+def protocol_class(write_timeout: float, on_cut: Callable[[], None] = lambda: None
+                   ) -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol with a Wire on every connection (lead/server/wire.py): small send
+    buffers, and a client that reads nothing for `write_timeout` seconds cut off. Only the
+    protocol sees the transport, and only there is a silent client visible at all."""
+
+    class LeadHttpProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+        wire: Wire
+
+        def connection_made(self, transport: Any) -> None:
+            self.wire = Wire(transport, write_timeout, self.loop, on_cut=on_cut)
+            self.app = self.wire.wrap(self.app)  # a fresh protocol per connection
+            super().connection_made(transport)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self.wire.paused()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self.wire.close()
+            super().connection_lost(exc)
+
+    return LeadHttpProtocol
+
+
+def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
+                   drain_s: float = 30.0) -> uvicorn.Config:
+    """The config lead runs under (tests' live servers too); the write timeout is the
+    app's settings'."""
+    # One line per HTTP request would flood the console: a back polls and posts several
+    # times per token. Lead logs one line per generation; --log-level debug shows all.
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
+                          access_log=log_level.lower() == "debug",
+                          timeout_graceful_shutdown=drain_s,
+                          ws_max_size=app.state.settings.max_body_kb * 1024,  # the link's
+                          http=protocol_class(app.state.settings.write_timeout,
+                                              app.state.engine.metrics.count_cut))
+
+
+def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
+          drain_s: float = 30.0) -> None:
+    """Serve until a signal; in-flight requests get up to `drain_s` to finish."""
+    warning = exposure_warning(host, app.state.settings.api_key)
+    if warning is not None:
+        log.warning("%s", warning)
+    _Server(uvicorn_config(app, host, port, log_level, drain_s)).run()

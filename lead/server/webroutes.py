@@ -1,0 +1,73 @@
+"""The web page (GET /, static files under /web/) and its live feed (GET /duo/live).
+
+The page and its files are open, so that a browser can load them and then ask for the
+key; /duo/live, like every data endpoint, is behind the key. The feed is server-sent
+events: a snapshot (lead/server/live.py) whenever something it shows changes, a comment
+otherwise every HEARTBEAT_S, so that proxies and the page see a live connection.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from fastapi import APIRouter, FastAPI
+from fastapi.responses import FileResponse, StreamingResponse
+from fastapi.staticfiles import StaticFiles
+
+from lead.decode.engine import Engine
+from lead.server.live import snapshot
+
+WEB_DIR = Path(__file__).with_name("web")
+STATIC_PREFIX = "/web/"
+HEARTBEAT_S = 15.0
+# Everything the page loads is its own: no inline script or style, no other origin.
+PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                "frame-ancestors 'none'", "Cache-Control": "no-cache"}
+
+
+def mount_web(app: FastAPI, engine: Engine) -> None:
+    app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
+    app.include_router(_router(engine))
+
+
+def _router(engine: Engine) -> APIRouter:
+    router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
+
+    @router.get("/")
+    async def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html", headers=PAGE_HEADERS)
+
+    @router.get("/duo/live")
+    async def live() -> StreamingResponse:
+        return StreamingResponse(live_events(engine), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return router
+
+
+def live_snapshot(engine: Engine) -> dict[str, Any]:
+    return snapshot(model=engine.model.name, busy=engine.busy, slots=engine.slot_views(),
+                    waiting=engine.admission.waiting,
+                    cost=engine.cost, metrics=engine.metrics,
+                    backs=engine.feed.backs.connected(), replies=engine.live.replies,
+                    now=time.monotonic(), version=engine.live.version)
+
+
+async def live_events(engine: Engine, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[str]:
+    """A snapshot now and after every change; a back falling silent is a change noticed at
+    the next heartbeat. Ends when lead shuts down (or, by cancellation, when the client
+    leaves)."""
+    news, shown = engine.live, None
+    while not news.closed:
+        version = news.version
+        seen = (version, sorted(engine.feed.backs.connected()))
+        if seen != shown:
+            shown = seen
+            yield f"data: {json.dumps(live_snapshot(engine))}\n\n"
+        else:
+            yield ": nothing new\n\n"
+        await news.wait(version, heartbeat_s)
