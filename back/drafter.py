@@ -5,7 +5,7 @@ has overtaken correctly is kept, a wrong one is cut back to the common prefix, a
 only what is missing is evaluated. `next_token` proposes one more token, drawn from
 the draft's logits adjusted by the request's penalties and bias as lead adjusts the
 target's (shared/penalties.py), then masked by the request's grammar in the state after
-the reply's tokens so far, lead's and its own (shared/constraint.py), so that greedy
+the reply's tokens so far, lead's and its own (back/track.py), so that greedy
 drafts follow lead's choices. A `ModelDrafter` over a model that forks also drafts
 `branch`es off its draft: the runner-up where lead likely rejects a guess, then a draft
 after it, on the model's second sequence (docs/back-loop.md, "Branches").
@@ -21,18 +21,19 @@ from typing import Protocol, cast
 
 import numpy as np
 
-from back.ngram import ngram_draft
-from back.tree import (
-    Branch,
+from back.branching import (
     Growing,
     Pick,
+    Sprout,
     assign,
     branch_sites,
     rejection_odds,
     taken_by_lead,
 )
+from back.ngram import ngram_draft
+from back.track import Track
 from shared.bounded import Lru
-from shared.constraint import Constraint, Track, best, masked
+from shared.constraint import Constraint, best, masked
 from shared.grammar_bounds import check_gbnf
 from shared.model import (
     MAIN,
@@ -113,7 +114,7 @@ class ModelDrafter:
     """A draft model's guesses. A guess is handed out as soon as it is sampled and only
     evaluated (to get the logits for the next one) on the next call: the first guess after
     catching up is ready one draft step sooner, when lead most needs it, right after a
-    rejection. Over a model that forks, `grow` also grows branches (back/tree.py) in the
+    rejection. Over a model that forks, `grow` also grows branches (back/branching.py) in the
     same call as the next guess."""
 
     def __init__(self, model: Model, batch: int = 512,
@@ -295,7 +296,7 @@ class ModelDrafter:
         return can_fork(self.model) and cast(Forking, self.model).n_branches > 0
 
     @property
-    def branches(self) -> tuple[Branch, ...]:
+    def branches(self) -> tuple[Sprout, ...]:
         """The branches grown past their root, likeliest first."""
         odds = rejection_odds(self._picks, self.local, self._n_lead)
         grown = [g for g in self._growing.values() if len(g.tokens) > 1]

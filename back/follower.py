@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from back.branching import hanging_off
 from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
 from back.mirror import LeadMirror, Taken
 from back.posts import PostBook
 from back.sessions import SessionStats
-from back.tree import hanging_off
 from back.width import StepClock
 from shared.protocol import DraftPost, State
 from shared.sampling import make_draft_rng

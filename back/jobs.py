@@ -15,11 +15,11 @@ from typing import Any, cast
 
 import numpy as np
 
+from back.branching import Sprout
 from back.drafter import Drafter, Grown, ModelDrafter
 from back.mirror import parted
 from back.posts import wire_dist
 from back.sessions import Work
-from back.tree import Branch
 from shared.model import EvaluationAborted
 from shared.protocol import DraftDist, SamplingParams
 
@@ -80,7 +80,7 @@ class DraftJob:
     rng: np.random.Generator  # the generator of the session the job is for
     latest: LatestTokens
     n_prompt: int = 0  # lead's tokens that are the prompt (frequency/presence penalties)
-    width: int = 0  # branches grown beside the draft (back/tree.py)
+    width: int = 0  # branches grown beside the draft (back/branching.py)
     depth: int = 0  # most guesses after a branch's root
 
 
@@ -92,7 +92,7 @@ class Drafted:
     kept: int  # the drafter's positions below this were not redrafted
     dists: dict[int, DraftDist]  # position -> distribution, for new guesses that have one
     probs: dict[int, float] = field(default_factory=dict)  # position -> the model's q of it
-    branches: tuple[Branch, ...] = ()  # grown off `local`, likeliest first
+    branches: tuple[Sprout, ...] = ()  # grown off `local`, likeliest first
     branch_grown: int = 0  # branch tokens added
     calls: tuple[tuple[int, float], ...] = ()  # (tokens evaluated, seconds) per model call
 

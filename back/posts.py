@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from back.tree import Branch
+from back.branching import Sprout
 from shared.protocol import (
     MAX_BRANCH_TOKENS,
     MAX_BRANCHES,
@@ -42,7 +42,7 @@ class PostBook:
         self._probs.update(probs or {})
 
     def next_post(self, session_id: str, start: int, draft: Sequence[int], back_id: str,
-                  with_dists: bool = True, branches: Sequence[Branch] = (),
+                  with_dists: bool = True, branches: Sequence[Sprout] = (),
                   longest: int = MAX_DRAFT_WIRE) -> tuple[DraftPost, int] | None:
         """The post of `draft` (lead's tokens end at `start`) with the `branches` that hang
         off it (each at most `longest` tokens), and how many of its tokens no post carried
@@ -69,23 +69,23 @@ class PostBook:
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
 
 
-def on_wire(start: int, draft: Sequence[int], branches: Sequence[Branch],
+def on_wire(start: int, draft: Sequence[int], branches: Sequence[Sprout],
             with_dists: bool, longest: int = MAX_DRAFT_WIRE) -> list[DraftBranch]:
     """The branches that hang off `draft` (at `start`), within the protocol's bounds: with
     dists exactly where the main chain has them, at most MAX_BRANCHES, MAX_BRANCH_TOKENS in
     all (the first come first: they are the likeliest to be needed)."""
     out: list[DraftBranch] = []
     budget = MAX_BRANCH_TOKENS
-    for b in branches:
-        at = b.pos - start
+    for g in branches:
+        b, at = g.branch, g.branch.at - start
         if len(out) == MAX_BRANCHES or budget < 1:
             break
-        if not (0 <= at < len(draft)) or b.main[start:] != tuple(draft[:at + 1]) \
-                or (with_dists and None in b.dists):
+        if not (0 <= at < len(draft)) or g.stem[start:] != tuple(draft[:at + 1]) \
+                or (with_dists and b.dists is None):
             continue  # lead passed it, or it hangs off another draft
-        tokens = list(b.tokens[:min(budget, longest, MAX_DRAFT_WIRE)])
-        dists = [wire_dist(d) for d in b.dists[:len(tokens)] if d is not None] \
-            if with_dists else None
+        tokens = list(b.token_ids[:min(budget, longest, MAX_DRAFT_WIRE)])
+        dists = [wire_dist(d) for d in b.dists[:len(tokens)]] if with_dists and b.dists \
+            else None
         out.append(DraftBranch(at=at, token_ids=tokens, dists=dists))
         budget -= len(tokens)
     return out

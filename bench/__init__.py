@@ -1,1 +1,1 @@
-"""bench: side-by-side measurements of duo against a raw llama-cpp-python loop."""
+"""bench: duo measured beside lead alone, a raw llama-cpp-python loop and llama-server."""

@@ -1,1 +1,1 @@
-"""Code shared by lead and back: wire protocol, sampling, model presets, CLI helpers."""
+"""What lead, back, chat and bench share: the wire protocol, sampling, the model edge."""

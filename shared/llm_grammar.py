@@ -25,9 +25,9 @@ from llama_cpp.llama_grammar import (
     SchemaConverter,
 )
 
-from shared.constraint import ENFORCED, unenforced
 from shared.grammar_bounds import check_gbnf
 from shared.schema_bounds import check_schema
+from shared.schema_keywords import ENFORCED, unenforced
 
 captured = threading.local()  # .lines: where this thread's llama.cpp log goes, if set
 

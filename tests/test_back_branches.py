@@ -11,11 +11,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from back.branching import Sprout
 from back.drafter import ModelDrafter
 from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for, extend
 from back.posts import PostBook
-from back.tree import Branch
 from back.worker import Worker
+from shared.branch import Branch
 from shared.fake import ALPHABET, EOS, FakeModel
 from shared.model import MAIN, EvaluationAborted, common_prefix
 from shared.protocol import (
@@ -165,16 +166,16 @@ def test_greedy_branches_are_the_runner_up_then_the_drafts_own_continuation() ->
     assert len(model.calls) == 2 + 7
     assert len(made.branches) == 3
     odds = rejection_odds(made.local)
-    assert sorted(b.pos for b in made.branches) == sorted(
+    assert sorted(b.branch.at for b in made.branches) == sorted(
         sorted(odds, key=lambda p: -odds[p])[:3])
     reference = draft_model()
-    for b in made.branches:
-        context = list(made.local[:b.pos])
-        assert b.tokens[0] == second(reference.logits_for(context)) != made.local[b.pos]
-        rest = reference.greedy_continuation(context + [b.tokens[0]], len(b.tokens) - 1)
-        assert list(b.tokens[1:]) == rest and 1 < len(b.tokens) <= 4  # up to depth 3
-        assert b.dists == (None,) * len(b.tokens)
-    assert made.branch_grown == sum(len(b.tokens) - 1 for b in made.branches)
+    for b in (sprout.branch for sprout in made.branches):
+        context = list(made.local[:b.at])
+        assert b.token_ids[0] == second(reference.logits_for(context)) != made.local[b.at]
+        rest = reference.greedy_continuation(context + [b.token_ids[0]], len(b.token_ids) - 1)
+        assert list(b.token_ids[1:]) == rest and 1 < len(b.token_ids) <= 4  # up to depth 3
+        assert b.dists is None  # picked greedily
+    assert made.branch_grown == sum(len(b.branch.token_ids) - 1 for b in made.branches)
 
 
 def test_every_call_carries_the_chain_and_each_branch() -> None:
@@ -189,25 +190,25 @@ def test_every_call_carries_the_chain_and_each_branch() -> None:
 def test_a_branchs_root_comes_from_the_same_adjusted_row_as_the_guess() -> None:
     _, plain = grown(width=1, calls=4)
     first = plain.branches[0]
-    banned = SamplingParams(logit_bias={first.tokens[0]: -100.0})  # the runner-up there
+    banned = SamplingParams(logit_bias={first.branch.token_ids[0]: -100.0})  # the runner-up there
     _, made = grown(width=8, calls=4, sampling=banned)
-    at = next(b for b in made.branches if b.pos == first.pos)
-    row = draft_model().logits_for(list(plain.local[:first.pos]))
+    at = next(b for b in made.branches if b.branch.at == first.branch.at)
+    row = draft_model().logits_for(list(plain.local[:first.branch.at]))
     third = int(np.argsort(-row, kind="stable")[2])
-    assert at.tokens[0] == third
-    assert first.tokens[0] not in {b.tokens[0] for b in made.branches}
+    assert at.branch.token_ids[0] == third
+    assert first.branch.token_ids[0] not in {b.branch.token_ids[0] for b in made.branches}
 
 
 def test_sampled_branches_carry_the_distributions_they_were_drawn_from() -> None:
     _, made = grown(width=2, calls=6, sampling=HOT)
     assert len(made.branches) == 2
-    for b in made.branches:
+    for b in (sprout.branch for sprout in made.branches):
         root_dist = b.dists[0]
         assert isinstance(root_dist, Dist)
         # the root is the likeliest token other than the guess, in the row it was drawn from
-        others = [int(t) for t in root_dist.token_ids if t != made.local[b.pos]]
-        assert b.tokens[0] == others[0] and made.local[b.pos] in root_dist.token_ids.tolist()
-        for token, dist in zip(b.tokens[1:], b.dists[1:], strict=True):
+        others = [int(t) for t in root_dist.token_ids if t != made.local[b.at]]
+        assert b.token_ids[0] == others[0] and made.local[b.at] in root_dist.token_ids.tolist()
+        for token, dist in zip(b.token_ids[1:], b.dists[1:], strict=True):
             assert isinstance(dist, Dist) and token in dist.token_ids.tolist()
 
 
@@ -215,11 +216,11 @@ def test_lead_taking_a_branch_makes_it_the_draft_with_nothing_evaluated_again() 
     drafter, made = grown(width=4, calls=8, depth=4)
     model = drafter.model
     assert isinstance(model, FakeModel)
-    taken = max(made.branches, key=lambda b: len(b.tokens))
-    lead = tuple(made.local[:taken.pos]) + taken.tokens[:2]  # its root, and one guess
+    taken = max((sprout.branch for sprout in made.branches), key=lambda b: len(b.token_ids))
+    lead = tuple(made.local[:taken.at]) + taken.token_ids[:2]  # its root, and one guess
     evaluated = model.evaluated
     assert drafter.catch_up(lead) == 0 and model.evaluated == evaluated
-    assert tuple(drafter.local) == tuple(made.local[:taken.pos]) + taken.tokens
+    assert tuple(drafter.local) == tuple(made.local[:taken.at]) + taken.token_ids
     after = extend(drafter, job(lead=lead, burst=3, width=0, ahead=16))
     reference = draft_model().greedy_continuation(list(drafter.local[:len(lead)]), 40)
     assert list(after.local[len(lead):]) == reference[:len(after.local) - len(lead)]
@@ -231,7 +232,7 @@ def test_lead_leaving_chain_and_branches_drops_every_branch() -> None:
     model = drafter.model
     assert isinstance(model, FakeModel)
     n = len(PROMPT)
-    roots = {b.tokens[0] for b in made.branches if b.pos == n}
+    roots = {b.branch.token_ids[0] for b in made.branches if b.branch.at == n}
     other = next(t for t in range(1, len(ALPHABET)) if t != made.local[n] and t not in roots)
     lead = tuple(PROMPT) + (other,)
     assert drafter.catch_up(lead) >= 1  # the new token is evaluated
@@ -255,8 +256,8 @@ def test_branches_alone_grow_once_the_chain_is_as_far_ahead_as_it_goes() -> None
     assert len(made.local) == len(PROMPT) + 2 and made.grown == 2
     more = extend(drafter, job(width=2, depth=6, burst=4, ahead=2))
     assert more.grown == 0 and more.branch_grown > 0 and more.local == made.local
-    deepest = max(len(b.tokens) for b in more.branches)
-    assert deepest > max(len(b.tokens) for b in made.branches)
+    deepest = max(len(b.branch.token_ids) for b in more.branches)
+    assert deepest > max(len(b.branch.token_ids) for b in made.branches)
 
 
 def test_a_branch_leaves_the_main_sequence_room_in_a_shared_context() -> None:
@@ -265,7 +266,7 @@ def test_a_branch_leaves_the_main_sequence_room_in_a_shared_context() -> None:
     model = draft_model(n_ctx=len(PROMPT) + 6)
     drafter = ModelDrafter(model)
     made = extend(drafter, job(width=2, depth=8, burst=12, ahead=3))
-    cells = sum(len(b.tokens) - 1 for b in made.branches)
+    cells = sum(len(b.branch.token_ids) - 1 for b in made.branches)
     assert made.branches and len(model.cached) + cells <= model.n_ctx
     more = extend(drafter, job(width=2, burst=6, ahead=6))  # no "context full"
     assert len(more.local) == len(PROMPT) + 6
@@ -284,7 +285,7 @@ def test_branches_keep_to_the_grammar() -> None:
     assert made.branches  # the grammar leaves a choice at the first tokens
     replies = {tuple(model.tokenize(word)) for word in ("abc", "abd", "axe", "bee")}
     for b in made.branches:
-        path = tuple(made.local[len(PROMPT):b.pos]) + b.tokens
+        path = tuple(made.local[len(PROMPT):b.branch.at]) + b.branch.token_ids
         assert path[-1] == EOS and path[:-1] in replies  # a whole reply the grammar allows
 
 
@@ -296,7 +297,7 @@ def _latest() -> LatestTokens:
 
 # --- posts ---
 
-def many_branches(depth: int) -> tuple[tuple[int, ...], list[Branch]]:
+def many_branches(depth: int) -> tuple[tuple[int, ...], list[Sprout]]:
     """A draft of 10 past PROMPT and a branch at each guess, `depth` tokens deep."""
     model = draft_model()
     local = tuple(PROMPT + model.greedy_continuation(PROMPT, 10))
@@ -304,8 +305,7 @@ def many_branches(depth: int) -> tuple[tuple[int, ...], list[Branch]]:
     for pos in range(len(PROMPT), len(local)):
         root = second(model.logits_for(list(local[:pos])))
         rest = model.greedy_continuation(list(local[:pos]) + [root], depth - 1)
-        made.append(Branch(pos, local[:pos + 1], (root, *rest), (None,) * depth, GREEDY,
-                           False))
+        made.append(Sprout(local[:pos + 1], Branch(pos, (root, *rest))))
     return local, made
 
 
@@ -324,7 +324,8 @@ def test_posts_carry_branches_within_the_protocols_bounds(depth: int) -> None:
     else:  # as many tokens as a post takes, the first (likeliest) branches first
         assert sum(sizes) == MAX_BRANCH_TOKENS and sizes[0] == 31
     for b, mine in zip(post.branches, made, strict=False):
-        assert b.at == mine.pos - start and b.token_ids == list(mine.tokens[:len(b.token_ids)])
+        ours = mine.branch
+        assert b.at == ours.at - start and b.token_ids == list(ours.token_ids[:len(b.token_ids)])
 
 
 def test_a_post_is_made_again_only_for_new_branches() -> None:
@@ -344,7 +345,7 @@ def test_branches_are_cut_to_the_longest_post_lead_takes() -> None:
     local, made = many_branches(4)
     post, _ = PostBook().next_post("s", len(PROMPT), list(local[len(PROMPT):]), "b", False,
                                    made[:2], longest=2)  # type: ignore[misc]
-    assert [b.token_ids for b in post.branches] == [list(b.tokens[:2]) for b in made[:2]]
+    assert [b.token_ids for b in post.branches] == [list(b.branch.token_ids[:2]) for b in made[:2]]
 
 
 def test_sampled_posts_give_every_branch_token_a_distribution() -> None:
@@ -360,8 +361,9 @@ def test_sampled_posts_give_every_branch_token_a_distribution() -> None:
     post, _ = PostBook().next_post("s", start, list(made.local[start:]), "b",  # type: ignore[misc]
                                    with_dists=False, branches=made.branches)
     assert post.dists is None and all(b.dists is None for b in post.branches)
-    lacking = [replace(b, tokens=b.tokens[:2] + (EOS,), dists=(*b.dists[:2], None))
-               for b in made.branches]  # (as a branch drafted greedily in another session)
+    # as a branch drafted greedily in another session: no dists
+    lacking = [replace(b, branch=replace(b.branch, token_ids=b.branch.token_ids[:2] + (EOS,),
+                                         dists=None)) for b in made.branches]
     book = PostBook()
     book.drafted(start, start, made.dists)
     post, _ = book.next_post("s", start, list(made.local[start:]), "b",  # type: ignore[misc]

@@ -68,7 +68,7 @@ def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
     draft = board.best([1, 2, 3], limit=8)
     assert draft is not None and draft.odds is not None
     model = priced()
-    assert model.choose_odds(draft.odds) == 3
+    assert model.verify_len_for(draft.odds) == 3
     assert board.best([1, 2, 3], limit=4).token_ids == [4, 5, 6, 7]  # type: ignore[union-attr]
     untaught = board_with(sure_then_unsure).best([1, 2, 3], limit=8)
     assert untaught is not None and len(set(untaught.odds or ())) == 1  # the back's alpha

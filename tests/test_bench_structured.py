@@ -21,7 +21,7 @@ from bench.structured import (
     table,
     valid,
 )
-from shared.constraint import unenforced
+from shared.schema_keywords import unenforced
 
 
 def _results() -> dict[str, list[Reply]]:

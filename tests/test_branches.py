@@ -17,9 +17,10 @@ from hypothesis import strategies as st
 
 from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.verify import verify
-from lead.drafts.board import Branch, Candidate, DraftBoard, post_candidates
+from lead.drafts.board import Candidate, DraftBoard, post_candidates
 from lead.server.app import create_app
 from lead.server.prometheus import exposition
+from shared.branch import Branch
 from shared.fake import FakeModel
 from shared.protocol import MAX_BRANCHES, SamplingParams
 from shared.sampling import Dist

@@ -173,14 +173,14 @@ def test_cost_model_switches_speculation_off_where_verify_is_expensive() -> None
     cpu = believing(0.5)
     for b in range(1, 10):
         cpu.record_step(b, 0.05 * b)  # verify cost linear in b (compute-bound CPU)
-    assert cpu.choose() == 0
+    assert cpu.verify_len() == 0
 
 
 def test_cost_model_drafts_long_where_verify_is_flat() -> None:
     gpu = believing(0.9)
     for b in range(1, 10):
         gpu.record_step(b, 0.02)  # flat cost: memory-bound GPU
-    assert gpu.choose() >= 6
+    assert gpu.verify_len() >= 6
 
 
 def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
@@ -189,11 +189,11 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
         model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x
     for _ in range(30):
         model.record_outcome(0, True)  # drafts on offer were wrong at their first token
-    assert model.acceptance.alpha < 0.25 and model.choose() == 0
+    assert model.acceptance.alpha < 0.25 and model.verify_len() == 0
     asked = []
     for step in range(21):
         model.record_step(1, 0.05)
-        asked.append(model.wanted())
+        asked.append(model.draft_len())
         if asked[-1] and step % 3 == 0:  # a draft on offer at every third probe step
             model.record_outcome(0, True)
     # 8 quiet steps after speculation stopped, a probe asks until 2 drafts were compared
@@ -202,7 +202,7 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
     assert asked[13:20] == [0] * 7 and asked[20] == 1
     for _ in range(30):  # plain steps whose offered draft proved right: no verify paid
         model.record_outcome(1, False)
-    assert model.acceptance.alpha > 0.9 and model.choose() >= 2 and model.wanted() >= 2
+    assert model.acceptance.alpha > 0.9 and model.verify_len() >= 2 and model.draft_len() >= 2
 
 
 def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None,
@@ -214,7 +214,7 @@ def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | Non
     for _ in range(steps):
         model.record_step(1, model.prices.plain() if model.prices.plain_s else 0.05,
                           busy=busy and asked[-1:] not in ("", "0"))
-        asked += str(model.wanted())
+        asked += str(model.draft_len())
         if outcome is not None and asked[-1] != "0":
             model.record_outcome(*outcome)
     return asked
@@ -266,72 +266,72 @@ def test_a_replys_first_token_is_estimated_apart() -> None:
     model = believing(0.97)
     for b in range(1, 10):
         model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x, ...
-    assert model.choose() >= 2  # mid-reply, drafts pay
+    assert model.verify_len() >= 2  # mid-reply, drafts pay
     # a reply's first token: no evidence yet, so nothing is verified, but a draft is
     # still asked for, so that lead learns how often it is right
-    assert model.choose(first=True) == 0 and model.wanted(first=True) == 1
+    assert model.verify_len(first=True) == 0 and model.draft_len(first=True) == 1
     for _ in range(5):
         model.record_outcome(0, True, first=True)  # chat replies: the first guess misses
     seen = model.acceptance
     assert seen.alpha_first < 0.2 and seen.alpha > 0.95  # mid-reply estimate untouched
-    assert model.choose(first=True) == 0 and model.choose() >= 2
+    assert model.verify_len(first=True) == 0 and model.verify_len() >= 2
     for _ in range(10):
         model.record_outcome(4, False, first=True)  # completions: first guesses right
-    assert model.acceptance.alpha_first > 0.8 and model.choose(first=True) >= 2
+    assert model.acceptance.alpha_first > 0.8 and model.verify_len(first=True) >= 2
 
 
 def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
     model = believing(0.95)
-    assert model.choose() == 1  # only b=1 priced: try b=2 first, not b=9
+    assert model.verify_len() == 1  # only b=1 priced: try b=2 first, not b=9
     model.record_step(1, 0.05)
     model.record_step(2, 0.05)
-    assert model.choose() == 2
+    assert model.verify_len() == 2
 
 
 def test_a_calibrated_model_verifies_the_paying_length_without_exploring() -> None:
     model = calibrated(0.86, XEON)
-    assert model.choose() == 3  # b=4, found at once: no step spent at b=2 or b=3
-    assert model.choose(available=2) == 2  # where only 2 draft tokens are on offer
+    assert model.verify_len() == 3  # b=4, found at once: no step spent at b=2 or b=3
+    assert model.verify_len(available=2) == 2  # where only 2 draft tokens are on offer
 
 
 def test_a_short_draft_is_padded_to_a_cheaper_larger_batch() -> None:
     model = calibrated(0.68, XEON)
     assert [model.prices.batch_for(b) for b in (1, 2, 3, 4, 5)] == [1, 4, 4, 4, 5]
     # 2 draft tokens: 2.14 tokens expected, for 1.56x at b=4 padded (2.09x at b=3)
-    assert model.choose(available=2) == 2
+    assert model.verify_len(available=2) == 2
     flat = calibrated(0.68, {1: 1.0, 2: 1.02, 3: 1.01, 4: 1.03})  # a GPU: noise, not gain
     assert [flat.prices.batch_for(b) for b in (2, 3)] == [2, 3]
 
 
 def test_a_drafting_backs_slowdown_switches_speculation_off() -> None:
     model = calibrated(0.96, {1: 1.0, 2: 1.8, 3: 2.6, 4: 3.4, 5: 4.2})
-    assert model.choose() >= 2  # quiet prices: 2.88 tokens for 2.6x at k=2
+    assert model.verify_len() >= 2  # quiet prices: 2.88 tokens for 2.6x at k=2
     for _ in range(10):
         model.record_step(1, 0.12, busy=True)  # plain steps 1.2x slower while it drafts
-    assert model.prices.slowdown > 1.15 and model.choose() == 0
+    assert model.prices.slowdown > 1.15 and model.verify_len() == 0
     assert model.prices.plain() == pytest.approx(0.1)  # plain decoding is priced quiet
 
 
 def test_one_slow_step_does_not_price_a_length_out_for_good() -> None:
     model = calibrated(0.9, XEON, probes=probing(2, 8, outcomes=2))
     model.record_step(4, 0.1 * 1.56 * 6.5, busy=True)  # one b=4 step 6.5x its quiet price
-    assert model.choose() == 0
+    assert model.verify_len() == 0
     asked = _probe_pattern(model, 20, None, busy=True)  # probes: the back drafts again
     # the probe measured the back's slowdown afresh: normal steps brought the price back
-    assert "3" in asked and model.choose() == 3
+    assert "3" in asked and model.verify_len() == 3
 
 
 def test_where_not_even_perfect_drafts_pay_backs_are_never_asked() -> None:
     model = calibrated(0.99, {b: float(b) for b in range(1, 10)})  # cost linear in b
     assert not model.could_pay(1.0) and "not even perfect drafts" in model.describe()
-    assert model.wanted(first=True) == 0  # not even for a reply's first token
+    assert model.draft_len(first=True) == 0  # not even for a reply's first token
     assert _probe_pattern(model, 100, (8, False)) == "0" * 100  # and no probes
 
 
 def _prose_step(model: CostModel, slow: float) -> str:
     """One plain step of a reply the draft gets wrong; a back drafts whenever lead asks, and
     steps taken while it drafts cost `slow` times their quiet price. H: backs are hushed."""
-    drafting = model.wanted() > 0
+    drafting = model.draft_len() > 0
     model.record_step(1, 0.1 * (slow if drafting else 1.0), busy=drafting)
     if drafting:
         model.record_outcome(0, True)
@@ -340,10 +340,10 @@ def _prose_step(model: CostModel, slow: float) -> str:
 
 def test_a_back_that_slows_lead_so_much_drafts_cannot_pay_is_hushed_until_it_stops() -> None:
     model = calibrated(0.3, EPYC, probes=probing(2, 8, outcomes=2))
-    assert model.could_pay(1.0) and model.choose() == 0 and not model.hush
+    assert model.could_pay(1.0) and model.verify_len() == 0 and not model.hush
     slowed = "".join(_prose_step(model, 1.5) for _ in range(200))
     assert slowed[-100:].count("H") >= 95  # probes grow rare: 2 steps in 64, then 128
-    assert model.hush and model.wanted(first=True) == 0  # not even a reply's first token
+    assert model.hush and model.draft_len(first=True) == 0  # not even a reply's first token
     # the back moves to a core of its own: its next probe finds no slowdown
     freed = "".join(_prose_step(model, 1.0) for _ in range(300))
     assert freed[-100:].count("H") == 0 and "p" in freed[-100:]  # probed again
@@ -360,7 +360,7 @@ def test_a_probe_from_a_hush_asks_for_drafts_until_it_has_measured_the_back() ->
     assert model.prices.slowdown == 1.0
     asked = []
     while model.probes.probing and len(asked) < 16:  # its slowed steps bring the slowdown back...
-        asked.append(model.wanted())
+        asked.append(model.draft_len())
         assert not model.hush  # ...over hush_at, yet the probe goes on
         _prose_step(model, 1.5)
     assert asked == [1, 1, 1] and model.prices.slowdown > model.hush_at and model.hush
@@ -373,9 +373,9 @@ def test_a_back_whose_perfect_drafts_would_still_pay_is_not_hushed() -> None:
 
 
 def test_cost_model_fixed_and_available() -> None:
-    assert CostModel(max_draft=8, fixed=3).choose() == 3
-    assert CostModel(max_draft=8, fixed=3).choose(available=2) == 2
-    assert CostModel(max_draft=8, fixed=3).wanted() == 3
+    assert CostModel(max_draft=8, fixed=3).verify_len() == 3
+    assert CostModel(max_draft=8, fixed=3).verify_len(available=2) == 2
+    assert CostModel(max_draft=8, fixed=3).draft_len() == 3
 
 
 def test_snapshot_reports_measured_prices_and_estimates() -> None:
@@ -403,7 +403,8 @@ def test_prices_where_drafts_never_pay_ask_no_back_even_for_perfect_drafts() -> 
     model.fix_prices([2.0, 3.0])  # a batch costs what its tokens cost one at a time
     for _ in range(50):
         model.record_outcome(8, False)  # every draft right
-    assert model.acceptance.alpha > 0.95 and model.choose() == 0 and model.wanted(first=True) == 0
+    assert model.acceptance.alpha > 0.95
+    assert model.verify_len() == 0 and model.draft_len(first=True) == 0
     assert not model.could_pay(1.0)
 
 
@@ -416,4 +417,4 @@ def test_prices_where_drafts_always_pay_stay_given_whatever_steps_cost() -> None
         model.record_step(1, 0.3, busy=True)
     assert model.prices.shape[9] == 1.0 and model.prices.slowdown == 1.0 and not model.hush
     assert model.prices.plain() == pytest.approx(0.1)  # one token's time is still measured
-    assert model.choose() == 8 and model.wanted() == 8
+    assert model.verify_len() == 8 and model.draft_len() == 8

@@ -19,10 +19,11 @@ from hypothesis import strategies as st
 
 from back.client import LeadClient
 from back.drafter import ModelDrafter
+from back.track import Track
 from back.worker import Worker
 from lead.decode.verify import verify
 from lead.server.app import create_app
-from shared.constraint import Constraint, Track, best
+from shared.constraint import Constraint, best
 from shared.fake import EOS, FakeGrammar, FakeModel, VirtualClock
 from shared.httpclient import sse_events
 from shared.protocol import SamplingParams, State

@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
-from shared.constraint import best, unenforced
+from shared.constraint import best
 from shared.httpclient import sse_events
 from shared.llm import LlamaModel, load_model
+from shared.schema_keywords import unenforced
 from tests.drafting import FORCED, roles
 
 pytestmark = pytest.mark.real

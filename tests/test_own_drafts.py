@@ -115,24 +115,24 @@ def priced(shape: dict[int, float]) -> CostModel:
 
 def test_a_copy_that_is_nearly_always_right_is_verified_long_where_batches_are_dear() -> None:
     model = priced(CPU)
-    assert model.choose_odds([0.97] * 64) >= 24  # ~20 tokens for ~9 steps' price
-    assert model.choose_odds([0.2] * 64) == 0  # an accidental match: not worth a batch
+    assert model.verify_len_for([0.97] * 64) >= 24  # ~20 tokens for ~9 steps' price
+    assert model.verify_len_for([0.2] * 64) == 0  # an accidental match: not worth a batch
     # a short match turning long: the odds rise along the draft (lead/drafts/own.py)
     rising = [fresh().odds(3 + i) for i in range(64)]
-    assert model.choose_odds(rising) == 0  # at the priors, a 3-token match does not pay
-    assert model.choose_odds(rising[21:]) > 0  # one of 24 does
-    assert model.choose_odds([0.97] * 5) in (4, 5)  # no further than the draft goes
+    assert model.verify_len_for(rising) == 0  # at the priors, a 3-token match does not pay
+    assert model.verify_len_for(rising[21:]) > 0  # one of 24 does
+    assert model.verify_len_for([0.97] * 5) in (4, 5)  # no further than the draft goes
 
 
 def test_where_a_batch_costs_about_one_token_the_shortest_length_near_the_best_is_taken() -> None:
     flat = priced({b: 1.0 + 0.001 * b for b in (1, 2, 3, 4, 5, 9, 17, 24, 32, 48, 65)})
-    k = flat.choose_odds([0.8] * 64)
+    k = flat.verify_len_for([0.8] * 64)
     assert 10 <= k < 64  # 0.8^k is small long before 64: more tokens add under 1 %
 
 
 def test_a_forced_length_holds_for_own_drafts_too() -> None:
     model = CostModel(max_draft=8, fixed=3, longest=64)
-    assert model.choose_odds([0.1] * 10) == 3 and model.choose_odds([0.9] * 2) == 2
+    assert model.verify_len_for([0.1] * 10) == 3 and model.verify_len_for([0.9] * 2) == 2
 
 
 def test_the_board_ranks_own_drafts_by_their_odds_against_backs_by_their_acceptance() -> None:

@@ -21,8 +21,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lead.decode.verify import TreeBranch, Verdict, verify, verify_tree
-from lead.drafts.board import Branch, Candidate, DraftBoard, post_candidates
+from lead.decode.verify import Verdict, verify, verify_tree
+from lead.drafts.board import Candidate, DraftBoard, post_candidates
+from shared.branch import Branch
 from shared.fake import FakeGrammar
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
@@ -393,10 +394,9 @@ def tree_step_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator, 
         draft = board.best(out, 3)
         assert draft is not None
         ids = draft.token_ids
-        tree = [TreeBranch(b.at, b.token_ids, np.stack(
+        tree = [(Branch(b.at, b.token_ids, b.dists if with_dists else None), np.stack(
             [rows_of(out + ids[:b.at] + list(b.token_ids[:i + 1]))
-             for i in range(len(b.token_ids))]), b.dists if with_dists else None)
-            for b in draft.branches]
+             for i in range(len(b.token_ids))])) for b in draft.branches]
         rows = np.stack([rows_of(out + ids[:i]) for i in range(len(ids) + 1)])
         verdict = verifier(ids, rows, tree, PARAMS, rng, draft.dists if with_dists else None)
         used[verdict.branch is not None] += 1
@@ -423,10 +423,11 @@ def test_the_check_catches_a_tree_verifier_that_takes_a_branch_without_its_root(
     def any_branch(draft, rows, branches, params, rng, dists):  # type: ignore[no-untyped-def]
         verdict = verify(draft, rows, params, rng, dists)
         at = len(verdict.accepted)
-        b = next((b for b in branches if b.at == at and at < len(draft)), None)
+        b, b_rows = next(((b, r) for b, r in branches if b.at == at and at < len(draft)),
+                         (None, None))
         if b is None:
             return verdict
-        tail = verify(b.token_ids[1:], b.rows, params, rng, b.dists[1:] if b.dists else None)
+        tail = verify(b.token_ids[1:], b_rows, params, rng, b.dists[1:] if b.dists else None)
         return Verdict([*verdict.accepted, b.token_ids[0], *tail.accepted], tail.next_token,
                        branch=0)
 

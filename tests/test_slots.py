@@ -49,7 +49,7 @@ def prices(shape: list[float]) -> CostModel:
 def test_one_session_allocates_as_its_own_draft_length() -> None:
     cost = prices([1.05 + 0.05 * i for i in range(15)])  # a GPU: a token more is 5 %
     odds = [0.9] * 8
-    assert cost.allocate([odds]) == [cost.choose_odds(odds)]
+    assert cost.allocate([odds]) == [cost.verify_len_for(odds)]
 
 
 def test_tokens_go_to_the_session_whose_next_is_likeliest() -> None:

@@ -18,10 +18,11 @@ from hypothesis import strategies as st
 
 from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.session import StepResult
-from lead.decode.verify import TreeBranch, Verdict, verify_tree
-from lead.drafts.board import Branch, DraftBoard, post_candidates
+from lead.decode.verify import Verdict, verify_tree
+from lead.drafts.board import DraftBoard, post_candidates
+from lead.policy.branchcost import Cover, branch_lengths, continuation
 from lead.policy.cost import CostModel
-from lead.policy.tree import Cover, branch_lengths, continuation
+from shared.branch import Branch
 from shared.fake import FakeModel, VirtualClock
 from shared.model import MAIN
 from shared.protocol import SamplingParams
@@ -37,11 +38,11 @@ def rows_along(target: FakeModel, context: list[int], ids: list[int]) -> np.ndar
 
 
 def tree_branch(target: FakeModel, context: list[int], main: list[int], b: Branch
-                ) -> TreeBranch:
+                ) -> tuple[Branch, np.ndarray]:
     prefix = context + main[:b.at]
     ids = list(b.token_ids)
     rows = np.stack([target.logits_for(prefix + ids[:i + 1]) for i in range(len(ids))])
-    return TreeBranch(b.at, ids, rows, b.dists)
+    return b, rows
 
 
 # --- the verifier ---
@@ -88,7 +89,7 @@ def speculate_trees(target: FakeModel, prompt: list[int], n: int, seed: int) -> 
         tree = [tree_branch(target, context, ids, b) for b in draft.branches] if draft else []
         verdict = verify_tree(ids, rows_along(target, context, ids), tree, GREEDY, rng,
                               context=context)
-        at = len(verdict.accepted) if verdict.branch is None else tree[verdict.branch].at
+        at = len(verdict.accepted) if verdict.branch is None else tree[verdict.branch][0].at
         if at < len(ids):  # a rejected draft token is never emitted in its place
             assert verdict.emitted[at] != ids[at]
         out += verdict.emitted

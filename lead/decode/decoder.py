@@ -18,7 +18,7 @@ import numpy as np
 
 from lead.decode.session import Session, StepResult
 from lead.decode.slots import Seat
-from lead.decode.verify import TreeBranch, Verdict, verify_tree
+from lead.decode.verify import Verdict, verify_tree
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.constraint import Constraint
@@ -138,8 +138,7 @@ class Decoder:
         tree = draft.branches if draft else ()
         rows, branch_rows = got
         t0 = self.clock()
-        branches = [TreeBranch(b.at, b.token_ids, r, b.dists)
-                    for b, r in zip(tree, branch_rows, strict=True)]
+        branches = list(zip(tree, branch_rows, strict=True))
         verdict = verify_tree(draft_ids, rows[:len(draft_ids) + 1], branches, job.params,
                               job.rng, draft.dists if draft else None, job.tokens,
                               job.n_prompt, job.constraint)

@@ -28,13 +28,14 @@ from lead.decode.plan import Planner
 from lead.decode.runs import Run
 from lead.decode.session import Emission, GenRequest, Session, StepResult
 from lead.decode.slots import choose_seat
-from lead.drafts.board import Branch, Candidate, Draft
+from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
 from lead.server.live import LiveNews
 from lead.server.metrics import Metrics
+from shared.branch import Branch
 from shared.model import Model, slots_of
 from shared.modelthread import ModelThread
 from shared.protocol import MAX_DRAFT_WIRE
@@ -306,7 +307,7 @@ class Engine:
                   "slowdown %.2f, wanted %d%s", session.id, session.steps,
                   len(offered.token_ids) if offered else 0, result.batch - 1,
                   len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
-                  cost.prices.slowdown, cost.wanted(), " (probe)" if cost.probes.probing else "")
+                  cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
 
     def post_draft(self, session_id: str, start: int, token_ids: list[int],
                    dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = ()
@@ -332,7 +333,7 @@ class Engine:
                 "backs": backs}
 
     def gauges(self) -> dict[str, float]:
-        return {"draft_len": self.cost.wanted(), "verify_len": self.cost.choose(),
+        return {"draft_len": self.cost.draft_len(), "verify_len": self.cost.verify_len(),
                 "backs_active": self.feed.backs.active(),
                 "queue_waiting": self.admission.waiting,
                 "slots": self.n_slots, "slots_busy": sum(r.slot is not None for r in self.runs),

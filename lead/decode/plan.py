@@ -9,8 +9,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from lead.decode.session import Session
-from lead.drafts.board import Branch, Draft
+from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
+from shared.branch import Branch
 
 
 class Planner:

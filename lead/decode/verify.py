@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shared.branch import Branch
 from shared.constraint import Constraint, best, masked
 from shared.penalties import adjust_rows
 from shared.protocol import SamplingParams
@@ -72,34 +73,24 @@ def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: Sa
     return Verdict(verdict.accepted, verdict.next_token, rows, walk.state)
 
 
-@dataclass(frozen=True)
-class TreeBranch:
-    """A branch as verify_tree reads it: `token_ids` (its root first) in place of draft[at]
-    on, `rows[i]` the target's logits after token_ids[:i + 1], `dists` one per token."""
-
-    at: int
-    token_ids: Sequence[int]
-    rows: np.ndarray
-    dists: Sequence[Dist] | None = None
-
-
 def verify_tree(draft_token_ids: Sequence[int], target_logits: np.ndarray,
-                branches: Sequence[TreeBranch], params: SamplingParams,
+                branches: Sequence[tuple[Branch, np.ndarray]], params: SamplingParams,
                 rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
                 context: Sequence[int] = (), n_prompt: int = 0,
                 constraint: Constraint | None = None) -> Verdict:
     """verify() over the draft, then, where the token emitted in place of a rejected draft
     token is a branch's root there, over that branch; `accepted` is then the draft's
-    accepted prefix, the root and the branch's accepted tokens."""
+    accepted prefix, the root and the branch's accepted tokens. Each branch comes with its
+    rows: rows[i] the target's logits after its token_ids[:i + 1]."""
     verdict = verify(draft_token_ids, target_logits, params, rng, draft_dists, context,
                      n_prompt, constraint)
     at, root = len(verdict.accepted), verdict.next_token
-    taken = next((j for j, b in enumerate(branches) if at < len(draft_token_ids)
+    taken = next((j for j, (b, _) in enumerate(branches) if at < len(draft_token_ids)
                   and b.at == at and b.token_ids[0] == root), None)
     if taken is None:
         return verdict
-    b = branches[taken]
-    tail = verify(b.token_ids[1:], b.rows, params, rng, b.dists[1:] if b.dists else None,
+    b, rows = branches[taken]
+    tail = verify(b.token_ids[1:], rows, params, rng, b.dists[1:] if b.dists else None,
                   [*context, *verdict.accepted, root], n_prompt, verdict.constraint)
     assert verdict.rows is not None and tail.rows is not None
     return Verdict([*verdict.accepted, root, *tail.accepted], tail.next_token,

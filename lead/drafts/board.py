@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
 from lead.drafts.rank import BackScores, expected_yield
+from shared.branch import Branch
 from shared.sampling import Dist
 
 
@@ -58,16 +59,6 @@ class Candidate:
     def opens(self) -> int:
         """How many tokens lead must hold before this candidate may be verified."""
         return self.start if self.root is None else self.start + self.root + 1
-
-
-@dataclass(frozen=True)
-class Branch:
-    """A post's branch as lead reads it: `token_ids` in place of the main chain's from
-    index `at` on (token_ids[0], the root, differs from the main chain's token there)."""
-
-    at: int
-    token_ids: tuple[int, ...]
-    dists: tuple[Dist, ...] | None = None
 
 
 @dataclass(frozen=True)

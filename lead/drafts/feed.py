@@ -19,13 +19,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from lead.decode.session import Session
-from lead.drafts.board import Branch, DraftBoard, post_candidates
+from lead.drafts.board import DraftBoard, post_candidates
 from lead.drafts.limits import PollSlots, RateLimiter
 from lead.drafts.rank import BackScores
 from lead.drafts.registry import BackRegistry
 from lead.policy.cost import CostModel
 from lead.server.metrics import Metrics
 from shared.bounded import Lru
+from shared.branch import Branch
 from shared.broadcast import Broadcast
 from shared.protocol import SamplingParams, SessionState, State, grammar_id
 from shared.sampling import Dist
@@ -110,14 +111,14 @@ class BackFeed:
         followed = self.followed.get(session_id)
         return followed.board if followed is not None else None
 
-    def wanted(self, session: Session) -> int:
+    def draft_len(self, session: Session) -> int:
         """The draft length backs are asked for now."""
-        return self.cost.wanted(first=session.n_generated == 0)
+        return self.cost.draft_len(first=session.n_generated == 0)
 
     def back_drafting(self, session: Session) -> bool:
         """Whether a back drafts during this step, so that its price counts as busy (a back
         sitting out slows nothing: its steps are quiet ones)."""
-        return self.backs.drafting(now=self.clock()) > 0 and self.wanted(session) > 0
+        return self.backs.drafting(now=self.clock()) > 0 and self.draft_len(session) > 0
 
     def notify(self, changed: Iterable[str] = ()) -> None:
         """News: the sessions `changed` (or started, or ended) have it."""
@@ -138,7 +139,7 @@ class BackFeed:
         offset = min(max(offset, 0), len(s.tokens))
         return SessionState(session_id=s.id, offset=offset, token_ids=s.tokens[offset:],
                             n_tokens=len(s.tokens), n_prompt=s.n_prompt, done=s.done,
-                            draft_len=0 if s.done else self.wanted(s),
+                            draft_len=0 if s.done else self.draft_len(s),
                             sampling=followed.sampling if sampling else None,
                             grammar_id=followed.grammar_id,
                             your_accepted=s.accepted_by_back.get(back_id, 0))
@@ -189,7 +190,7 @@ class BackFeed:
                 return True
             s = followed.session
             return (followed.version > since or self.hush_version > since) and \
-                wakes(s, quiet_session, idle, lambda: self.wanted(s))
+                wakes(s, quiet_session, idle, lambda: self.draft_len(s))
         await self.wait_news(since, timeout, wakes_me)
 
     # --- backs and their drafts ---

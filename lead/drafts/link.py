@@ -51,7 +51,7 @@ class Link:
             return True  # new to this back
         if followed.version <= self.version or self.idle or sid in self.ignored:
             return False
-        return sid not in self.quiet or self.feed.wanted(followed.session) > 0
+        return sid not in self.quiet or self.feed.draft_len(followed.session) > 0
 
     def update(self) -> Update | None:
         """The news since the last update (None: none this back wants)."""

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from lead.policy.acceptance import MAX_ALPHA, Acceptance
+from lead.policy.branchcost import Cover, branch_lengths
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
-from lead.policy.tree import Cover, branch_lengths
 
 
 def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
@@ -70,7 +70,7 @@ class OfferWatch:
 
 @dataclass
 class CostModel:
-    """The draft length to verify (`choose`) and to ask backs for (`wanted`), and whether
+    """The draft length to verify (`verify_len`) and to ask backs for (`draft_len`), and whether
     backs should do no work at all (`hush`)."""
 
     max_draft: int
@@ -119,7 +119,7 @@ class CostModel:
         if probes.probing:
             if probes.probe_step():
                 self._end_probe()  # no back offered a draft: it has nothing to say
-        elif self.choose() > 0:
+        elif self.verify_len() > 0:
             probes.speculating()
         elif probes.quiet_step() and self.could_pay(1.0):
             if self._too_slow():
@@ -134,7 +134,7 @@ class CostModel:
             return AfterProbe.HUSHED
         if not self.could_pay(self.prices.slowdown):
             return AfterProbe.PRICED_OUT  # only a change of slowdown would help
-        return AfterProbe.NOTHING_PAYS if self.choose() == 0 else AfterProbe.PAYS
+        return AfterProbe.NOTHING_PAYS if self.verify_len() == 0 else AfterProbe.PAYS
 
     # --- decisions out ---
 
@@ -148,7 +148,7 @@ class CostModel:
         seconds = self.prices.plain() if k == 0 else self.prices.busy_s(k + 1)
         return self.acceptance.expected_tokens(k, first) / max(seconds, 1e-9)
 
-    def choose(self, available: int | None = None, first: bool = False) -> int:
+    def verify_len(self, available: int | None = None, first: bool = False) -> int:
         """The draft length to verify, at most `available` (None: no limit but max_draft);
         `first`: for a reply's first step."""
         upper = self.max_draft if available is None else min(available, self.max_draft)
@@ -160,7 +160,7 @@ class CostModel:
         best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
         return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
 
-    def choose_odds(self, odds: Sequence[float], first: bool = False) -> int:
+    def verify_len_for(self, odds: Sequence[float], first: bool = False) -> int:
         """The length of a draft whose tokens lead accepts with `odds` (each given the ones
         before it) that pays best: the shortest within 1 % of the best rate, 0 where none
         pays `margin` over plain decoding (lead's own drafts, up to 64 tokens)."""
@@ -229,7 +229,8 @@ class CostModel:
     def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
                  first: bool = False) -> list[int]:
         """Per offered branch (at, tokens), the tokens to verify beside a draft of k
-        (lead/policy/tree.py; 0: none), in a batch of at most `most` tokens and priced sizes."""
+        (lead/policy/branchcost.py; 0: none), in a batch of at most `most` tokens and
+        priced sizes."""
         if self.fixed is not None or not self.tree_width or not k or not offered:
             return [0] * len(offered)
         lengths = branch_lengths(k, offered, min(self.acceptance.alpha, MAX_ALPHA), self.cover.rate,
@@ -238,16 +239,16 @@ class CostModel:
         kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
         return [n if j in kept else 0 for j, n in enumerate(lengths)]
 
-    def wanted(self, first: bool = False) -> int:
+    def draft_len(self, first: bool = False) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe or, while
         speculation is on, before a reply's first step (to keep learning alpha_first),
         else 0 (quiet)."""
-        best = self.choose(first=first)
+        best = self.verify_len(first=first)
         if best > 0 or self.fixed is not None or self.max_draft == 0:
             return best
         if not self.could_pay(1.0) or self.hush:
             return 0  # not even perfect drafts would pay, or backs slow lead: they stay quiet
-        return 1 if self.probes.probing or (first and self.choose() > 0) else 0
+        return 1 if self.probes.probing or (first and self.verify_len() > 0) else 0
 
     @property
     def hush(self) -> bool:

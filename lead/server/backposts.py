@@ -18,12 +18,12 @@ from fastapi import HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
 from lead.apis.shapes import FieldRefused
-from lead.drafts.board import Branch
 from lead.drafts.feed import BackFeed
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.drafts.link import Link
 from lead.server.keys import Keys
 from lead.server.metrics import Metrics
+from shared.branch import Branch
 from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
 from shared.sampling import Dist
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from shared.branch import Branch
 from shared.protocol import SamplingParams
 from shared.sampling import Dist
 
@@ -30,16 +31,14 @@ class Pick:
 
 
 @dataclass(frozen=True)
-class Branch:
-    """`tokens`: the runner-up at `pos` in place of the draft's guess, then guesses after
-    it; `dists`: the distribution of each (the runner-up's: the row it was ranked in)."""
+class Sprout:
+    """A branch as grown so far, `at` the position of its site in the drafter's sequence
+    (its dists: each token's distribution, the root's the row it was ranked in; None where
+    any token was picked greedily), and `stem`, the sequence it hangs off: up to and
+    including the draft's guess at its site."""
 
-    pos: int
-    main: tuple[int, ...]  # the drafter's sequence up to and including the guess at pos
-    tokens: tuple[int, ...]
-    dists: tuple[Dist | None, ...]
-    params: SamplingParams
-    ended: bool  # at an end of generation or of the context: it grows no further
+    stem: tuple[int, ...]
+    branch: Branch
 
 
 @dataclass
@@ -62,9 +61,10 @@ class Growing:
         """The sequence the branch spells: lead's tokens and the draft before it, then it."""
         return [*self.main[:-1], *self.tokens]
 
-    def snapshot(self) -> Branch:
-        return Branch(self.pos, self.main, tuple(self.tokens), tuple(self.dists),
-                      self.params, self.ended)
+    def snapshot(self) -> Sprout:
+        dists = None if None in self.dists else tuple(self.dists)
+        return Sprout(self.main, Branch(self.pos, tuple(self.tokens),
+                                        dists))  # type: ignore[arg-type]
 
     def add(self, pick: Pick) -> None:
         self.tokens.append(pick.token)
@@ -119,7 +119,7 @@ def taken_by_lead(growing: Mapping[int, Growing], local: Sequence[int],
     return None
 
 
-def hanging_off(local: Sequence[int], branches: Sequence[Branch]) -> list[Branch]:
+def hanging_off(local: Sequence[int], grown: Sequence[Sprout]) -> list[Sprout]:
     """The branches that hang off `local` (a drafter's sequence: lead's tokens, its draft)."""
-    return [b for b in branches
-            if len(local) > b.pos and tuple(local[:b.pos + 1]) == b.main]
+    return [g for g in grown
+            if len(local) > g.branch.at and tuple(local[:g.branch.at + 1]) == g.stem]

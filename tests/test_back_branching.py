@@ -5,16 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from back.tree import (
-    Branch,
+from back.branching import (
     Growing,
     Pick,
+    Sprout,
     assign,
     branch_sites,
     hanging_off,
     rejection_odds,
     taken_by_lead,
 )
+from shared.branch import Branch
 from shared.protocol import SamplingParams
 
 LEAD = (1, 2, 3)
@@ -68,7 +69,7 @@ def test_lead_took_the_branch_whose_root_it_emitted() -> None:
 
 
 def test_branches_hang_off_the_draft_they_were_grown_on() -> None:
-    mine = Branch(4, LOCAL[:5], (61, 70), (None, None), SamplingParams(), False)
+    mine = Sprout(LOCAL[:5], Branch(4, (61, 70)))
     assert hanging_off(LOCAL, [mine]) == [mine]
     assert hanging_off(LOCAL[:4], [mine]) == []  # the draft no longer reaches its site
     assert hanging_off(LEAD + (10, 99, 12), [mine]) == []  # another guess at its site

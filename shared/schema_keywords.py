@@ -1,0 +1,34 @@
+"""Which JSON Schema keywords a reply is held to: a schema using any other is refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+# What llama-cpp-python's JSON schema converter (shared/llm.py) enforces, and what changes
+# no reply; a schema with any other keyword (minimum, uniqueItems, not, ...) could be met
+# by a reply that fails it.
+ENFORCED = frozenset({
+    "type", "properties", "required", "additionalProperties", "items", "prefixItems",
+    "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
+    "definitions", "pattern", "minLength", "maxLength", "format"})
+_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
+                          "$comment", "deprecated", "readOnly", "writeOnly"})
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
+_SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
+
+
+def unenforced(schema: Any, where: str = "schema") -> str | None:
+    """The first keyword of `schema` (or of a schema inside it) the converter would
+    ignore, as a path; None if it enforces them all."""
+    if not isinstance(schema, dict):
+        return None
+    for key in schema:
+        if key not in ENFORCED and key not in _ANNOTATIONS:
+            return f"{where}.{key}"
+    maps = [(k, m) for k in _SUBSCHEMA_MAPS if isinstance(m := schema.get(k), dict)]
+    lists = [(k, v) for k in _SUBSCHEMA_LISTS if isinstance(v := schema.get(k), list)]
+    subschemas = [(f"{where}.{k}.{name}", sub) for k, m in maps for name, sub in m.items()]
+    subschemas += [(f"{where}.{k}[{i}]", sub) for k, v in lists for i, sub in enumerate(v)]
+    subschemas += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties")
+                   if k in schema]
+    return next((found for path, sub in subschemas if (found := unenforced(sub, path))), None)
