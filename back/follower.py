@@ -27,6 +27,7 @@ class Follower:
         self.latest = LatestTokens()  # lead's tokens, for the model thread's abort check
         self.lead_step = StepClock()  # lead's step time in this session, from its states
         self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
+        self._step_posted: float | None = None  # the step end a post was last made for
 
     @property
     def state(self) -> State:
@@ -54,19 +55,24 @@ class Follower:
         self.posts.drafted(len(job.lead_tokens), drafted.kept, drafted.dists, drafted.probs)
 
     def post(self, drafted: Drafted, back_id: str, max_post: int, send_dists: bool,
-             ahead: int | None = None) -> DraftPost | None:
+             ahead: int | None = None, next_job_ends: float | None = None
+             ) -> DraftPost | None:
         """The post of what `drafted` holds past lead's tokens, if anything new is due. A
         draft on a path lead has left since (its news came while the model thread drafted)
         is not posted: at lead's new length it would read as a fresh draft. With `ahead`
         (as far as the back drafts), a draft is posted as it doubles, from its first guess
         to `ahead`, and whatever it holds once it grows no more: a post per guess would
-        cost lead a message to read per guess and session."""
+        cost lead a message to read per guess and session. It is posted once more per
+        lead step where that step is due to end before the back's next job would
+        (`next_job_ends`, on the clock of `take`'s `now`): lead takes its next draft as
+        its step ends, and what the back drafted since the last doubling would miss it."""
         local = drafted.local
         draft = self.mirror.draft_past(local)
         if draft is None:
             return None
         start = len(self.mirror.tokens)
-        if ahead is not None and drafted.changed and not self._due(start, len(draft), ahead):
+        if ahead is not None and drafted.changed and not self._due(start, len(draft), ahead) \
+                and not self._step_ends_before(next_job_ends):
             return None
         made = self.posts.next_post(self.session_id, start, draft[:max_post], back_id,
                                     send_dists, hanging_off(local, drafted.branches), max_post)
@@ -77,6 +83,13 @@ class Follower:
         self.stats.posts += 1
         self.stats.drafted += new_tokens
         return post
+
+    def _step_ends_before(self, when: float | None) -> bool:
+        ends = self.lead_step.ends_at()
+        if when is None or ends is None or ends > when or ends == self._step_posted:
+            return False
+        self._step_posted = ends
+        return True
 
     def _due(self, start: int, n: int, ahead: int) -> bool:
         """Whether a draft of n tokens past lead's `start` is due for a post: twice what the

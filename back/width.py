@@ -33,10 +33,14 @@ class DraftPrices:
     # note()'s own bookkeeping, never passed in: a size set without it would never be forgotten
     calls: int = field(default=0, init=False, repr=False)
     noted_at: dict[int, int] = field(default_factory=dict, init=False, repr=False)  # size -> call
+    # The line fitted to `seconds` (slope, intercept), kept until the next note: asked for
+    # several widths at every draft call, it changes only when a call is noted.
+    _fit: tuple[float, float] | None = field(default=None, init=False, repr=False)
 
     def note(self, tokens: int, seconds: float) -> None:
         if tokens <= 0:
             return
+        self._fit = None
         self.calls += 1
         self.seconds[tokens] = ewma(self.seconds.get(tokens), seconds, EWMA)
         self.noted_at[tokens] = self.calls
@@ -55,13 +59,15 @@ class DraftPrices:
             return None
         if len(self.seconds) == 1:
             return self.seconds.get(tokens)
-        slope, base = least_squares(self.seconds)
+        if self._fit is None:
+            self._fit = least_squares(self.seconds)
+        slope, base = self._fit
         return base + slope * tokens
 
 
 def least_squares(points: dict[int, float]) -> tuple[float, float]:
     """(slope, intercept) of the line fitted to two or more points x -> y. Plain Python:
-    it runs for every draft call, where numpy's polyfit costs ~0.1 ms."""
+    numpy's polyfit costs ~0.1 ms."""
     n = len(points)
     mean_x, mean_y = sum(points) / n, sum(points.values()) / n
     var = sum((x - mean_x) ** 2 for x in points)
@@ -84,6 +90,13 @@ class StepClock:
                 self.step_s = ewma(self.step_s, gap, EWMA)
         if self._last is None or n_tokens != self._last[0]:
             self._last = (n_tokens, now)
+
+    def ends_at(self) -> float | None:
+        """When lead's step under way is expected to end (None: no step measured yet):
+        a step after the news of the last one."""
+        if self.step_s is None or self._last is None:
+            return None
+        return self._last[1] + self.step_s
 
     def restart(self) -> None:
         """A new session: its first state comes after a pause, and its first gap may be

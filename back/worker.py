@@ -351,8 +351,12 @@ class Worker:
         """One job for `drafting`, and its posts; whether it changed anything."""
         work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f)))
                 for f in drafting]
+        began = time.monotonic()
         results = await self._on_model([f.session_id for f in drafting], self._extend,
                                        [(f.slot, self.drafters[f.slot], job) for f, job in work])
+        now = time.monotonic()
+        next_job_ends = now + 1.5 * (now - began)  # (the next job as long as this one, and
+        # room for its times varying by half)
         changed = False
         for (follower, job), drafted in zip(work, results, strict=True):
             if self.followers.get(follower.session_id) is not follower:
@@ -361,7 +365,7 @@ class Worker:
             for tokens, seconds in drafted.calls:
                 self.prices.note(tokens, seconds)
             post = follower.post(drafted, self.back_id, self.max_post, self.send_dists,
-                                 job.ahead)
+                                 job.ahead, next_job_ends)
             if post is not None and self._link is not None:
                 await self._link.post(post)
             changed = changed or drafted.changed or post is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from back.follower import Follower
 from back.jobs import Drafted
 from back.mirror import LeadMirror
@@ -85,3 +87,25 @@ def test_a_growing_draft_is_posted_as_it_doubles_and_once_it_stops() -> None:
     stopped = Drafted(Work(), 0, (1, 2, 3, 10, 11, 30, 31), 5, {})  # it grows no more
     tail = f.post(stopped, "b", 16, False, 12)
     assert tail is not None and tail.token_ids == [30, 31]  # posted, short of doubling
+
+
+def test_a_draft_short_of_doubling_is_posted_once_before_lead_s_step_ends() -> None:
+    f = follower()
+    for n, at in ((3, 0.0), (4, 1.0), (5, 1.01)):  # lead steps every 10 ms
+        f.take(state(n, list(range(1, n + 1))), now=at)
+    assert f.lead_step.ends_at() == pytest.approx(1.02)
+
+    def grown(n: int, next_job_ends: float) -> int | None:
+        drafted = Drafted(Work(), 1, (*range(1, 6), *range(10, 10 + n)), 5, {})
+        post = f.post(drafted, "b", 16, False, ahead=12, next_job_ends=next_job_ends)
+        return len(post.token_ids) if post is not None else None
+
+    assert [grown(n, 1.011 + n / 1000) for n in (1, 2, 3)] == [1, 2, None]  # as it doubles
+    assert grown(4, 1.016) == 4
+    assert grown(5, 1.018) is None  # the step ends after the next job: no hurry
+    assert grown(6, 1.021) == 6  # it ends before: what the back holds goes now
+    assert grown(7, 1.022) is None  # once a step
+    f.take(state(6, [1, 2, 3, 4, 5, 10]), now=1.02)  # lead took a token: the next step
+    assert grown(8, 1.0215) == 7  # (a first post past lead's new length: 7 tokens)
+    assert grown(9, 1.0225) is None  # short of doubling, and the step ends at 1.03
+    assert grown(10, 1.031) == 9

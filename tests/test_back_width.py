@@ -35,6 +35,23 @@ def test_prices_follow_measurements_and_a_line_through_them() -> None:
     assert book.of(4) is None
 
 
+def test_the_line_is_fitted_again_after_each_new_price() -> None:
+    book = prices(b1=0.010, b3=0.030)
+    assert book.of(2) == pytest.approx(0.020)
+    book.note(3, 0.050)  # (a moving average: 30 ms -> 34 ms)
+    assert book.of(2) == pytest.approx((0.010 + 0.034) / 2)
+
+
+def test_the_step_under_way_ends_a_step_after_its_news() -> None:
+    clock = StepClock()
+    assert clock.ends_at() is None
+    for n, at in ((10, 0.0), (11, 1.0), (12, 1.2)):  # (the first gap: the prompt)
+        clock.note(n, at)
+    assert clock.ends_at() == pytest.approx(1.4)
+    clock.note(12, 1.3)  # no new tokens: the step under way is the same
+    assert clock.ends_at() == pytest.approx(1.4)
+
+
 def test_the_fitted_line_is_least_squares() -> None:
     assert least_squares({1: 3.0, 2: 5.0, 4: 9.0}) == pytest.approx((2.0, 1.0))  # exact
     slope, base = least_squares({1: 1.0, 2: 3.0, 3: 2.0})  # residuals balance
