@@ -6,16 +6,16 @@ from typing import Literal
 
 import httpx
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.devicesettings import DeviceChecks
 from shared.httpclient import lead_url
 from shared.placement import parse_cpus
 from shared.protocol import MAX_BRANCHES
-from shared.rpcwire import parse_endpoints, parse_weights
 
 
-class BackSettings(BaseSettings):
+class BackSettings(DeviceChecks):
     model_config = SettingsConfigDict(env_prefix="BACK_", extra="ignore")
 
     lead: str = Field("127.0.0.1:5555", description="lead's address, host:port or URL")
@@ -77,20 +77,6 @@ class BackSettings(BaseSettings):
         if url.scheme not in ("http", "https") or not url.host or not port_ok:
             raise ValueError(f"not an address: {value!r} (expected host:port or "
                              "http(s)://host:port)")
-        return value
-
-    @field_validator("rpc")
-    @classmethod
-    def _endpoints(cls, value: str | None) -> str | None:
-        if value:
-            parse_endpoints(value)
-        return value
-
-    @field_validator("tensor_split")
-    @classmethod
-    def _weights(cls, value: str | None) -> str | None:
-        if value:
-            parse_weights(value)
         return value
 
     @field_validator("cpus")

@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Literal
 
 from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
-from shared.rpcwire import parse_endpoints, parse_weights
 
 
 def parse_costs(text: str) -> list[float]:
@@ -23,7 +23,7 @@ def parse_costs(text: str) -> list[float]:
     return costs
 
 
-class LeadSettings(BaseSettings):
+class LeadSettings(DeviceChecks):
     model_config = SettingsConfigDict(env_prefix="LEAD_", extra="ignore")
 
     model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
@@ -104,20 +104,6 @@ class LeadSettings(BaseSettings):
     def _costs(cls, value: str | None) -> str | None:
         if value:
             parse_costs(value)
-        return value
-
-    @field_validator("rpc")
-    @classmethod
-    def _endpoints(cls, value: str | None) -> str | None:
-        if value:
-            parse_endpoints(value)
-        return value
-
-    @field_validator("tensor_split")
-    @classmethod
-    def _weights(cls, value: str | None) -> str | None:
-        if value:
-            parse_weights(value)
         return value
 
     @field_validator("cpus")
