@@ -16,6 +16,8 @@ from back.width import StepClock
 from shared.protocol import DraftPost, State
 from shared.sampling import make_draft_rng
 
+TRANSIT_S = 0.0005  # a post's way to lead's board, allowed for before its step ends
+
 
 class Follower:
     def __init__(self, session_id: str, slot: int, mirror: LeadMirror, seed: int | None
@@ -39,15 +41,26 @@ class Follower:
         if taken is None or taken.refetch:
             return taken
         self.latest.publish(self.mirror.tokens)
-        self.lead_step.note(len(self.mirror.tokens), now)
+        self.lead_step.note(len(self.mirror.tokens), now, state.step_left_s)
         self.stats.accepted = max(self.stats.accepted, state.your_accepted)
         return taken
 
-    def job(self, max_post: int, burst: int, eos: frozenset[int], width: int) -> DraftJob:
+    def job(self, max_post: int, burst: int, eos: frozenset[int], width: int,
+            to_post: bool = False) -> DraftJob:
+        """The next job; `to_post` (a model drafter): one that drafts up to its next post,
+        as far as that post is due or until it must leave to reach lead's step's end, in
+        one hop to the model thread and back instead of one a guess."""
         state = self.state
-        return DraftJob(self.mirror.tokens, state.sampling, ahead_for(state.draft_len, max_post),
-                        burst, eos, self.rng, self.latest, n_prompt=state.n_prompt,
-                        width=width, depth=min(max(1, state.draft_len), max_post - 1))
+        ahead = ahead_for(state.draft_len, max_post)
+        stop_at, until = 0, None
+        if to_post:
+            burst, stop_at = ahead, self._due_size(len(self.mirror.tokens), ahead)
+            ends = self.lead_step.ends_at()
+            until = ends - TRANSIT_S if ends is not None else None
+        return DraftJob(self.mirror.tokens, state.sampling, ahead, burst, eos, self.rng,
+                        self.latest, n_prompt=state.n_prompt, width=width,
+                        depth=min(max(1, state.draft_len), max_post - 1), stop_at=stop_at,
+                        until=until)
 
     def took(self, job: DraftJob, drafted: Drafted) -> None:
         """What a draft job did for this session."""
@@ -92,8 +105,12 @@ class Follower:
         return True
 
     def _due(self, start: int, n: int, ahead: int) -> bool:
-        """Whether a draft of n tokens past lead's `start` is due for a post: twice what the
+        """Whether a draft of n tokens past lead's `start` is due for a post."""
+        return n >= self._due_size(start, ahead)
+
+    def _due_size(self, start: int, ahead: int) -> int:
+        """The draft tokens past lead's `start` that make the next post due: twice what the
         last post at this start held (its first guess at once), or all the back drafts."""
         at, last = self._posted
         last = last if at == start else 0
-        return n >= min(ahead, max(1, 2 * last))
+        return min(ahead, max(1, 2 * last))

@@ -82,6 +82,9 @@ class DraftJob:
     n_prompt: int = 0  # lead's tokens that are the prompt (frequency/presence penalties)
     width: int = 0  # branches grown beside the draft (back/branching.py)
     depth: int = 0  # most guesses after a branch's root
+    stop_at: int = 0  # a model drafter's job ends once its draft is this far past lead's
+    until: float | None = None  # ... or before a guess that would end past this time
+    # (time.monotonic: when its post must leave to reach lead's step's end)
 
 
 @dataclass(frozen=True)
@@ -131,7 +134,8 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
             growth.cut_short = int(left())
             break
         growth.calls.append((step.evaluated, time.perf_counter() - t0))
-        if not growth.took(step):
+        growth.last_call_s = growth.calls[-1][1]
+        if not growth.took(step) or growth.enough():
             break
     return growth.drafted()
 
@@ -151,7 +155,8 @@ def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> li
                               job.ahead - (kept - len(job.lead_tokens))))
     slots = [slot for slot, _, _ in jobs]
     for _ in range(max(job.burst for _, _, job in jobs)):
-        if not _grow_together(model, slots, growths):
+        if not _grow_together(model, slots, growths) or \
+                all(g.enough() or not g.open for g in growths):
             break
     return [g.drafted() for g in growths]
 
@@ -180,6 +185,7 @@ def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) 
     total = sum(len(t) for _, _, b in batches for t in b.values())
     batches[0][1].calls.append((total, seconds))  # one call, noted once
     for (_, g, batch), got in zip(batches, rows, strict=True):
+        g.last_call_s = seconds
         grown = g.drafter.end_growth(batch, got, g.job.sampling, g.job.rng, g.job.n_prompt,
                                      g.chain, g.job.width)
         g.open = g.took(grown)
@@ -197,6 +203,7 @@ class Growth:
         self.probs: dict[int, float] = {}
         self.grown = self.branch_grown = self.cut_short = 0
         self.calls: list[tuple[int, float]] = []
+        self.last_call_s = 0.0  # the last model call's seconds (shared calls: each's)
         self.open = True
 
     @property
@@ -219,6 +226,15 @@ class Growth:
         ended = step.guess in self.job.eos_token_ids or (step.guess is None
                                                           and not step.branches_grown)
         return not ended
+
+    def enough(self) -> bool:
+        """Whether the job should end here, for its post: the draft as far past lead's
+        tokens as `stop_at`, or no time for another call before `until`."""
+        job = self.job
+        past = self.kept - len(job.lead_tokens) + self.grown
+        if job.stop_at and past >= job.stop_at:
+            return True
+        return job.until is not None and time.monotonic() + self.last_call_s > job.until
 
     def drafted(self) -> Drafted:
         caught, drafter = self.caught, self.drafter

@@ -165,7 +165,8 @@ class PollLink:
             draft_len=state.draft_len, sampling=state.sampling, grammar_id=state.grammar_id,
             your_accepted=state.your_accepted)]
         self._news.put_nowait(Update(version=state.version, lead_id=state.lead_id,
-                                     hush=state.hush, sessions=sessions, ended=ended))
+                                     hush=state.hush, sessions=sessions, ended=ended,
+                                     step_left_s=state.step_left_s))
 
     async def post(self, post: DraftPost) -> None:
         """Post now, or once the post in flight for its session is answered (only the

@@ -82,18 +82,27 @@ class StepClock:
     step_s: float | None = None
     _last: tuple[int, float] | None = None  # (lead's tokens, when) at the last state
     _skip: bool = True  # the session's first gap: it may hold the prompt's evaluation
+    _ends: float | None = None  # when lead said its step under way ends
 
-    def note(self, n_tokens: int, now: float) -> None:
+    def note(self, n_tokens: int, now: float, left: float | None = None) -> None:
+        """A state of lead's, taken at `now`; `left`: the seconds lead said were left of
+        the step it was taking (a lead that does not say: None)."""
         if self._last is not None and n_tokens > self._last[0]:
             gap, skip, self._skip = now - self._last[1], self._skip, False
             if gap < STALE_S and not skip:
                 self.step_s = ewma(self.step_s, gap, EWMA)
         if self._last is None or n_tokens != self._last[0]:
             self._last = (n_tokens, now)
+            self._ends = None
+        if left is not None:
+            self._ends = now + left
 
     def ends_at(self) -> float | None:
         """When lead's step under way is expected to end (None: no step measured yet):
-        a step after the news of the last one."""
+        when lead said it would, else a step (as measured) after the news of the last one.
+        Lead's word counts most: a step verifying no draft ends sooner than the average."""
+        if self._ends is not None:
+            return self._ends
         if self.step_s is None or self._last is None:
             return None
         return self._last[1] + self.step_s
@@ -101,7 +110,7 @@ class StepClock:
     def restart(self) -> None:
         """A new session: its first state comes after a pause, and its first gap may be
         the prompt's evaluation (seconds on a CPU), neither a step."""
-        self._last, self._skip = None, True
+        self._last, self._skip, self._ends = None, True, None
 
 
 def choose_width(prices: DraftPrices, step_s: float | None, ahead: int, most: int) -> int:

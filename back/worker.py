@@ -256,7 +256,7 @@ class Worker:
                 self.ignored.add(news.session_id)
                 continue
             state = news.as_state(update.version, update.lead_id, update.hush,
-                                  follower.state.sampling)
+                                  follower.state.sampling, update.step_left_s)
             taken = follower.take(state, now)
             self.latest = follower
             if taken is not None and taken.refetch and isinstance(self._link, PollLink):
@@ -349,7 +349,8 @@ class Worker:
 
     async def _draft_once(self, drafting: list[Follower]) -> bool:
         """One job for `drafting`, and its posts; whether it changed anything."""
-        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f)))
+        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f),
+                          isinstance(self.drafters[f.slot], ModelDrafter)))
                 for f in drafting]
         began = time.monotonic()
         results = await self._on_model([f.session_id for f in drafting], self._extend,

@@ -82,6 +82,11 @@ class Info(BaseModel):
                        "WebSocket); a lead that predates it is followed by long-polls")
 
 
+STEP_LEFT = ("seconds until the step lead is taking is due to end, as lead prices it, when "
+             "this was sent (null: no step under way, or none priced yet): lead takes its next "
+             "draft then, so a back posts before")
+
+
 class State(BaseModel):
     version: int = Field(0, description="bumped on every change; long-poll with since=version")
     lead_id: str = LEAD_ID
@@ -100,6 +105,7 @@ class State(BaseModel):
     grammar_id: str | None = Field(None, description="names the session's grammar (a hash "
                                    "of its text), or null: a back fetches the text once, "
                                    "from GET /duo/grammar?session=ID")
+    step_left_s: float | None = Field(None, ge=0, description=STEP_LEFT)
 
     # Lead sends null here (the text comes once, from /duo/grammar); a lead that predates
     # grammar_id sent the text in every state, and a back reads it from there.
@@ -217,11 +223,13 @@ class SessionState(BaseModel):
     your_accepted: int = 0
 
     def as_state(self, version: int, lead_id: str, hush: bool,
-                 sampling: SamplingParams | None = None) -> State:
+                 sampling: SamplingParams | None = None, step_left_s: float | None = None
+                 ) -> State:
         """The same news as a long-poll's State (`sampling`: the session's, where this
-        update does not carry it)."""
+        update does not carry it; `step_left_s`: the update's)."""
         return State(version=version, lead_id=lead_id, hush=hush, **self.model_dump(
-            exclude={"sampling"}), sampling=self.sampling or sampling or SamplingParams())
+            exclude={"sampling"}), sampling=self.sampling or sampling or SamplingParams(),
+            step_left_s=step_left_s)
 
 
 class Update(BaseModel):
@@ -235,6 +243,7 @@ class Update(BaseModel):
     sessions: list[SessionState] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list, description="sessions gone from lead "
                              "since the last update (their last state said done)")
+    step_left_s: float | None = Field(None, ge=0, description=STEP_LEFT)
 
 
 class Refused(BaseModel):

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from back.drafter import ModelDrafter, NgramDrafter
-from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend
+from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend, extend_many
 from back.mirror import LeadMirror
 from back.posts import PostBook
 from shared.fake import EOS, FakeModel
@@ -163,3 +165,25 @@ def test_every_model_guess_carries_the_draft_models_probability_of_it() -> None:
         assert drafted.local[position] == int(np.argmax(row))  # greedy: its top token
         assert q == pytest.approx(float(softmax.max()))
     assert extend(NgramDrafter(3), job([1, 2, 3, 1, 2], burst=2)).probs == {}
+
+
+def test_a_job_for_a_post_ends_where_the_post_is_due_or_before_lead_s_step_ends() -> None:
+    lead = (1, 2, 3)
+    base = job(lead, burst=100, draft_len=7)  # as far ahead as 16
+
+    def grown(**fields: object) -> int:
+        return extend(ModelDrafter(FakeModel(salt="draft")), replace(base, **fields)).grown
+
+    assert grown(stop_at=3) == 3
+    assert grown(until=time.monotonic() - 1.0) == 1  # past due: one guess, then the post
+    assert grown(until=time.monotonic() + 3600.0) == base.ahead  # no end near: all it may
+    assert grown() == base.ahead
+
+
+def test_sessions_drafted_together_stop_once_each_has_its_post() -> None:
+    model = FakeModel(salt="draft", slots=2)
+    work = [(i, ModelDrafter(model.slot(i)), replace(job([1, 2, 3 + i], burst=100,
+                                                         draft_len=7), stop_at=stop))
+            for i, stop in ((0, 2), (1, 4))]
+    drafted = extend_many(model, work)
+    assert [d.grown for d in drafted] == [4, 4]  # one call grows both: the later post rules

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from back.follower import Follower
+from back.follower import TRANSIT_S, Follower
 from back.jobs import Drafted
 from back.mirror import LeadMirror
 from back.sessions import History, SessionStats, Work
@@ -109,3 +109,18 @@ def test_a_draft_short_of_doubling_is_posted_once_before_lead_s_step_ends() -> N
     assert grown(8, 1.0215) == 7  # (a first post past lead's new length: 7 tokens)
     assert grown(9, 1.0225) is None  # short of doubling, and the step ends at 1.03
     assert grown(10, 1.031) == 9
+
+
+def test_a_job_drafts_up_to_its_next_post_and_to_leave_before_lead_s_step_ends() -> None:
+    f = follower()
+    lead = [1, 2, 3]
+    f.take(state(1, lead).model_copy(update={"step_left_s": 0.05}), now=2.0)
+    first = f.job(16, 1, frozenset(), 0, to_post=True)
+    ahead = first.ahead
+    assert (first.burst, first.stop_at) == (ahead, 1)  # the first guess goes at once
+    assert first.until == pytest.approx(2.05 - TRANSIT_S)  # and nothing past lead's step
+    post = f.post(Drafted(Work(), 3, (*lead, 7, 8, 9), 3, {}), "b", 16, False, ahead)
+    assert post is not None and len(post.token_ids) == 3
+    assert f.job(16, 1, frozenset(), 0, to_post=True).stop_at == 6  # then as it doubles
+    plain = f.job(16, 4, frozenset(), 0)  # not a model drafter's: as asked
+    assert (plain.burst, plain.stop_at, plain.until) == (4, 0, None)

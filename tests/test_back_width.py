@@ -140,3 +140,16 @@ def test_a_size_not_measured_for_a_while_is_measured_afresh() -> None:
     for width in range(1, 9):
         book.note(1 + width, 0.0031)
     assert choose_width(book, 0.03, 16, 8) == 8
+
+
+def test_lead_s_word_on_its_step_s_end_counts_over_the_measured_step() -> None:
+    clock = StepClock()
+    for n, at in ((3, 0.0), (4, 1.0), (5, 1.1)):  # steps measured at 100 ms
+        clock.note(n, at)
+    assert clock.ends_at() == pytest.approx(1.2)
+    clock.note(6, 1.15, left=0.02)  # lead: a short step (it verifies no draft)
+    assert clock.ends_at() == pytest.approx(1.17)
+    clock.note(6, 1.16)  # a post's reply, no news of a step: the word stands
+    assert clock.ends_at() == pytest.approx(1.17)
+    clock.note(7, 1.3)  # a lead that says nothing: the measured step again
+    assert clock.ends_at() == pytest.approx(1.3 + clock.step_s)

@@ -23,7 +23,7 @@ from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.metrics import Metrics
 from shared.fake import FakeModel, VirtualClock
-from shared.protocol import Hello, SamplingParams
+from shared.protocol import Hello, SamplingParams, Update
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import text_of, with_workers
 
@@ -64,6 +64,25 @@ def test_an_update_carries_only_what_the_back_was_not_sent() -> None:
     ended = link.update()
     assert ended is not None and [(s.session_id, s.done) for s in ended.sessions] == \
         [("a", True)]
+
+
+def test_an_update_says_how_long_lead_s_step_under_way_has_left() -> None:
+    now = [10.0]
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics(), clock=lambda: now[0])
+    link = Link(feed)
+    feed.start(session("a", [1, 2, 3]))
+    first = link.update()
+    assert first is not None and first.step_left_s is None  # no step priced yet
+    feed.step_began(0.03)
+    now[0] += 0.01  # sent 10 ms into the step
+    feed.notify(["a"])
+    update = link.update()
+    assert update is not None and update.step_left_s == pytest.approx(0.02)
+    assert feed.state().step_left_s == pytest.approx(0.02)  # a long-poll's state says it too
+    now[0] += 0.05  # the step ran over its price: none left, not less than none
+    assert feed.step_left() == 0.0
+    feed.step_began(None)
+    assert feed.step_left() is None and feed.state().step_left_s is None
 
 
 def test_a_back_sitting_out_hears_only_of_sessions_starting_and_ending() -> None:
@@ -206,3 +225,44 @@ def test_a_back_on_the_link_drafts_for_every_session_in_one_call() -> None:
             await with_workers([worker], check)
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_back_on_the_link_hears_when_lead_s_step_under_way_ends() -> None:
+    async def body() -> None:
+        app, _ = linked_lead(1)
+        async with ASGIWebSocketTransport(app=app) as transport:
+            worker, _ = linked_worker(transport, 1)
+            lefts: list[float | None] = []
+            take = worker._take
+
+            def taking(update: Update) -> None:
+                if update.sessions:
+                    lefts.append(update.step_left_s)
+                take(update)
+            worker._take = taking  # type: ignore[method-assign]
+
+            async def check() -> None:
+                await async_wait_until(lambda: worker.version >= 0, what="the link")
+                async with httpx.AsyncClient(transport=transport, base_url="http://lead") \
+                        as http:
+                    await ask(http, "hello there")
+                priced = [s for s in lefts if s is not None]
+                assert priced, lefts  # once lead priced its steps, its news says so
+                assert all(0.0 <= s <= 1.0 for s in priced)
+
+            await with_workers([worker], check)
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_lead_s_step_end_counts_its_own_time_between_steps() -> None:
+    now = [0.0]
+    feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics(), clock=lambda: now[0])
+    feed.step_began(0.010)
+    assert feed.step_left() == pytest.approx(0.010)
+    now[0] = 0.012  # the step took its 10 ms, and lead 2 ms more to plan the next
+    feed.step_began(0.010)
+    assert feed.step_left() == pytest.approx(0.012)
+    now[0] = 5.0  # a pause (no step priced that long) teaches nothing
+    feed.step_began(0.010)
+    assert feed.step_left() == pytest.approx(0.012)

@@ -128,19 +128,26 @@ class Engine:
 
     # --- the loop ---
     async def _steps(self) -> None:
+        changed: list[str] = []  # sessions whose news backs have not been sent
         try:
             while self.runs:
                 await self._seat_waiting()
                 jobs, offered = self._plan()
+                # The last step's news goes out as this one begins, with its price: a back
+                # posts its next draft before this step is due to end.
+                self.feed.step_began(self._price(jobs))
+                self.feed.notify(changed)
                 if not jobs:
+                    changed = []
                     continue
                 step = await self.decoder.step(jobs)
                 changed = self._apply(step, jobs, offered)
                 self.feed.log_hush()
-                self.feed.notify(changed)
                 # The readers write what this step emitted before the next step starts:
                 # Python work overlapping a step preempts llama.cpp's threads.
                 await asyncio.sleep(0)
+            self.feed.step_began(None)
+            self.feed.notify(changed)
         except BaseException as exc:
             for run in list(self.runs):
                 self._end(run, exc if isinstance(exc, Exception) else
@@ -176,6 +183,14 @@ class Engine:
         jobs += [Job(r.slot or 0, (), 0, r.session.params, r.session.rng, prompt=tuple(c))
                  for r, c in chunks]
         return jobs, offered
+
+    def _price(self, jobs: Sequence[Job]) -> float | None:
+        """Seconds the step of `jobs` is priced at (None: nothing priced yet, or no step)."""
+        prices = self.cost.prices
+        if not jobs or prices.plain_s is None:
+            return None
+        n = sum(len(j.prompt) or 1 + (j.draft.n_tokens if j.draft else 0) for j in jobs)
+        return prices.busy_s(n)
 
     def _chunks(self, prefilling: list[Run], beside: bool) -> list[tuple[Run, list[int]]]:
         """Prompt chunks for this step, oldest first: up to the batch, or beside decoding

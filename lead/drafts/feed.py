@@ -25,7 +25,7 @@ from lead.drafts.rank import BackScores
 from lead.drafts.registry import BackRegistry
 from lead.policy.cost import CostModel
 from lead.server.metrics import Metrics
-from shared.bounded import Lru
+from shared.bounded import Lru, ewma
 from shared.branch import Branch
 from shared.broadcast import Broadcast
 from shared.protocol import SamplingParams, SessionState, State, grammar_id
@@ -87,6 +87,9 @@ class BackFeed:
         self.hush_version = 0  # the version at which hush last changed
         self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._hushed = False  # as last logged
+        self._step_ends: float | None = None  # when the step under way is due to end
+        self._began: tuple[float, float] | None = None  # (when, price) of the step under way
+        self._between: float | None = None  # lead's own seconds between steps, past the price
 
     @property
     def version(self) -> int:
@@ -119,6 +122,25 @@ class BackFeed:
         """Whether a back drafts during this step, so that its price counts as busy (a back
         sitting out slows nothing: its steps are quiet ones)."""
         return self.backs.drafting(now=self.clock()) > 0 and self.draft_len(session) > 0
+
+    def step_began(self, seconds: float | None) -> None:
+        """Lead began a step it prices at `seconds` (None: unpriced, or no step). Lead
+        takes its next draft as it plans the step after, later than the price by what its
+        own work between steps takes: measured here, from one step's start to the next."""
+        now = self.clock()
+        if seconds is not None and self._began is not None:
+            at, price = self._began
+            between = now - at - price
+            if 0.0 <= between <= price:  # (not a pause, nor a step far off its price)
+                self._between = ewma(self._between, between, 0.2)
+        self._began = (now, seconds) if seconds is not None else None
+        self._step_ends = None if seconds is None else now + seconds + (self._between or 0.0)
+
+    def step_left(self) -> float | None:
+        """Seconds until the step under way is due to end (None: no step priced)."""
+        if self._step_ends is None:
+            return None
+        return round(max(self._step_ends - self.clock(), 0.0), 6)
 
     def notify(self, changed: Iterable[str] = ()) -> None:
         """News: the sessions `changed` (or started, or ended) have it."""
@@ -165,7 +187,7 @@ class BackFeed:
         if followed is None:
             return State(version=self.version, lead_id=self.lead_id)
         return self.session_state(followed, offset, back_id).as_state(
-            self.version, self.lead_id, self.cost.hush)
+            self.version, self.lead_id, self.cost.hush, step_left_s=self.step_left())
 
     def grammar_of(self, session_id: str) -> tuple[str, str] | None:
         """(grammar id, text) of the session, if it runs and has one."""

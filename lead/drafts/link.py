@@ -67,7 +67,8 @@ class Link:
                      for sid, f in final.items()]  # its last tokens, done
         self.version = feed.version
         return Update(version=feed.version, lead_id=feed.lead_id, hush=feed.cost.hush,
-                      sessions=sessions, ended=[sid for sid in gone if sid not in final])
+                      sessions=sessions, ended=[sid for sid in gone if sid not in final],
+                      step_left_s=feed.step_left())
 
     def heartbeat(self) -> Update:
         """An update with no news, to show the link is alive."""
