@@ -11,7 +11,7 @@ import pytest
 from lead.decode.admission import Admission, QueueFull
 from lead.decode.decoder import Decoder, Job, Step
 from lead.decode.plan import Planner
-from lead.decode.session import Session, StepResult
+from lead.decode.session import Emission, Session, StepResult, merged
 from lead.decode.slots import Seat
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
@@ -21,6 +21,7 @@ from lead.drafts.offers import OfferLedger
 from lead.policy.cost import CostModel
 from lead.server.metrics import Metrics
 from shared.fake import EOS, FakeModel, VirtualClock
+from shared.logprobs import TokenLogprob
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 from tests.conftest import async_wait_until
@@ -269,3 +270,20 @@ def test_apply_stops_at_an_eos() -> None:
     emitted = dec.apply(s, result([4, EOS, 6], 7, drafted=4), max_tokens=50)
     assert emitted == [4, EOS] and s.finish_reason == "stop"
     assert (s.accepted, s.rejections) == (2, 1)  # none counted past the EOS
+
+
+def test_a_step_s_tokens_go_out_as_one_event_per_source() -> None:
+    def one(text: str, back: str = "", token: int = 0) -> Emission:
+        return Emission(text, 1, int(bool(back)), back=back, sid="s",
+                        logprobs=[TokenLogprob(token, -0.5, ())])
+
+    step = [one("de", "b1", 1), one("f ", "b1", 2), one("x", "b1", 3), one("(", token=4)]
+    out = merged(step)
+    assert [(e.text, e.n_tokens, e.n_from_draft, e.back) for e in out] == \
+        [("def x", 3, 3, "b1"), ("(", 1, 0, "")]
+    assert [lp.token_id for lp in out[0].logprobs] == [1, 2, 3]  # each token's, in order
+    assert "".join(e.text for e in out) == "".join(e.text for e in step)
+    other = merged([one("a", "b1"), one("b", "b2"), one("c"), one("d")])
+    assert [e.text for e in other] == ["a", "b", "cd"]  # another back's draft: apart
+    last = Emission("", 0, 0, session=session([1]), sid="s")
+    assert merged([one("a"), last]) == [one("a"), last]  # the reply's end stays its own

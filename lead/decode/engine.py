@@ -26,7 +26,7 @@ from lead.decode.calibration import Calibration
 from lead.decode.decoder import Clock, Decoder, Job, Step
 from lead.decode.plan import Planner
 from lead.decode.runs import Run
-from lead.decode.session import Emission, GenRequest, Session, StepResult
+from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.slots import choose_seat
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
@@ -268,8 +268,9 @@ class Engine:
         run.offers.settle(session.tokens, final=session.finish_reason is not None)
         if log.isEnabledFor(logging.DEBUG):
             self._trace(session, offered, result)
-        for i, chunk in enumerate(chunks):
-            run.emit(self._emission(result, i, emitted[i], chunk, session.id))
+        for emission in merged([self._emission(result, i, emitted[i], chunk, session.id)
+                                for i, chunk in enumerate(chunks)]):
+            run.emit(emission)
         if session.finish_reason is not None:
             run.emit(Emission(run.text.finish(), 0, 0, session=session, sid=session.id))
             self._end(run)
