@@ -135,7 +135,7 @@ class Engine:
                 jobs, offered = self._plan()
                 # The last step's news goes out as this one begins, with its price: a back
                 # posts its next draft before this step is due to end.
-                self.feed.step_began(self._price(jobs))
+                self.feed.step_began(self.planner.price(jobs))
                 self.feed.notify(changed)
                 if not jobs:
                     changed = []
@@ -183,14 +183,6 @@ class Engine:
         jobs += [Job(r.slot or 0, (), 0, r.session.params, r.session.rng, prompt=tuple(c))
                  for r, c in chunks]
         return jobs, offered
-
-    def _price(self, jobs: Sequence[Job]) -> float | None:
-        """Seconds the step of `jobs` is priced at (None: nothing priced yet, or no step)."""
-        prices = self.cost.prices
-        if not jobs or prices.plain_s is None:
-            return None
-        n = sum(len(j.prompt) or 1 + (j.draft.n_tokens if j.draft else 0) for j in jobs)
-        return prices.busy_s(n)
 
     def _chunks(self, prefilling: list[Run], beside: bool) -> list[tuple[Run, list[int]]]:
         """Prompt chunks for this step, oldest first: up to the batch, or beside decoding

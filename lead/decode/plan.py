@@ -7,17 +7,29 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from lead.decode.session import Session
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.branch import Branch
 
+if TYPE_CHECKING:
+    from lead.decode.decoder import Job
+
 
 class Planner:
     def __init__(self, cost: CostModel, n_ctx: int, tree_slots: int = 0) -> None:
         """`tree_slots`: branch sequences a slot holds (0: chains only)."""
         self.cost, self.n_ctx, self.tree_slots = cost, n_ctx, tree_slots
+
+    def price(self, jobs: Sequence[Job]) -> float | None:
+        """Seconds the step of `jobs` is priced at (None: nothing priced yet, or no step)."""
+        prices = self.cost.prices
+        if not jobs or prices.plain_s is None:
+            return None
+        n = sum(len(j.prompt) or 1 + (j.draft.n_tokens if j.draft else 0) for j in jobs)
+        return prices.busy_s(n)
 
     def plan(self, offers: Sequence[tuple[Session, Draft | None]], max_tokens: Sequence[int],
              base: int) -> list[Draft | None]:
