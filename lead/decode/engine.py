@@ -149,6 +149,7 @@ class Engine:
             self.feed.step_began(None)
             self.feed.notify(changed)
         except BaseException as exc:
+            self.feed.step_began(None)  # no step under way: backs hear none is
             for run in list(self.runs):
                 self._end(run, exc if isinstance(exc, Exception) else
                           RuntimeError("lead is shutting down"))
