@@ -87,7 +87,6 @@ class BackFeed:
         self.hush_version = 0  # the version at which hush last changed
         self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._hushed = False  # as last logged
-        self._step_ends: float | None = None  # when the step under way is due to end
         self._began: tuple[float, float] | None = None  # (when, price) of the step under way
         self._between: float | None = None  # lead's own seconds between steps, past the price
 
@@ -134,13 +133,13 @@ class BackFeed:
             if 0.0 <= between <= price:  # (not a pause, nor a step far off its price)
                 self._between = ewma(self._between, between, 0.2)
         self._began = (now, seconds) if seconds is not None else None
-        self._step_ends = None if seconds is None else now + seconds + (self._between or 0.0)
 
     def step_left(self) -> float | None:
         """Seconds until the step under way is due to end (None: no step priced)."""
-        if self._step_ends is None:
+        if self._began is None:
             return None
-        return round(max(self._step_ends - self.clock(), 0.0), 6)
+        at, price = self._began
+        return round(max(at + price + (self._between or 0.0) - self.clock(), 0.0), 6)
 
     def notify(self, changed: Iterable[str] = ()) -> None:
         """News: the sessions `changed` (or started, or ended) have it."""
