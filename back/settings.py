@@ -36,8 +36,10 @@ class BackSettings(DeviceChecks):
                                      "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
     flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash "
                                                     "attention; auto: on where layers are "
-                                                    "offloaded (--n-gpu-layers), off on a CPU, "
-                                                    "where it made verify batches 15-50 % "
+                                                    "offloaded (--n-gpu-layers) or several "
+                                                    "generations share the cache, off for one "
+                                                    "on a CPU, where it made long verify "
+                                                    "batches 7-50 % "
                                                     "dearer at 1-2k tokens of context")
     ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens, "
                           "per session drafted for")

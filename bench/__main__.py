@@ -109,6 +109,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--sweep-prompts", type=int,
                    help="the sweep uses the first N prompts (default: 3; --quick: 1)")
     p.add_argument("--no-peers", action="store_true", help="skip the llama-cpp-python peers")
+    p.add_argument("--lead-variant", action="append", default=[], metavar="FLAGS",
+                   help="also run lead alone with these extra flags, as a configuration of "
+                   "its own (repeatable; e.g. --lead-variant='--flash-attn on')")
     p.add_argument("--out", default="bench-results", help="folder for JSON and PNG")
     p.add_argument("--quick", action="store_true",
                    help="SmolLM2 as target and draft, 2 prompts, 24 tokens, a short sweep")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
@@ -33,6 +34,10 @@ DUO_MODEL = "duo: lead + back (model)"
 DUO_NGRAM = "duo: lead + back (n-gram)"
 RAW = "raw loop"
 PLD = "peer: prompt lookup (llama-cpp-python)"
+
+
+def variant_name(flags: str) -> str:
+    return f"lead alone, {flags}"
 
 
 def sync_name(k: int) -> str:
@@ -104,6 +109,7 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
     runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
                LEAD_NO_NGRAM: via("lead no ngram", bare, prompts, a.tokens),
                LEAD_UNSTREAMED: via("lead not streamed", alone, prompts, a.tokens, False)}
+    runners |= variants(a, stack, prompts)
     if a.lead_cpus:  # the honest rival of a split: lead given the back's cores too
         everything = start_lead(a, stack, [], all_cores=True)
         runners[LEAD_ALL] = via("lead all cores", everything, prompts, a.tokens)
@@ -120,6 +126,13 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
         runners |= llamaserver.start_all(a, stack, prompts, target_path,
                                          resolve_model(a.draft))
     return runners, duo
+
+
+def variants(a: argparse.Namespace, stack: ExitStack, prompts: list[dict]) -> dict[str, Runner]:
+    """Lead alone with each --lead-variant's extra flags: a setting tried beside the
+    default, interleaved with it."""
+    return {variant_name(flags): via(f"lead {flags}", start_lead(a, stack, shlex.split(flags)),
+                                     prompts, a.tokens) for flags in a.lead_variant}
 
 
 def _raw_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shlex
 import statistics
 import time
 from collections.abc import Sequence
@@ -148,6 +149,11 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
     lead = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx))
     stack.callback(lead.stop)
     urls = {"duo lead (its defaults)": lead.url}
+    for flags in a.lead_variant:  # a setting tried beside the default, interleaved
+        variant = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx),
+                       *shlex.split(flags))
+        stack.callback(variant.stop)
+        urls[f"duo lead, {flags}"] = variant.url
     if a.llama_server_bin is not None:
         from bench.llamaserver import PLAIN, LlamaServer, server_args
         from shared.presets import resolve_model
@@ -242,6 +248,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama.cpp's llama-server (default: on PATH, else skipped)")
     p.add_argument("--sim", action="store_true", help="SIMULATION: fake models, GPU-like "
                    "prices (bench --sim's), lead alone against lead + back")
+    p.add_argument("--lead-variant", action="append", default=[], metavar="FLAGS",
+                   help="also run a lead with these extra flags beside the default one "
+                   "(repeatable; e.g. --lead-variant='--flash-attn on')")
     p.add_argument("--out", default="bench-results", help="folder for load.json")
     a = p.parse_args(argv)
     a.levels = [int(x) for x in a.levels.split(",") if x]

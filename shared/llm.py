@@ -184,8 +184,7 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
     """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split;
     `branches`: sequences to draft branches on, beside each slot's main one; `slots`:
     generations held at once, `n_ctx` tokens each; `flash_attn`: on, off,
-    or auto: on where layers are offloaded (on a 2-core EPYC's CPU, a batch of 32 at 1-2k
-    tokens of context cost 1.3-1.5x as much with it, a single token 4 % less)."""
+    or auto: on where layers are offloaded or `slots` > 1 (shared.model.flash_attention)."""
     from shared import ggml
     from shared.rpcwire import parse_weights
 
@@ -198,4 +197,4 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
                  "all" if n_gpu_layers < 0 else f"up to {n_gpu_layers}", ", ".join(servers))
     weights = parse_weights(tensor_split) if tensor_split else None
     return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights, branches,
-                      flash_attention(flash_attn, n_gpu_layers), slots)
+                      flash_attention(flash_attn, n_gpu_layers, slots), slots)

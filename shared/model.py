@@ -193,9 +193,13 @@ def check_tree(n_tokens: int, branches: Sequence[tuple[int, Sequence[int]]], n_s
                              f"{n_tokens} tokens")
 
 
-def flash_attention(choice: str, n_gpu_layers: int) -> bool:
+def flash_attention(choice: str, n_gpu_layers: int, slots: int = 1) -> bool:
     """Whether llama.cpp computes attention with flash attention: `choice` on or off, or
-    auto: where layers are offloaded. On a 2-core AMD EPYC's CPU it made a verify batch of
-    32 at 1-2k tokens of context cost 1.3-1.5x as much (a single token 4 % less), so a CPU
-    goes without it; on a GPU it is what llama.cpp's own server turns on."""
-    return choice == "on" or (choice == "auto" and n_gpu_layers != 0)
+    auto: where layers are offloaded, or where the cache holds several generations (`slots`).
+    Without it a step attends over every cell up to the highest one in use, other slots'
+    cached prompts included; with it the cells masked off are skipped. On a 2-core AMD EPYC
+    (family 26) a token beside 3 idle slots' 400 cells cost 0.85x with it and four slots'
+    tokens 0.91x, while a verify batch of 8-32 after 1400 tokens of context cost 1.07-1.16x
+    (docs/benchmarks.md): several clients pay for the one, a single generation's long drafts
+    for the other."""
+    return choice == "on" or (choice == "auto" and (n_gpu_layers != 0 or slots > 1))

@@ -66,6 +66,22 @@ def test_quick_sets_its_own_defaults_but_keeps_what_the_user_gave() -> None:
     assert (given.sweep, given.tokens, given.prompts, given.sweep_prompts) == ("", 40, 3, 2)
 
 
+def test_a_lead_variant_is_lead_alone_with_its_flags_beside_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import ExitStack
+
+    from bench import configs
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(configs, "start_lead", lambda a, stack, extra: started.append(extra))
+    a = parse(["--lead-variant=--flash-attn off", "--lead-variant", "--max-draft 4"])
+    with ExitStack() as stack:
+        runners = configs.variants(a, stack, [{"text": "hi"}])
+    assert started == [["--flash-attn", "off"], ["--max-draft", "4"]]
+    assert list(runners) == ["lead alone, --flash-attn off", "lead alone, --max-draft 4"]
+    assert parse([]).lead_variant == []
+
+
 def test_unknown_model_is_a_one_line_error() -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--target", "no-such-model", "--no-peers"])
@@ -282,3 +298,28 @@ def test_the_edit_workload_decodes_the_whole_file_and_skips_the_sweep() -> None:
     assert parse([]).workload == "bench" and parse(["--quick"]).tokens == 24
     with pytest.raises(SystemExit):
         parse(["--workload", "essay"])
+
+
+def test_the_load_benchmark_runs_each_lead_variant_beside_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from contextlib import ExitStack
+
+    from bench import load
+
+    class FakeLead:
+        made: list[tuple[str, ...]] = []
+
+        def __init__(self, *args: str) -> None:
+            FakeLead.made.append(args)
+            self.url = f"http://lead{len(FakeLead.made)}"
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(load, "Lead", FakeLead)
+    a = load.parse(["--llama-server", "", "--lead-variant", "--flash-attn off"])
+    with ExitStack() as stack:
+        urls = load.start(a, stack)
+    assert list(urls) == ["duo lead (its defaults)", "duo lead, --flash-attn off"]
+    assert FakeLead.made[1][-2:] == ("--flash-attn", "off")
+    assert "--flash-attn" not in FakeLead.made[0]

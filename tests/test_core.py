@@ -193,11 +193,11 @@ def test_cli_bad_value_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -
     assert "port" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("choice", "ngl", "on"), [
-    ("auto", 0, False), ("auto", -1, True), ("auto", 20, True), ("on", 0, True),
-    ("off", -1, False)])
-def test_flash_attention_is_on_where_layers_are_offloaded_unless_told(
-        choice: str, ngl: int, on: bool) -> None:
+@pytest.mark.parametrize(("choice", "ngl", "slots", "on"), [
+    ("auto", 0, 1, False), ("auto", -1, 1, True), ("auto", 20, 1, True), ("auto", 0, 4, True),
+    ("on", 0, 1, True), ("off", -1, 4, False)])
+def test_flash_attention_is_on_where_layers_are_offloaded_or_slots_share_the_cache(
+        choice: str, ngl: int, slots: int, on: bool) -> None:
     from shared.model import flash_attention
 
-    assert flash_attention(choice, ngl) is on
+    assert flash_attention(choice, ngl, slots) is on
