@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from lead.decode.decoder import Job
-from lead.decode.engine import Engine, GenRequest, QueueFull
+from lead.decode.engine import PREFILL_STEPS, Engine, GenRequest, QueueFull
 from lead.decode.session import Session
 from lead.decode.slots import Seat, choose_seat
 from lead.drafts.board import Draft
@@ -156,7 +156,7 @@ def test_a_prompt_arriving_mid_reply_is_evaluated_in_chunks_beside_it() -> None:
 
     first, second = run(body())  # type: ignore[misc]
     assert second.tokens[second.n_prompt:] == alone
-    chunk = engine.cost.prices.within(8.0)
+    chunk = engine.cost.prices.within(PREFILL_STEPS)
     mixed = [n for n in model.calls if 2 < n <= chunk + 2]
     assert len(mixed) >= 400 // chunk  # the prompt went in chunks, a decode step in each
     assert max(model.calls) <= chunk + 2
