@@ -196,5 +196,8 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
         log.info("%s: %s layers on RPC servers %s", path.stem,
                  "all" if n_gpu_layers < 0 else f"up to {n_gpu_layers}", ", ".join(servers))
     weights = parse_weights(tensor_split) if tensor_split else None
-    return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights, branches,
-                      flash_attention(flash_attn, n_gpu_layers, slots), slots)
+    flash = flash_attention(flash_attn, n_gpu_layers, slots)
+    log.info("%s: flash attention %s (--flash-attn %s, %d slot%s)", path.stem,
+             "on" if flash else "off", flash_attn, slots, "" if slots == 1 else "s")
+    return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights, branches, flash,
+                      slots)
