@@ -146,14 +146,14 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
         stack.callback(back.stop)
         back.wait_attached()
         return dict(zip(SIM_NAMES, (alone.url, duo.url), strict=True))
-    lead = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx))
-    stack.callback(lead.stop)
-    urls = {"duo lead (its defaults)": lead.url}
-    for flags in a.lead_variant:  # a setting tried beside the default, interleaved
-        variant = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx),
-                       *shlex.split(flags))
-        stack.callback(variant.stop)
-        urls[f"duo lead, {flags}"] = variant.url
+    urls: dict[str, str] = {}
+    # the default lead, then each --lead-variant: a setting tried beside it, interleaved
+    for name, flags in [("duo lead (its defaults)", "")] + \
+            [(f"duo lead, {f}", f) for f in a.lead_variant]:
+        lead = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx),
+                    *shlex.split(flags))
+        stack.callback(lead.stop)
+        urls[name] = lead.url
     if a.llama_server_bin is not None:
         from bench.llamaserver import PLAIN, LlamaServer, server_args
         from shared.presets import resolve_model

@@ -195,11 +195,8 @@ def check_tree(n_tokens: int, branches: Sequence[tuple[int, Sequence[int]]], n_s
 
 def flash_attention(choice: str, n_gpu_layers: int, slots: int = 1) -> bool:
     """Whether llama.cpp computes attention with flash attention: `choice` on or off, or
-    auto: where layers are offloaded, or where the cache holds several generations (`slots`).
-    Without it a step attends over every cell up to the highest one in use, other slots'
-    cached prompts included; with it the cells masked off are skipped. On a 2-core AMD EPYC
-    (family 26) a token beside 3 idle slots' 400 cells cost 0.85x with it and four slots'
-    tokens 0.91x, while a verify batch of 8-32 after 1400 tokens of context cost 1.07-1.16x
-    (docs/benchmarks.md): several clients pay for the one, a single generation's long drafts
-    for the other."""
+    auto: where layers are offloaded, or where the cache holds several generations (`slots`):
+    a step then skips the other slots' cached cells, where without it it attends over every
+    cell up to the highest in use. On a CPU it makes long verify batches dearer, so a single
+    generation there goes without (measured in docs/cost-model.md)."""
     return choice == "on" or (choice == "auto" and (n_gpu_layers != 0 or slots > 1))
