@@ -16,14 +16,20 @@ from pydantic import TypeAdapter, ValidationError
 
 from back.client import BadAnswer, LeadClient, LeadError
 from back.failures import brief
+from shared.bounded import ewma
 from shared.protocol import DraftPost, Hello, Posted, Refused, SessionState, State, Update
 
 log = logging.getLogger("back")
 LEAD_MESSAGES: TypeAdapter[Update | Refused] = TypeAdapter(Update | Refused)
 SILENT_S = 30.0  # no message on the link for this long: it is dead (lead beats every 10 s)
+NEWS_S = 0.0005  # news's way from lead, until the link measures it
+PING_S = 2.0  # the link's round trip is measured this often
+PONG_S = 1.0  # a ping unanswered this long: the link is not measured (an ASGI test server)
 
 
 class Link(Protocol):
+    news_s: float  # seconds lead's news takes to reach the back (an estimate)
+
     async def hello(self, hello: Hello) -> None:
         """Who the back is and what news it wants (sent again whenever that changes)."""
         ...
@@ -65,11 +71,36 @@ class StreamLink:
     def __init__(self, socket: Any, clock: Callable[[], float]) -> None:
         self._ws = socket  # an httpx-ws AsyncWebSocketSession
         self.refusals = Refusals(clock)
+        self.clock = clock
+        self.news_s = NEWS_S
 
     async def hello(self, hello: Hello) -> None:
         await self._ws.send_text(hello.model_dump_json())
 
     async def updates(self) -> AsyncIterator[Update]:
+        pinger = asyncio.create_task(self._measure())
+        try:
+            async for update in self._updates():
+                yield update
+        finally:
+            pinger.cancel()
+
+    async def _measure(self) -> None:
+        """Time the link's round trip (a ping, answered by lead's server) every PING_S.
+        News is taken to have left lead that long before it arrived: a round trip bounds
+        its way from above (here a message took 0.48 ms one way, a ping 0.54 ms there and
+        back: the back's WebSocket client reads messages slower than pongs), and a post
+        made too early costs a guess where one made too late misses lead's step."""
+        with contextlib.suppress(Exception):  # unanswered, or the link closed: unmeasured
+            while True:
+                began = self.clock()
+                pong = await self._ws.ping()
+                async with asyncio.timeout(PONG_S):
+                    await pong.wait()
+                self.news_s = ewma(self.news_s, self.clock() - began, 0.3)
+                await asyncio.sleep(PING_S)
+
+    async def _updates(self) -> AsyncIterator[Update]:
         while True:
             try:  # lead sends at least a heartbeat every 10 s: silence is a dead link
                 text = await self._ws.receive_text(timeout=SILENT_S)
@@ -105,6 +136,7 @@ class PollLink:
         """`held`: how many tokens of a session the back holds (what to ask from)."""
         self.client, self.held = client, held
         self.refusals = Refusals(clock)
+        self.news_s = NEWS_S
         self.wants = Hello()
         self.since = -1  # the version the next poll asks past
         self.shown: str | None = None  # the session lead shows this back

@@ -29,7 +29,7 @@ from back.client import BadAnswer, LeadClient, LeadError, NoLink
 from back.drafter import Drafter, ModelDrafter
 from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.follower import Follower
-from back.links import Link, PollLink, StreamLink
+from back.links import NEWS_S, Link, PollLink, StreamLink
 from back.mirror import LeadMirror
 from back.sessions import History, SessionStats
 from back.width import DraftPrices, choose_width
@@ -249,7 +249,8 @@ class Worker:
         self.version, self.hush = update.version, update.hush
         for sid in update.ended:  # first: their slots are free for the sessions below
             self._end(sid)
-        now = time.monotonic()
+        # when the news left lead (its step_left_s was measured then), on this back's clock
+        now = time.monotonic() - (self._link.news_s if self._link is not None else NEWS_S)
         for news in sorted(update.sessions, key=lambda n: not n.done):  # ends first, again
             follower = self.followers.get(news.session_id) or self._begin(news)
             if follower is None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import numpy as np
@@ -13,8 +14,10 @@ from fastapi.testclient import TestClient
 from httpx_ws.transport import ASGIWebSocketTransport
 from starlette.websockets import WebSocketDisconnect
 
+from back import links
 from back.client import LeadClient
 from back.drafter import ModelDrafter
+from back.links import NEWS_S, PollLink, StreamLink
 from back.worker import Worker
 from lead.decode.session import Session
 from lead.drafts.feed import BackFeed
@@ -23,7 +26,7 @@ from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.metrics import Metrics
 from shared.fake import FakeModel, VirtualClock
-from shared.protocol import Hello, SamplingParams, Update
+from shared.protocol import Hello, SamplingParams, SessionState, Update
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import text_of, with_workers
 
@@ -266,3 +269,65 @@ def test_lead_s_step_end_counts_its_own_time_between_steps() -> None:
     now[0] = 5.0  # a pause (no step priced that long) teaches nothing
     feed.step_began(0.010)
     assert feed.step_left() == pytest.approx(0.012)
+
+
+class PingedSocket:
+    """A WebSocket that sends nothing and answers each ping `rtt` seconds later on `now`
+    (never, where rtt is None)."""
+
+    def __init__(self, now: list[float], rtt: float | None) -> None:
+        self.now, self.rtt, self.pings = now, rtt, 0
+
+    async def ping(self) -> asyncio.Event:
+        self.pings += 1
+        pong = asyncio.Event()
+        if self.rtt is not None:
+            self.now[0] += self.rtt
+            pong.set()
+        return pong
+
+    async def receive_text(self, timeout: float) -> str:
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+def measured(rtt: float | None) -> tuple[float, int]:
+    """The news_s of a StreamLink over a PingedSocket once its first ping is answered (or
+    given up), and the pings sent."""
+    now = [0.0]
+    socket = PingedSocket(now, rtt)
+    link = StreamLink(socket, lambda: now[0])
+
+    async def body() -> None:
+        reading = asyncio.create_task(anext(link.updates()))
+        await async_wait_until(lambda: socket.pings > 0 and (rtt is None or link.news_s
+                                                              != NEWS_S), what="a ping")
+        if rtt is None:
+            await asyncio.sleep(links.PONG_S * 2)  # its wait for a pong runs out
+        reading.cancel()
+        await asyncio.gather(reading, return_exceptions=True)
+    asyncio.run(asyncio.wait_for(body(), 10))
+    return link.news_s, socket.pings
+
+
+def test_the_link_measures_how_long_news_takes_by_its_round_trip(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    news_s, _ = measured(0.004)
+    assert news_s == pytest.approx(NEWS_S + 0.3 * (0.004 - NEWS_S))  # averaged in
+    monkeypatch.setattr(links, "PONG_S", 0.01)
+    news_s, pings = measured(None)
+    assert (news_s, pings) == (NEWS_S, 1)  # unanswered: the default, and no more pings
+
+
+def test_news_is_dated_when_it_left_lead() -> None:
+    drafter = ModelDrafter(FakeModel(salt="draft").slot(0))
+    worker = Worker(LeadClient("http://lead"), [drafter], None, None)
+    worker._link = PollLink(worker.client, lambda _: 0, lambda: 0.0)
+    worker._link.news_s = 0.004
+    news = SessionState(session_id="a", token_ids=[1, 2, 3], n_tokens=3, n_prompt=3,
+                        draft_len=2, sampling=SamplingParams())
+    before = time.monotonic()
+    worker._take(Update(version=1, lead_id="", sessions=[news], step_left_s=0.05))
+    after = time.monotonic()
+    ends = worker.followers["a"].lead_step.ends_at()
+    assert ends is not None and before - 0.004 + 0.05 <= ends <= after - 0.004 + 0.05
