@@ -376,6 +376,7 @@ def test_sampled_posts_give_every_branch_token_a_distribution() -> None:
 class RecordingLink:
     def __init__(self) -> None:
         self.posts = list[DraftPost]()
+        self.news_s = 0.0
 
     async def post(self, post: DraftPost) -> None:
         self.posts.append(post)
