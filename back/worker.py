@@ -3,13 +3,13 @@ drafts in one model call, post, repeat.
 
 The Worker wires small pieces to the network and the model thread: a `Link` (back/links.py:
 the link's WebSocket, or long-polls where lead offers none), a `Follower` per session
-(back/follower.py: its mirror, stats, posts and generator), `jobs` (the model-thread work),
-`Backoff` (reconnecting). Only the event loop touches them; model-thread jobs get what they
-need as arguments and return what they did. Each session followed drafts on a slot of the
-draft model of its own. A failure means "lead is gone for now": it logs once, retries with
-backoff and resumes; only the few that retrying cannot fix stop the back, and a draft
-model failing ends only those sessions' drafting (back/failures.py). How the loop works,
-and why: docs/back-loop.md.
+(back/follower.py: its mirror, stats, posts and generator), its drafting (back/drafting.py,
+over `jobs`, the model-thread work), `Backoff` (reconnecting). Only the event loop touches
+them; model-thread jobs get what they need as arguments and return what they did. Each
+session followed drafts on a slot of the draft model of its own. A failure means "lead is
+gone for now": it logs once, retries with backoff and resumes; only the few that retrying
+cannot fix stop the back, and a draft model failing ends only those sessions' drafting
+(back/failures.py). How the loop works, and why: docs/back-loop.md.
 """
 
 from __future__ import annotations
@@ -21,28 +21,27 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
-from back import jobs
 from back.backoff import Backoff
 from back.client import BadAnswer, LeadClient, LeadError, NoLink
-from back.drafter import Drafter, ModelDrafter
+from back.drafter import Drafter
+from back.drafting import Drafting
 from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.follower import Follower
 from back.links import NEWS_S, Link, PollLink, StreamLink
 from back.mirror import LeadMirror
 from back.sessions import History, SessionStats
-from back.width import DraftPrices, choose_width
+from back.width import DraftPrices
 from shared.modelthread import ModelThread
 from shared.placement import Placement
 from shared.protocol import Hello, Info, State, Update, grammar_id
 
 __all__ = ["BackFatal", "IncompatibleModel", "Worker"]
 log = logging.getLogger("back")
-T = TypeVar("T")
 
 
-class Worker:
+class Worker(Drafting):
     def __init__(self, client: LeadClient, drafter: Drafter | Sequence[Drafter],
                  fingerprint: str | None, n_vocab: int | None, max_ahead: int = 16,
                  back_id: str = "", model: Any = None) -> None:
@@ -324,90 +323,3 @@ class Worker:
         if wants != self._wants and self._link is not None:
             self._wants = wants
             await self._link.hello(wants)
-
-    # --- drafting ---
-    def _drafting(self) -> list[Follower]:
-        sit_out = self.placement.sit_out
-        return [f for f in self.followers.values()
-                if f.session_id not in self.skipped and f.mirror.should_draft(sit_out)
-                and not self.hush]
-
-    async def _draft_ahead(self) -> None:
-        """Draft for every session that wants drafts, in one model call a guess, posting as
-        it goes, until nothing is left to draft or post (a post returns at once). Where no
-        session wants drafts, take in lead's tokens all the same, so that a probe finds this
-        back ready; not where that work slows lead: beside it, hushed by it, or sitting
-        out."""
-        drafting = self._drafting()
-        if not drafting:
-            if not (self.hush or self.placement.beside_lead or self.placement.sit_out):
-                await self._catch_up()
-            return
-        while drafting and not self._stop.is_set():
-            if not await self._draft_once(drafting):
-                return  # nothing new to draft or post: wait for lead's news
-            drafting = self._drafting()
-
-    async def _draft_once(self, drafting: list[Follower]) -> bool:
-        """One job for `drafting`, and its posts; whether it changed anything."""
-        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f),
-                          isinstance(self.drafters[f.slot], ModelDrafter)))
-                for f in drafting]
-        began = time.monotonic()
-        results = await self._on_model([f.session_id for f in drafting], self._extend,
-                                       [(f.slot, self.drafters[f.slot], job) for f, job in work])
-        now = time.monotonic()
-        next_job_ends = now + 1.5 * (now - began)  # (the next job as long as this one, and
-        # room for its times varying by half)
-        changed = False
-        for (follower, job), drafted in zip(work, results, strict=True):
-            if self.followers.get(follower.session_id) is not follower:
-                continue  # it ended meanwhile: its work is dropped
-            follower.took(job, drafted)
-            for tokens, seconds in drafted.calls:
-                self.prices.note(tokens, seconds)
-            post = follower.post(drafted, self.back_id, self.max_post, self.send_dists,
-                                 job.ahead, next_job_ends)
-            if post is not None and self._link is not None:
-                await self._link.post(post)
-            changed = changed or drafted.changed or post is not None
-        return changed
-
-    def _extend(self, work: list[tuple[int, Drafter, jobs.DraftJob]]) -> list[jobs.Drafted]:
-        if len(work) == 1 or self.model is None:
-            return [jobs.extend(drafter, job) for _, drafter, job in work]
-        return jobs.extend_many(self.model, work)
-
-    async def _catch_up(self) -> None:
-        for follower in [f for f in self.followers.values() if f.mirror.following]:
-            done = await self._on_model([follower.session_id], jobs.catch_up,
-                                        self.drafters[follower.slot], follower.mirror.tokens)
-            if self.followers.get(follower.session_id) is follower:
-                follower.stats.add(done)
-
-    async def _on_model(self, sessions: list[str], fn: Callable[..., T], *args: Any) -> T:
-        """fn(*args) on the model thread; its failure is these sessions' (ModelFailed)."""
-        try:
-            return await self.model_thread.run(fn, *args)
-        except Exception as exc:
-            log.warning("the draft model failed (%s); not drafting for session %s", brief(exc),
-                        ", ".join(sessions))
-            self.skipped.update(sessions)
-            raise ModelFailed(sessions[0] if sessions else None, exc) from exc
-
-    def width(self, follower: Follower) -> int:
-        """Branches to grow beside a session's draft: as many as the draft's measured price
-        per call leaves it time for in lead's measured step (back/width.py); none where
-        several sessions share a call."""
-        drafter = self.drafters[follower.slot]
-        if not (self.branches and self.max_post > 1 and isinstance(drafter, ModelDrafter)
-                and drafter.can_branch and len(self._drafting()) == 1):
-            return 0
-        width = choose_width(self.prices, follower.lead_step.step_s,
-                             jobs.ahead_for(follower.state.draft_len, self.max_post),
-                             self.branches)
-        if width != self._width:
-            log.debug("branches: %d (draft call %s; lead step %s s)", width,
-                      self.prices, follower.lead_step.step_s)
-            self._width = width
-        return width
