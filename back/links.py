@@ -7,8 +7,10 @@ news pushed, drafts sent with no reply awaited) or, where lead offers none, long
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
+import statistics
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
@@ -16,7 +18,6 @@ from pydantic import TypeAdapter, ValidationError
 
 from back.client import BadAnswer, LeadClient, LeadError
 from back.failures import brief
-from shared.bounded import ewma
 from shared.protocol import DraftPost, Hello, Posted, Refused, SessionState, State, Update
 
 log = logging.getLogger("back")
@@ -25,6 +26,7 @@ SILENT_S = 30.0  # no message on the link for this long: it is dead (lead beats 
 NEWS_S = 0.0005  # news's way from lead, until the link measures it
 PING_S = 2.0  # the link's round trip is measured this often
 PONG_S = 1.0  # a ping unanswered this long: the link is not measured (an ASGI test server)
+TRIPS = 5  # round trips news_s is the median of
 
 
 class Link(Protocol):
@@ -73,6 +75,7 @@ class StreamLink:
         self.refusals = Refusals(clock)
         self.clock = clock
         self.news_s = NEWS_S
+        self._trips: collections.deque[float] = collections.deque(maxlen=TRIPS)
 
     async def hello(self, hello: Hello) -> None:
         await self._ws.send_text(hello.model_dump_json())
@@ -90,14 +93,16 @@ class StreamLink:
         News is taken to have left lead that long before it arrived: a round trip bounds
         its way from above (here a message took 0.48 ms one way, a ping 0.54 ms there and
         back: the back's WebSocket client reads messages slower than pongs), and a post
-        made too early costs a guess where one made too late misses lead's step."""
+        made too early costs a guess where one made too late misses lead's step. The median
+        of the last TRIPS: one slow answer (lead busy a moment) moves nothing."""
         with contextlib.suppress(Exception):  # unanswered, or the link closed: unmeasured
             while True:
                 began = self.clock()
                 pong = await self._ws.ping()
                 async with asyncio.timeout(PONG_S):
                     await pong.wait()
-                self.news_s = ewma(self.news_s, self.clock() - began, 0.3)
+                self._trips.append(self.clock() - began)
+                self.news_s = statistics.median(self._trips)
                 await asyncio.sleep(PING_S)
 
     async def _updates(self) -> AsyncIterator[Update]:

@@ -272,17 +272,18 @@ def test_lead_s_step_end_counts_its_own_time_between_steps() -> None:
 
 
 class PingedSocket:
-    """A WebSocket that sends nothing and answers each ping `rtt` seconds later on `now`
-    (never, where rtt is None)."""
+    """A WebSocket that sends nothing and answers its pings the given seconds later on `now`
+    (None, or past the list: never)."""
 
-    def __init__(self, now: list[float], rtt: float | None) -> None:
-        self.now, self.rtt, self.pings = now, rtt, 0
+    def __init__(self, now: list[float], trips: list[float | None]) -> None:
+        self.now, self.trips, self.pings = now, trips, 0
 
     async def ping(self) -> asyncio.Event:
+        trip = self.trips[self.pings] if self.pings < len(self.trips) else None
         self.pings += 1
         pong = asyncio.Event()
-        if self.rtt is not None:
-            self.now[0] += self.rtt
+        if trip is not None:
+            self.now[0] += trip
             pong.set()
         return pong
 
@@ -291,19 +292,19 @@ class PingedSocket:
         raise AssertionError("unreachable")
 
 
-def measured(rtt: float | None) -> tuple[float, int]:
-    """The news_s of a StreamLink over a PingedSocket once its first ping is answered (or
-    given up), and the pings sent."""
+def measured(trips: list[float | None], monkeypatch: pytest.MonkeyPatch) -> tuple[float, int]:
+    """A StreamLink's news_s over a PingedSocket once its pings went unanswered, and the
+    pings it sent."""
+    monkeypatch.setattr(links, "PING_S", 0.0)
+    monkeypatch.setattr(links, "PONG_S", 0.01)
     now = [0.0]
-    socket = PingedSocket(now, rtt)
+    socket = PingedSocket(now, trips)
     link = StreamLink(socket, lambda: now[0])
 
     async def body() -> None:
         reading = asyncio.create_task(anext(link.updates()))
-        await async_wait_until(lambda: socket.pings > 0 and (rtt is None or link.news_s
-                                                              != NEWS_S), what="a ping")
-        if rtt is None:
-            await asyncio.sleep(links.PONG_S * 2)  # its wait for a pong runs out
+        await async_wait_until(lambda: socket.pings >= len(trips), what="the pings")
+        await asyncio.sleep(links.PONG_S * 3)  # the last one's wait runs out
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
     asyncio.run(asyncio.wait_for(body(), 10))
@@ -312,11 +313,11 @@ def measured(rtt: float | None) -> tuple[float, int]:
 
 def test_the_link_measures_how_long_news_takes_by_its_round_trip(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    news_s, _ = measured(0.004)
-    assert news_s == pytest.approx(NEWS_S + 0.3 * (0.004 - NEWS_S))  # averaged in
-    monkeypatch.setattr(links, "PONG_S", 0.01)
-    news_s, pings = measured(None)
-    assert (news_s, pings) == (NEWS_S, 1)  # unanswered: the default, and no more pings
+    assert measured([0.004, 0.004], monkeypatch) == (pytest.approx(0.004), 3)
+    # one slow answer among them moves nothing
+    assert measured([0.002, 0.003, 0.5, 0.002, 0.003], monkeypatch)[0] == pytest.approx(0.003)
+    # unanswered: the default stays, and no more pings go
+    assert measured([None], monkeypatch) == (NEWS_S, 1)
 
 
 def test_news_is_dated_when_it_left_lead() -> None:
