@@ -299,10 +299,12 @@ class FakeModel:
             if left <= 0:
                 break
             # The last SPIN_S is spun, not slept (a sleep overshoots by ~0.1 ms, a tenth of
-            # a fast simulated draft's call), the GIL given up at every turn: a
-            # real model's call holds none.
-            time.sleep(min(left - SPIN_S, 0.001) if abort is not None else left - SPIN_S) \
-                if left > SPIN_S else os.sched_yield()
+            # a fast simulated draft's call), the GIL given up at every turn: a real
+            # model's call holds none.
+            if left <= SPIN_S:
+                os.sched_yield()
+            else:
+                time.sleep(min(left - SPIN_S, 0.001) if abort is not None else left - SPIN_S)
         if self.clock is not None:
             self.clock.advance(seconds)
 
