@@ -88,6 +88,42 @@ def test_stream_matches_non_stream_and_ends_with_done(client: TestClient) -> Non
     assert all("duo" in e and e["duo"]["accepted"] <= e["duo"]["tokens"] for e in events)
 
 
+def test_each_streamed_token_is_written_before_the_next_step_is_handed_over(
+        fake_target: FakeModel) -> None:
+    """A write overlapping a step would hold the GIL as the model thread begins it and
+    take a core from llama.cpp's threads: the readers write first."""
+    app = create_app(make_settings(max_tokens=64), fake_target)
+    engine = app.state.engine
+    unsent: list[int] = []  # per step handed to the model thread: tokens decided, not sent
+    sent = 0
+
+    async def counting(scope, receive, send):  # type: ignore[no-untyped-def]
+        async def counted(message: dict) -> None:
+            nonlocal sent
+            sent += b'"tokens": 1' in message.get("body", b"")
+            await send(message)
+        await app(scope, receive, counted)
+
+    step = engine.decoder.step
+
+    async def handed_over(jobs):  # type: ignore[no-untyped-def]
+        session = engine.session
+        if session is not None and session.n_generated:
+            unsent.append(session.n_generated - sent)
+        return await step(jobs)
+    engine.decoder.step = handed_over
+
+    async def ask() -> httpx.Response:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(counting),
+                                     base_url="http://lead") as client:
+            return await client.post("/v1/chat/completions",
+                                     json=chat_body(max_tokens=12, stream=True))
+    r = asyncio.run(ask())
+    engine.shutdown()
+    assert sse_events(r.text)[-1]["usage"]["completion_tokens"] == 12
+    assert unsent[1:] == [0] * 10  # (the first token goes out with the response's start)
+
+
 def test_completions_endpoint_streams_too(client: TestClient) -> None:
     r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 5})
     assert r.json()["object"] == "text_completion" and r.json()["usage"]["completion_tokens"] == 5

@@ -47,6 +47,11 @@ log = logging.getLogger("lead")
 # a batch of 9 costs ~5 steps and one of 48 ~12, so small chunks cost the sessions beside
 # them more in all, and the new reply's first token waits for every chunk.
 PREFILL_STEPS = 16.0
+# Turns of the event loop given to the readers after a step: its emissions reach their
+# sockets two turns on (the reply's task, then its sender: lead/server/delivery.py), one
+# more for a sender's own awaits. With one turn the writes came after the next step had
+# been handed over, and held its start 0.15-0.3 ms.
+READER_TURNS = 3
 
 
 class Engine:
@@ -147,8 +152,10 @@ class Engine:
                 changed = self._apply(step, jobs, offered)
                 self.feed.log_hush()
                 # The readers write what this step emitted before the next step starts:
-                # Python work overlapping a step preempts llama.cpp's threads.
-                await asyncio.sleep(0)
+                # Python work overlapping a step preempts llama.cpp's threads, and holds
+                # the GIL the model thread needs to begin it.
+                for _ in range(READER_TURNS):
+                    await asyncio.sleep(0)
             self.feed.step_began(None)
             self.feed.notify(changed)
         except BaseException as exc:
