@@ -44,9 +44,11 @@ from shared.sampling import Dist, make_rng
 __all__ = ["Emission", "Engine", "GenRequest", "QueueFull", "Session"]
 log = logging.getLogger("lead")
 # A prompt chunk beside decoding sessions costs at most this many one-token steps: on a CPU
-# a batch of 9 costs ~5 steps and one of 48 ~12, so small chunks cost the sessions beside
-# them more in all, and the new reply's first token waits for every chunk.
-PREFILL_STEPS = 16.0
+# a batch of 9 costs ~5 steps, one of 48 ~12 and one of ~130 ~32, so small chunks cost the
+# sessions beside them more in all, and the new reply's first token waits for every chunk;
+# a large one holds them up longer at a time. At 8 clients (4 waiting for a slot) 32 gave
+# 1-3 % more in all than 16 (docs/benchmarks.md).
+PREFILL_STEPS = 32.0
 # Turns of the event loop given to the readers after a step: its emissions reach their
 # sockets two turns on (the reply's task, then its sender: lead/server/delivery.py), one
 # more for a sender's own awaits. With one turn the writes came after the next step had
