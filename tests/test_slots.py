@@ -323,3 +323,21 @@ def test_a_batch_over_slots_gives_each_the_rows_of_its_own_evaluation() -> None:
     assert rows[2][0].shape == (0, 96)
     assert model.slot(1).cached == [4, 5, 6, 7, 8] and model.slot(2).cached == [5]
     assert model.calls[-1] == 3 + 4 + 1  # one call for all three slots
+
+
+def test_the_slots_show_what_each_holds_and_whose_drafts_are_on_its_board() -> None:
+    engine = engine_over(slotted(slots=2), parallel=2)
+    seen: list[list[dict[str, object]]] = []
+
+    async def body() -> None:
+        req = GenRequest(prompt_ids=prompts(1)[0], max_tokens=20, params=SamplingParams())
+        async for e in engine.generate(req):
+            session = engine.session
+            if e.n_tokens and session is not None and not seen:
+                engine.post_draft(session.id, len(session.tokens), [5, 6], None, "b1")
+                seen.append(engine.slot_views())
+
+    run(body())
+    assert seen[0][1] == {"slot": 1, "state": "idle"}
+    assert seen[0][0]["state"] == "decoding" and seen[0][0]["backs"] == ["b1"]
+    assert engine.slot_views() == [{"slot": 0, "state": "idle"}, {"slot": 1, "state": "idle"}]

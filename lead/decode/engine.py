@@ -25,7 +25,7 @@ from lead.decode.admission import Admission, Place, QueueFull
 from lead.decode.calibration import Calibration
 from lead.decode.decoder import Clock, Decoder, Job, Step
 from lead.decode.plan import Planner
-from lead.decode.runs import Run
+from lead.decode.runs import Run, slot_view
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.slots import choose_seat
 from lead.drafts.board import Candidate, Draft
@@ -339,19 +339,9 @@ class Engine:
         """What each slot holds now: idle, a prompt being evaluated, or a reply decoding,
         with its counts and the backs whose drafts for it are on its board."""
         by_slot = {r.slot: r for r in self.runs if r.slot is not None}
-        return [self._slot_view(i, by_slot.get(i)) for i in range(self.n_slots)]
-
-    def _slot_view(self, slot: int, run: Run | None) -> dict[str, object]:
-        if run is None:
-            return {"slot": slot, "state": "idle"}
-        s = run.session
-        board = self.feed.board_of(s.id)
-        backs = sorted({c.back_id for kept in board.candidates.values() for c in kept} - {OWN}) \
-            if board is not None else []
-        return {"slot": slot, "state": "prompt" if run.todo else "decoding",
-                "prompt_left": len(run.todo), "tokens": s.n_generated, "drafted": s.drafted,
-                "accepted": s.accepted, "own_accepted": s.accepted_by_back.get(OWN, 0),
-                "backs": backs}
+        runs = [by_slot.get(i) for i in range(self.n_slots)]
+        return [slot_view(i, run, self.feed.board_of(run.session.id) if run else None)
+                for i, run in enumerate(runs)]
 
     def gauges(self) -> dict[str, float]:
         return {"draft_len": self.cost.draft_len(), "verify_len": self.cost.verify_len(),

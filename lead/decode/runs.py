@@ -1,5 +1,6 @@
 """One generation as the engine's loop holds it: its request and session, its slot, what is
-left of its prompt to evaluate, and the emissions waiting for its reader. Event loop only.
+left of its prompt to evaluate, and the emissions waiting for its reader; what its slot shows
+(the metrics and the web page's live panel). Event loop only.
 """
 
 from __future__ import annotations
@@ -10,7 +11,9 @@ from dataclasses import dataclass, field
 
 from lead.apis.textstream import TextStream
 from lead.decode.session import Emission, GenRequest, Session
+from lead.drafts.board import DraftBoard
 from lead.drafts.offers import OfferLedger
+from lead.drafts.own import OWN
 
 
 @dataclass
@@ -51,3 +54,17 @@ class Run:
             yield item
             if item.session is not None:
                 return
+
+
+def slot_view(slot: int, run: Run | None, board: DraftBoard | None) -> dict[str, object]:
+    """What slot `slot` holds: idle, or `run` (a prompt being evaluated or a reply decoding)
+    with its counts and the backs whose drafts are on its `board`."""
+    if run is None:
+        return {"slot": slot, "state": "idle"}
+    s = run.session
+    backs = sorted({c.back_id for kept in board.candidates.values() for c in kept} - {OWN}) \
+        if board is not None else []
+    return {"slot": slot, "state": "prompt" if run.todo else "decoding",
+            "prompt_left": len(run.todo), "tokens": s.n_generated, "drafted": s.drafted,
+            "accepted": s.accepted, "own_accepted": s.accepted_by_back.get(OWN, 0),
+            "backs": backs}
