@@ -71,7 +71,8 @@ class Drafting:
 
     async def _draft_once(self, drafting: list[Follower]) -> bool:
         """One job for `drafting`, and its posts; whether it changed anything."""
-        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids, self.width(f),
+        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids,
+                          self.width(f, len(drafting)),
                           isinstance(self.drafters[f.slot], ModelDrafter)))
                 for f in drafting]
         began = time.monotonic()
@@ -116,13 +117,13 @@ class Drafting:
             self.skipped.update(sessions)
             raise ModelFailed(sessions[0] if sessions else None, exc) from exc
 
-    def width(self, follower: Follower) -> int:
+    def width(self, follower: Follower, sharing: int) -> int:
         """Branches to grow beside a session's draft: as many as the draft's measured price
         per call leaves it time for in lead's measured step (back/width.py); none where
-        several sessions share a call."""
+        several sessions (`sharing`) share a call."""
         drafter = self.drafters[follower.slot]
         if not (self.branches and self.max_post > 1 and isinstance(drafter, ModelDrafter)
-                and drafter.can_branch and len(self._drafting()) == 1):
+                and drafter.can_branch and sharing == 1):
             return 0
         width = choose_width(self.prices, follower.lead_step.step_s,
                              jobs.ahead_for(follower.state.draft_len, self.max_post),

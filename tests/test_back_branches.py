@@ -452,7 +452,7 @@ def test_the_branches_setting_reaches_the_worker() -> None:
         worker._take(update_of(State(version=1, lead_id="L", session_id="s", token_ids=[1],
                                      n_tokens=1, done=False, draft_len=2)))
         assert worker.branches == 3
-        assert worker.width(worker.followers["s"]) == 0  # n-grams do not branch
+        assert worker.width(worker.followers["s"], 1) == 0  # n-grams do not branch
     finally:
         asyncio.run(worker.client.close())
     with pytest.raises(ValueError, match="branches"):
