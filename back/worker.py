@@ -33,6 +33,7 @@ from back.links import NEWS_S, Link, PollLink, StreamLink
 from back.mirror import LeadMirror
 from back.sessions import History, SessionStats
 from back.width import DraftPrices
+from shared.model import reusing_slot
 from shared.modelthread import ModelThread
 from shared.placement import Placement
 from shared.protocol import Hello, Info, State, Update, grammar_id
@@ -277,11 +278,15 @@ class Worker(Drafting):
         free = [i for i in range(len(self.drafters)) if i not in taken]
         if news.done or not free or news.sampling is None or news.session_id in self.ignored:
             return None  # (without its sampling: news of a session begun unfollowed)
-        mirror = LeadMirror(self.drafters[free[0]].fits)
+        # (a free slot's last job may still run on the model thread: a stale view of what
+        # it holds only makes the choice worse, catching up reads the cache itself)
+        slot = reusing_slot(news.token_ids if news.offset == 0 else (),
+                            [tuple(d.local) for d in self.drafters], free)
+        mirror = LeadMirror(self.drafters[slot].fits)
         mirror.attach(self.lead_id)
         mirror.grammars = self.grammars
         seed = news.sampling.seed if news.sampling is not None else None
-        follower = Follower(news.session_id, free[0], mirror, seed)
+        follower = Follower(news.session_id, slot, mirror, seed)
         self.followers[news.session_id] = follower
         return follower
 

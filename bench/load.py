@@ -33,6 +33,7 @@ from bench.procs import Lead, SimBack, SimLead
 from shared.httpclient import asse_events
 
 LONG_TOKENS, SHORT_TOKENS = 400, 16
+WARM_UP = "Say hello."  # no bench prompt: none of them is cached by it
 SIM_TARGET = (0.03, 0.0005)  # seconds per call, per token: bench --sim's GPU-like target
 SIM_AGREE = 0.8
 SIM_NAMES = ("SIM lead alone", "SIM duo: lead + back")
@@ -174,6 +175,8 @@ def run(a: argparse.Namespace) -> dict:
     latencies: dict[str, list[tuple[float, float]]] = {}
     with ExitStack() as stack:
         urls = start(a, stack)
+        for url in urls.values():  # a server's first reply pages its weights in: not counted
+            asyncio.run(level(url, "warm-up", [WARM_UP], SHORT_TOKENS))
         watch = LoadWatch()
         for round_ in range(a.repeat):
             for n in a.levels:

@@ -225,6 +225,18 @@ class FakeModel:
         for branch in range(taker.n_branches):
             taker.fork(branch, 0)
 
+    def save_slot(self, slot: int) -> bytes:
+        """The slot's cells as bytes: here its token ids, 4 bytes each."""
+        return np.asarray(self.slot(slot).cached, np.int32).tobytes()
+
+    def load_slot(self, slot: int, tokens: Sequence[int], state: bytes) -> bool:
+        taker = self.slot(slot)
+        for branch in range(taker.n_branches):
+            taker.fork(branch, 0)
+        good = np.frombuffer(state, np.int32).tolist() == list(tokens)
+        taker.cached = list(tokens) if good else []
+        return good
+
     def _check_part(self, part: Part) -> None:
         check_tree(len(part.tokens), part.branches, self.n_branches)
         if self._cells() + part.n_tokens > self.n_ctx:

@@ -149,6 +149,15 @@ class Slotted(Protocol):
         cells, shared, not evaluated again (what `target` held is dropped)."""
         ...
 
+    def save_slot(self, slot: int) -> bytes:
+        """Slot `slot`'s main sequence's cells, as bytes `load_slot` takes."""
+        ...
+
+    def load_slot(self, slot: int, tokens: Sequence[int], state: bytes) -> bool:
+        """Slot `slot` holds `tokens`, their cells from `state` (save_slot's, of those
+        tokens), its branches empty; False where the state was refused (the slot is empty)."""
+        ...
+
 
 def slots_of(model: object) -> int:
     """How many generations the model holds at once (1 for any plain Model)."""
@@ -161,6 +170,26 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
         if a[i] != b[i]:
             return i
     return n
+
+
+def reusing_slot(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int]
+                 ) -> int:
+    """The free slot (at least one) for `prompt`, `cached[i]` being what slot i holds: the
+    one whose cache it reuses most among those that hold all but its last token or that
+    it keeps at least as much of as it drops (an empty slot among them); else the one
+    holding least, the least to lose. So a conversation's next turn, or a prompt asked
+    again, finds its own slot (a back drafts the reply it holds there), and an agent's
+    prompts that share only a system prompt take a slot each rather than pushing one
+    another out."""
+    if not free:
+        raise ValueError("no free slot")
+
+    def key(i: int) -> tuple[int, int, int]:
+        kept = common_prefix(cached[i], prompt)
+        if kept >= min(len(cached[i]) - kept, len(prompt) - 1):
+            return (0, -kept, i)
+        return (1, len(cached[i]), i)
+    return min(free, key=key)
 
 
 def sync_cache(model: Model, tokens: Sequence[int], batch: int = 512,

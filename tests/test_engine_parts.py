@@ -12,7 +12,6 @@ from lead.decode.admission import Admission, QueueFull
 from lead.decode.decoder import Decoder, Job, Step
 from lead.decode.plan import Planner
 from lead.decode.session import Emission, Session, StepResult, merged
-from lead.decode.slots import Seat
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
 from lead.drafts.feed import BackFeed, wakes
@@ -223,7 +222,7 @@ def test_a_step_verifies_the_draft_and_is_timed_on_the_clock() -> None:
     s = session(prompt)
 
     async def body() -> Step:
-        assert await dec.seat(Seat(0, 0), prompt) == 0  # nothing of it cached
+        assert await dec.seat(prompt, [0]) == (0, 0)  # slot 0, nothing of it cached
         chunk = await dec.step([Job(0, (), 0, s.params, s.rng, prompt=tuple(prompt[:-1]))])
         assert chunk.results == [None] and chunk.seconds == pytest.approx(0.01 + 0.001 * 2)
         draft = Draft("b", [right[0], right[1], wrong], None)

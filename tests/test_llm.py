@@ -169,3 +169,37 @@ def test_a_tree_is_one_batch_whose_rows_are_each_paths_and_the_path_kept_goes_on
     with pytest.raises(ValueError, match="slots"):
         branching.evaluate_tree([1, 2, 3], [(0, [4])] * 3)
     assert branching.branch_cached == [[], []] and len(branching.cached) == len(context) + 4
+
+
+@pytest.fixture(scope="module")
+def slotted() -> LlamaModel:
+    return load_model("smollm2-135m", threads=1, n_ctx=256, slots=3, branches=1)
+
+
+def test_a_slot_saved_and_loaded_into_another_gives_the_same_logits(
+        slotted: LlamaModel) -> None:
+    prompt = slotted.tokenize("The quick brown fox jumps over the lazy dog. " * 4)
+    first = slotted.slot(1)
+    first.evaluate(prompt, 1)
+    reference = first.evaluate([42], 1)[0]
+    first.truncate(len(prompt))
+    state = slotted.save_slot(1)
+    first.truncate(0)  # gone from the device
+    assert slotted.load_slot(2, prompt, state)
+    second = slotted.slot(2)
+    assert second.cached == prompt and second.branch_cached == [[]]
+    # the same cells (here bit for bit; the margin is for other kernels' cell orders: a
+    # context one token off is off by 2.5 or more)
+    np.testing.assert_allclose(second.evaluate([42], 1)[0], reference, atol=0.1)
+    second.truncate(len(prompt) - 5)  # a later prompt sharing less of it
+    np.testing.assert_allclose(second.evaluate([*prompt[-5:], 42], 1)[0], reference, atol=0.1)
+    second.truncate(len(prompt))
+    second.fork(0, len(prompt))  # its branches see the loaded cells
+    np.testing.assert_allclose(second.evaluate_many({0: [42]})[0], reference, atol=0.1)
+
+
+def test_a_state_llama_cpp_refuses_leaves_the_slot_empty(slotted: LlamaModel) -> None:
+    slotted.slot(0).evaluate([1, 2, 3], 1)
+    assert not slotted.load_slot(0, [1, 2, 3], b"\x00" * 16)
+    assert slotted.slot(0).cached == []
+    assert slotted.slot(0).evaluate([1, 2, 3], 1).shape == (1, slotted.n_vocab)

@@ -16,8 +16,9 @@ from typing import cast
 
 import numpy as np
 
+from lead.decode.promptcache import PromptCache, Saved
 from lead.decode.session import Session, StepResult
-from lead.decode.slots import Seat
+from lead.decode.slots import Seat, choose_seat
 from lead.decode.verify import Verdict, verify_tree
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
@@ -62,13 +63,15 @@ class Step:
 
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
-                 batch: int = 512, grammar_s: float = 1.0) -> None:
+                 batch: int = 512, grammar_s: float = 1.0, cache_bytes: int = 0) -> None:
         """`grammar_s`: most seconds of verifying per token emitted that a constrained
-        reply may take (an ambiguous grammar's masks can cost seconds a row)."""
+        reply may take (an ambiguous grammar's masks can cost seconds a row); `cache_bytes`:
+        host memory for prompts pushed out of their slots (where the model saves slots)."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
         self.batch, self.grammar_s = batch, grammar_s
         self.slotted = cast(Slotted, model)
         self.n_slots = slots_of(model)
+        self.prompts = PromptCache(cache_bytes if hasattr(model, "save_slot") else 0)
         # branch sequences each slot holds for trees (0: it verifies chains only)
         self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
@@ -80,18 +83,34 @@ class Decoder:
         """What each slot's cache holds (read between steps, on the event loop)."""
         return [tuple(self.slot(i).cached) for i in range(self.n_slots)]
 
-    async def seat(self, seat: Seat, prompt: Sequence[int]) -> int:
-        """Make slot `seat.slot` hold what it can of the prompt without evaluating (its own
-        prefix, or a donor's); the prompt tokens it holds."""
-        return await self.thread.run(self._seat, seat, tuple(prompt))
+    async def seat(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
+        """Seat `prompt` in one of the `free` slots, holding what it can of the prompt
+        without evaluating (its own prefix, another slot's, or host memory's); the slot and
+        the prompt tokens it holds. What the slot held goes to host memory if worth it."""
+        cached = self.cached()
+        stored, n_stored = self.prompts.match(prompt)
+        seat = choose_seat(prompt, cached, free, n_stored)
+        save = self.prompts.worth_saving(cached[seat.slot], seat.keeps)
+        held, saved = await self.thread.run(self._seat, seat, tuple(prompt),
+                                            stored if seat.restored else None, save)
+        if saved is not None:
+            self.prompts.add(saved)
+        if stored is not None and seat.restored:
+            self.prompts.used(stored, held)
+        return seat.slot, held
 
-    def _seat(self, seat: Seat, prompt: tuple[int, ...]) -> int:
-        if seat.donor is not None:
-            self.slotted.share_prefix(seat.donor, seat.slot, seat.shared)
+    def _seat(self, seat: Seat, prompt: tuple[int, ...], restore: Saved | None, save: bool
+              ) -> tuple[int, Saved | None]:
         view = self.slot(seat.slot)
+        saved = Saved(tuple(view.cached), self.slotted.save_slot(seat.slot)) if save else None
+        if restore is not None:
+            if not self.slotted.load_slot(seat.slot, restore.tokens, restore.state):
+                log.warning("llama.cpp refused a saved prompt's cells; evaluating them again")
+        elif seat.donor is not None:
+            self.slotted.share_prefix(seat.donor, seat.slot, seat.shared)
         # The cache holds everything but the prompt's last token; each step evaluates that.
         view.truncate(min(seat.cached, len(prompt) - 1))
-        return len(view.cached)
+        return len(view.cached), saved
 
     # --- one step ---
     def padded(self, jobs: Sequence[Job]) -> int:

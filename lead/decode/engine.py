@@ -27,7 +27,6 @@ from lead.decode.decoder import Clock, Decoder, Job, Step
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
-from lead.decode.slots import choose_seat
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
@@ -59,11 +58,12 @@ READER_TURNS = 3
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
-                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1
-                 ) -> None:
+                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
+                 cache_bytes: int = 0) -> None:
         """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
         most branches verified beside a draft (the model's branch slots bound it);
-        `parallel`: generations at once (the model's slots bound it)."""
+        `parallel`: generations at once (the model's slots bound it); `cache_bytes`: host
+        memory for prompts' cells pushed out of their slots."""
         self.model, self.max_draft, self.clock, self.batch = model, max_draft, clock, batch
         self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
         self.cost = CostModel(max_draft=max_draft, fixed=draft_len, longest=ngram)
@@ -73,7 +73,8 @@ class Engine:
         self.n_slots = max(1, min(parallel, slots_of(model)))
         self.admission = Admission(max_queue, self.n_slots)
         self.model_thread = ModelThread("model")  # every model call, calibration too
-        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, grammar_s)
+        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, grammar_s,
+                               cache_bytes)
         tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.planner = Planner(self.cost, model.n_ctx, tree_slots)
         self.calibration = Calibration(model, self.cost, self.model_thread, clock, tree_slots)
@@ -176,9 +177,8 @@ class Engine:
             if not free:
                 return
             prompt = run.session.tokens
-            seat = choose_seat(prompt, self.decoder.cached(), free)
-            held = await self.decoder.seat(seat, prompt)
-            run.slot, run.todo = seat.slot, list(prompt[held:-1])
+            run.slot, held = await self.decoder.seat(prompt, free)
+            run.todo = list(prompt[held:-1])
             if not run.todo:
                 run.session.t_decode = self.clock()
 
@@ -348,7 +348,8 @@ class Engine:
                 "backs_active": self.feed.backs.active(),
                 "queue_waiting": self.admission.waiting,
                 "slots": self.n_slots, "slots_busy": sum(r.slot is not None for r in self.runs),
-                **self.cost.snapshot()}
+                "prompt_cache_bytes": self.decoder.prompts.bytes,
+                "prompt_cache_entries": len(self.decoder.prompts), **self.cost.snapshot()}
 
     def shutdown(self) -> None:
         self.live.close()

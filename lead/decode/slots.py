@@ -4,7 +4,8 @@ Every slot keeps the tokens of its last generation in the KV cache. A new prompt
 free slot whose cache shares the longest prefix with it (a conversation's next turn finds
 its own slot), and where another slot, busy or free, shares a longer prefix (a system
 prompt several clients send), those cells are shared into the chosen slot instead of
-evaluated again.
+evaluated again; where cells saved to host memory hold a longer one still
+(lead/decode/promptcache.py), they are loaded into it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.model import common_prefix
+from shared.model import common_prefix, reusing_slot
 
 
 @dataclass(frozen=True)
@@ -21,25 +22,31 @@ class Seat:
     kept: int  # prompt tokens the slot's own cache already holds
     donor: int | None = None  # another slot whose cache holds more of the prompt
     shared: int = 0  # how many: share them (Slotted.share_prefix) before evaluating the rest
+    restored: int = 0  # how many the host memory's best entry holds: load it instead
 
     @property
     def cached(self) -> int:
-        """Prompt tokens found cached, one way or the other."""
-        return max(self.kept, self.shared)
+        """Prompt tokens found cached, one way or another."""
+        return max(self.kept, self.shared, self.restored)
+
+    @property
+    def keeps(self) -> int:
+        """How much of what the slot held stays in it."""
+        return self.kept if self.donor is None and not self.restored else 0
 
 
-def choose_seat(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int]
-                ) -> Seat:
+def choose_seat(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int],
+                stored: int = 0) -> Seat:
     """The seat of `prompt` among the `free` slots (at least one), `cached[i]` being what slot
-    i's cache holds: the free slot sharing the longest prefix with it (ties: the one holding
-    least, whose cache is the least to lose, then the lowest); where a busy slot shares a
-    longer one, the free slot holding least, with that prefix shared into it."""
-    if not free:
-        raise ValueError("no free slot")
+    i's cache holds and `stored` the prefix host memory holds: shared.model.reusing_slot's
+    choice; where another slot (busy or free) or host memory holds a longer prefix, the free
+    slot holding least, with that prefix shared or loaded into it."""
+    slot = reusing_slot(prompt, cached, free)
     prefix = [common_prefix(c, prompt) for c in cached]
-    slot = min(free, key=lambda i: (-prefix[i], len(cached[i]), i))
     donor = max(range(len(cached)), key=lambda i: prefix[i])
-    if prefix[donor] <= prefix[slot]:
+    if max(prefix[donor], stored) <= prefix[slot]:
         return Seat(slot, prefix[slot])
     slot = min(free, key=lambda i: (len(cached[i]), i))  # the least to lose
+    if stored > prefix[donor]:
+        return Seat(slot, prefix[slot], restored=stored)
     return Seat(slot, prefix[slot], donor, prefix[donor])

@@ -48,6 +48,9 @@ GAUGES = {
     "queue_waiting": "requests waiting for a slot",
     "slots": "generations lead runs at once (--parallel)",
     "slots_busy": "slots holding a generation",
+    "prompt_cache_bytes": "host memory held by prompts' cells saved from their slots "
+                          "(--cache-ram)",
+    "prompt_cache_entries": "prompts whose cells host memory holds",
     "slowdown": "lead's step time while backs work, over its quiet time",
     "hush": "1 while backs are told not to draft (they slow lead more than drafts repay)",
     "alpha": "estimated chance a draft token is accepted, mid-reply",

@@ -77,6 +77,11 @@ class LeadSettings(DeviceChecks):
     parallel: int = Field(4, ge=1, le=64, description="generations decoded at once, in one "
                           "batch a step, each drafted for (slots of --ctx-size tokens each)",
                           json_schema_extra={"short": "np"})
+    cache_ram: int = Field(8192, ge=0, description="MiB of host memory for the KV cells of "
+                           "prompts pushed out of their slot by another, given back to a later "
+                           "prompt that begins with one (a conversation's next turn, a system "
+                           "prompt sent again) instead of evaluated again; the least recently "
+                           "used go first (0: off). As llama-server's --cache-ram")
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running "
                            "ones; more get 429")
     max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
