@@ -26,6 +26,7 @@ from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
 from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.llm_seqs import Batches, Sequences, SlotView, aborting
+from shared.llm_state import SlotStates
 from shared.model import flash_attention
 from shared.presets import ModelError, resolve_model
 
@@ -35,7 +36,7 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
-class LlamaModel(Sequences, Batches):
+class LlamaModel(Sequences, Batches, SlotStates):
     """A GGUF model in llama.cpp: its vocabulary and text, and a KV cache of `slots`
     generations with `branches` branch sequences each (shared/llm_seqs.py). As a Model it is
     slot 0; `slot(i)` is slot i."""

@@ -240,34 +240,6 @@ class Batches:
         for j in range(self.n_branches):
             self._copy(target * stride, target * stride + 1 + j, 0)
 
-    def save_slot(self, slot: int) -> bytes:
-        """Slot `slot`'s main sequence as llama.cpp's sequence state (its cells' positions
-        and K/V, no token ids), for `load_slot` into any slot later."""
-        seq = self._ids[self._main_role(slot)]
-        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
-        buffer = (ctypes.c_uint8 * size)()
-        n = llama_cpp.llama_state_seq_get_data(self._ctx, buffer, size, seq)
-        return ctypes.string_at(buffer, n)
-
-    def load_slot(self, slot: int, tokens: Sequence[int], state: bytes) -> bool:
-        """Slot `slot` holds `tokens`, their cells from `state` (save_slot's, of those
-        tokens); its branches emptied. False where llama.cpp refused it: the slot is empty."""
-        base = self._main_role(slot)
-        for j in range(self.n_branches):
-            self._copy(base, base + 1 + j, 0)
-        self._forget_from(base, 0)
-        buffer = (ctypes.c_uint8 * len(state)).from_buffer_copy(state)
-        if not llama_cpp.llama_state_seq_set_data(self._ctx, buffer, len(state), self._ids[base]):
-            self._forget_from(base, 0)
-            return False
-        self._lists[base] = list(tokens)
-        return True
-
-    def _main_role(self, slot: int) -> int:
-        if not 0 <= slot < self.n_slots:
-            raise ValueError(f"no slot {slot} of {self.n_slots}")
-        return slot * (1 + self.n_branches)
-
     def _copy(self, source: int, target: int, n: int) -> None:
         """Role `target` holds the first n tokens of role `source`: their cells, shared."""
         memory = llama_cpp.llama_get_memory(self._ctx)
