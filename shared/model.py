@@ -174,13 +174,14 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 def reusing_slot(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int]
                  ) -> int:
-    """The free slot (at least one) for `prompt`, `cached[i]` being what slot i holds: the
-    one whose cache it reuses most among those that hold all but its last token or that
-    it keeps at least as much of as it drops (an empty slot among them); else the one
-    holding least, the least to lose. So a conversation's next turn, or a prompt asked
-    again, finds its own slot (a back drafts the reply it holds there), and an agent's
-    prompts that share only a system prompt take a slot each rather than pushing one
-    another out."""
+    """A back's slot for `prompt` among the `free` ones (at least one), `cached[i]` being
+    what slot i holds: the one whose cache it reuses most among those that hold all but
+    its last token or that it keeps at least as much of as it drops (an empty slot among
+    them); else the one holding least, the least to lose. So a conversation's next turn,
+    or a prompt asked again, finds its own slot (a back drafts the reply it holds there),
+    and an agent's prompts that share only a system prompt take a slot each rather than
+    pushing one another out. (Lead, which keeps what a prompt pushes out in host memory,
+    takes the slot holding most of the prompt: lead/decode/slots.py.)"""
     if not free:
         raise ValueError("no free slot")
 

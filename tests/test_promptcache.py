@@ -1,7 +1,7 @@
-"""What stays cached between prompts: the slot a prompt takes, lead's and a back's (so
-that little is pushed out), and prompts' cells kept in host memory once another prompt
-pushes them out of their slot, given back to a later prompt that begins with them (fake
-models, virtual clock)."""
+"""What stays cached between prompts: the slot a prompt takes (a back's: so that little is
+pushed out; lead's: the one holding most of it), and prompts' cells kept in host memory
+once another prompt pushes them out of their slot, given back to a later prompt that
+begins with them (fake models, virtual clock)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ ASKED = (*SYSTEM, *range(30, 90))  # a question and the reply to it: a tool call
 RESULT = [*SYSTEM, *range(100, 160)]  # the tool's result sent back: the same system prompt
 
 
-def test_an_agents_prompts_sharing_only_a_system_prompt_take_a_slot_each() -> None:
+def test_an_agents_prompts_sharing_only_a_system_prompt_take_a_back_slot_each() -> None:
     cached = [ASKED, (), ()]
     assert reusing_slot(RESULT, cached, [0, 1, 2]) == 1  # 20 kept, 60 lost: an empty slot
     assert reusing_slot([*ASKED[:50], 7], cached, [0, 1, 2]) == 0  # keeps more than it drops
@@ -81,9 +81,10 @@ def test_what_an_entry_holds_already_is_not_saved_again_and_a_longer_one_replace
     assert not PromptCache(max_bytes=0).worth_saving([1] * 100, kept=0)  # off
 
 
-def test_a_prompt_host_memory_holds_more_of_is_loaded_into_the_slot_holding_least() -> None:
+def test_a_prompt_host_memory_holds_more_of_is_loaded_into_the_slot_it_takes() -> None:
     cached = [(1, 2, 3, 9), (4, 4), ()]
-    assert choose_seat([1, 2, 3, 4, 5], cached, [0, 1, 2], stored=5) == Seat(2, 0, restored=5)
+    assert choose_seat([1, 2, 3, 4, 5], cached, [0, 1, 2], stored=5) == Seat(0, 3, restored=5)
+    assert choose_seat([1, 2, 3, 4, 5], cached, [1, 2], stored=5) == Seat(2, 0, restored=5)
     assert choose_seat([1, 2, 3, 4, 5], cached, [0, 1, 2], stored=3) == Seat(0, 3)  # a tie:
     assert Seat(2, 0, restored=5).keeps == 0 and Seat(0, 3).keeps == 3  # the slot's own
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from shared.model import common_prefix, reusing_slot
+from shared.model import common_prefix
 
 
 @dataclass(frozen=True)
@@ -38,15 +38,21 @@ class Seat:
 def choose_seat(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int],
                 stored: int = 0) -> Seat:
     """The seat of `prompt` among the `free` slots (at least one), `cached[i]` being what slot
-    i's cache holds and `stored` the prefix host memory holds: shared.model.reusing_slot's
-    choice; where another slot (busy or free) or host memory holds a longer prefix, the free
-    slot holding least, with that prefix shared or loaded into it."""
-    slot = reusing_slot(prompt, cached, free)
+    i's cache holds and `stored` the prefix host memory holds: the free slot sharing the
+    longest prefix with it (ties: the one holding least, whose cache is the least to lose,
+    then the lowest), host memory's cells loaded into it where they hold more; where a busy
+    slot shares a longer one still, the free slot holding least, with that prefix shared
+    into it. (Not an empty slot where one holds something of the prompt: every cell in use
+    is attended over, and idle slots' cells cost a step 2-3 %; what the slot held goes to
+    host memory.)"""
+    if not free:
+        raise ValueError("no free slot")
     prefix = [common_prefix(c, prompt) for c in cached]
+    slot = min(free, key=lambda i: (-prefix[i], len(cached[i]), i))
     donor = max(range(len(cached)), key=lambda i: prefix[i])
     if max(prefix[donor], stored) <= prefix[slot]:
         return Seat(slot, prefix[slot])
-    slot = min(free, key=lambda i: (len(cached[i]), i))  # the least to lose
     if stored > prefix[donor]:
         return Seat(slot, prefix[slot], restored=stored)
+    slot = min(free, key=lambda i: (len(cached[i]), i))  # the least to lose
     return Seat(slot, prefix[slot], donor, prefix[donor])
