@@ -43,7 +43,7 @@ class PromptCache:
         """The entry sharing the longest prefix with `prompt`, and how long it is."""
         best, n_best, asked = None, 0, tuple(prompt)
         for saved in self._entries.values():
-            n = _shared(saved.tokens, asked)
+            n = common_prefix(saved.tokens, asked)
             if n > n_best:
                 best, n_best = saved, n
         return best, n_best
@@ -76,12 +76,3 @@ class PromptCache:
 
     def _drop(self, key: tuple[int, ...]) -> None:
         self.bytes -= len(self._entries.pop(key).state)
-
-
-def _shared(a: tuple[int, ...], b: tuple[int, ...], chunk: int = 256) -> int:
-    """common_prefix, whole chunks compared at C speed (entries sharing a long system prompt
-    are compared with every new prompt, on the event loop)."""
-    n, i = min(len(a), len(b)), 0
-    while i + chunk <= n and a[i:i + chunk] == b[i:i + chunk]:
-        i += chunk
-    return i + common_prefix(a[i:i + chunk], b[i:i + chunk])
