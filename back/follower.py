@@ -20,14 +20,15 @@ TRANSIT_S = 0.0005  # a post's way to lead's board, allowed for before its step 
 
 
 class Follower:
-    def __init__(self, session_id: str, slot: int, mirror: LeadMirror, seed: int | None
-                 ) -> None:
+    def __init__(self, session_id: str, slot: int, mirror: LeadMirror, seed: int | None,
+                 step_s: float | None = None) -> None:
+        """`step_s`: lead's step as measured before this session (None: not yet)."""
         self.session_id, self.slot, self.mirror = session_id, slot, mirror
         self.stats = SessionStats(session_id)
         self.posts = PostBook()
         self.rng: np.random.Generator = make_draft_rng(seed)
         self.latest = LatestTokens()  # lead's tokens, for the model thread's abort check
-        self.lead_step = StepClock()  # lead's step time in this session, from its states
+        self.lead_step = StepClock(step_s)  # lead's step time, from this session's states
         self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
         self._step_posted: float | None = None  # the step end a post was last made for
 

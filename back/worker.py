@@ -60,6 +60,9 @@ class Worker(Drafting):
         self.send_dists = True
         self.branches = 0  # most branches grown beside a draft (0: the main chain only)
         self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
+        # lead's step as the last session measured it: a new session's first drafts (those
+        # made while lead evaluates its prompt) grow branches before its own steps are seen
+        self.lead_step_s: float | None = None
         self._width = 0  # the last width chosen (logged when it changes)
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
@@ -173,7 +176,7 @@ class Worker(Drafting):
         if info.lead_id != self.lead_id:  # lead restarted (or a first attach): start over
             for sid in list(self.followers):
                 self._end(sid)
-            self.version = -1
+            self.version, self.lead_step_s = -1, None
         self.lead_id, self.lead_links = info.lead_id, info.link
         log.info("attached to lead: model %s, context %d, max draft %d, %d slot%s", info.model,
                  info.n_ctx, info.max_draft, info.slots, "" if info.slots == 1 else "s")
@@ -286,7 +289,7 @@ class Worker(Drafting):
         mirror.attach(self.lead_id)
         mirror.grammars = self.grammars
         seed = news.sampling.seed if news.sampling is not None else None
-        follower = Follower(news.session_id, slot, mirror, seed)
+        follower = Follower(news.session_id, slot, mirror, seed, self.lead_step_s)
         self.followers[news.session_id] = follower
         return follower
 
@@ -294,6 +297,7 @@ class Worker(Drafting):
         follower = self.followers.pop(session_id, None)
         self.skipped.discard(session_id)
         if follower is not None:
+            self.lead_step_s = follower.lead_step.step_s or self.lead_step_s
             self.history.ended(follower.stats)
             log.info("%s", follower.stats.line())
 

@@ -27,6 +27,7 @@ from bench.procs import metric
 from bench.runs import Result
 from lead.server.settings import LeadSettings
 from shared.hugepages import restart_with_huge_pages
+from shared.model import Model
 from shared.placement import PlacementError
 
 
@@ -190,17 +191,17 @@ def run_models(a: argparse.Namespace) -> dict:
         sweep = run_sweep(a, chosen[: a.sweep_prompts], runners[configs.LEAD_ALONE])
     progress("verify cost per batch size (lead's placement), draft cost and agreement (back's)")
     replies = {r.prompt: r.token_ids for r in results[configs.RAW] if r.round == 0}
-    costs, draft_s, agrees = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
+    costs, draft_s, replays = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
     return {"results": results, "costs": costs, "draft_s": draft_s, "gauges": gauges,
-            "sweep": sweep, "agreement": agrees, "foreign_cpu": watch.share(), "notes": notes}
+            "sweep": sweep, **replays, "foreign_cpu": watch.share(), "notes": notes}
 
 
 def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path,
                   draft_path: Path, replies: dict[int, list[int]]
-                  ) -> tuple[dict[int, float], float, dict[int, list[bool]]]:
+                  ) -> tuple[dict[int, float], float, dict[str, dict[int, list[bool]]]]:
     """Verify cost per batch size, draft seconds per token, and for each prompt whether
-    the draft's greedy token agrees with each token of the target's reply."""
-    from bench.peers import agreement, verify_costs
+    the draft's greedy token and its runner-up are each token of the target's reply."""
+    from bench.peers import verify_costs
     from shared.llm import LlamaModel
 
     with configs.pinned(a.lead_cpus):
@@ -210,9 +211,20 @@ def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path
     with configs.pinned(a.draft_cpus):
         draft = LlamaModel(draft_path, a.draft_threads, a.back_ngl, 2048)
         draft_s = verify_costs(draft, ids[0], [1], repeats=9)[1]
-        agrees = {p: agreement(draft, ids[p], reply) for p, reply in replies.items()}
+        replays = replayed(draft, {p: (ids[p], reply) for p, reply in replies.items()})
         draft.close()
-    return costs, draft_s, agrees
+    return costs, draft_s, replays
+
+
+def replayed(draft: Model, replies: dict[int, tuple[list[int], list[int]]]
+             ) -> dict[str, dict[int, list[bool]]]:
+    """Per prompt (its ids, the target's reply): where the draft's greedy token is the
+    target's ("agreement"), and where its runner-up is ("covers")."""
+    from bench.peers import replay
+
+    runs = {p: replay(draft, prompt, reply) for p, (prompt, reply) in replies.items()}
+    return {"agreement": {p: r[0] for p, r in runs.items()},
+            "covers": {p: r[1] for p, r in runs.items()}}
 
 
 def _chat_ids(path: Path, text: str) -> list[int]:
@@ -279,7 +291,22 @@ def run_sim(a: argparse.Namespace) -> dict:
         results = configs.interleaved(runners, len(chosen), progress, a.repeat)
     costs = {b: call + per_token * b for b in range(1, 18)}
     return {"results": results, "costs": costs, "draft_s": a.sim_draft[0], "gauges": {},
-            "sweep": {}}
+            "sweep": {}, **sim_replays(a, chosen, results["SIM lead alone"])}
+
+
+def sim_replays(a: argparse.Namespace, chosen: list[dict], alone: list[Result]
+                ) -> dict[str, dict[int, list[bool]]]:
+    """The simulated draft replayed on lead alone's replies (first round): where it agrees,
+    and where its runner-up is lead's token (its contexts are few: every simulated reply
+    opens alike, so the share a run meets is not --cover)."""
+    from bench.sim import draft_model
+
+    draft = draft_model(a.sim_agree, a.cover)
+    def ids(text: str) -> list[int]:
+        return draft.tokenize(text)
+    return replayed(draft, {r.prompt: (ids(draft.format_chat([{"role": "user", "content":
+                                                                 chosen[r.prompt]["text"]}])),
+                                       ids(r.text)) for r in alone if r.round == 0})
 
 
 def main(argv: list[str] | None = None) -> None:

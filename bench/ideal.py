@@ -23,7 +23,10 @@ time): where the draft has little spare time, this overstates what branches can 
 At cover 0 it is the async ideal exactly.
 
 `replayed_ideal`: the same ideal back, but its tokens go wrong where the real draft's did
-(measured per position against the target's reply), not independently at random.
+(measured per position against the target's reply), not independently at random; given
+where the draft's runner-up is the target's token, with a branch ready after exactly
+those rejections (a branch's root is the draft's runner-up at its site). A reply's first
+draft is ready at once, as a back drafts while lead evaluates the prompt.
 """
 
 from __future__ import annotations
@@ -69,18 +72,20 @@ class _Draft:
         return max(0, min(made, limit))
 
 
-def _never() -> bool:
+def _never(_at: int) -> bool:
     return False
 
 
 def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max: int,
-             n_tokens: int, max_ahead: int = 16, covered: Callable[[], bool] = _never
-             ) -> float:
+             n_tokens: int, max_ahead: int = 16, covered: Callable[[int], bool] = _never,
+             primed: bool = False) -> float:
     """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step.
     `wrong_from(n)`: how many tokens a draft path started at lead position n gets right;
-    `covered()`: whether a branch holds the correction of a rejection the draft reached."""
+    `covered(at)`: whether a branch holds lead's token at `at` where the draft reached it
+    and was wrong; `primed`: the first path is drafted `max_ahead` tokens before lead's first
+    step (while it evaluated the prompt)."""
     now, n = 0.0, 0
-    path = _Draft(0, 0.0, wrong_from(0))
+    path = _Draft(0, -max_ahead * draft_s if primed else 0.0, wrong_from(0))
     while n < n_tokens:
         # The path's tokens before n are all lead's (else it would have restarted).
         ready = path.ready(now, draft_s, n - path.start + max_ahead) - (n - path.start)
@@ -94,12 +99,12 @@ def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max
 
 
 def _after_rejection(path: _Draft, n: int, now: float, draft_s: float, wrong: int,
-                     covered: Callable[[], bool]) -> _Draft:
+                     covered: Callable[[int], bool]) -> _Draft:
     """The path from lead position n, after lead's correction at n - 1 (the old path's miss):
     a branch drafted since the draft's row at the miss was known, if the draft had reached
     it and a branch holds the correction; else a path that starts now."""
     miss_known = path.t0 + (path.wrong + 1) * draft_s
-    if miss_known <= now and covered():
+    if miss_known <= now and covered(path.start + path.wrong):
         return _Draft(n, miss_known, wrong)
     return _Draft(n, now, wrong)
 
@@ -124,7 +129,7 @@ def async_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int,
     `cover` > 0, one with a branch ready after that share of rejections (branch_ideal)."""
     rng = np.random.default_rng(seed)
     coins = np.random.default_rng([seed, 1])  # apart: cover 0 draws the same paths
-    covered = (lambda: bool(coins.random() < cover)) if cover > 0 else _never
+    covered = (lambda _: bool(coins.random() < cover)) if cover > 0 else _never
     plain = cost(1) * n_tokens
     best = (1.0, 0)
     for k_max in range(1, max_draft + 1):
@@ -143,15 +148,19 @@ def branch_ideal(cost: Cost, alpha: float, draft_s: float, max_draft: int, cover
     return async_ideal(cost, alpha, draft_s, max_draft, n_tokens, runs, seed, cover)
 
 
-def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft: int
-                   ) -> tuple[float, int]:
+def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft: int,
+                   covers: Sequence[bool] | None = None) -> tuple[float, int]:
     """async_ideal on one reply's measured agreement instead of i.i.d. tokens: where the
-    draft goes wrong in runs (prose), fewer steps find a right draft than alpha suggests."""
+    draft goes wrong in runs (prose), fewer steps find a right draft than alpha suggests.
+    With `covers` (per position: the draft's runner-up is the target's token), a branch is
+    ready after exactly the rejections it covers."""
     if not agrees:
         return 1.0, 0
     plain = cost(1) * len(agrees)
+    covered = (lambda at: bool(covers[at])) if covers else _never
     return max([(1.0, 0)] + [
-        (plain / simulate(cost, replayed(agrees), draft_s, k, len(agrees)), k)
+        (plain / simulate(cost, replayed(agrees), draft_s, k, len(agrees), covered=covered,
+                          primed=True), k)
         for k in range(1, max_draft + 1)])
 
 

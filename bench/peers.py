@@ -79,9 +79,27 @@ def verify_costs(model: Model, prompt_ids: list[int], sizes: list[int],
 def agreement(draft: Model, prompt_ids: list[int], target_ids: list[int]) -> list[bool]:
     """Whether the draft's greedy token for each of the target's reply tokens, given the
     prompt and the target's tokens before it, is the target's (one batch, no decoding)."""
+    return replay(draft, prompt_ids, target_ids)[0]
+
+
+def replay(draft: Model, prompt_ids: list[int], target_ids: list[int]
+           ) -> tuple[list[bool], list[bool]]:
+    """Per token of the target's reply, given the prompt and the target's tokens before it:
+    whether the draft's greedy token is the target's, and whether its runner-up is (where a
+    back's branch, rooted at the draft's runner-up, holds lead's correction)."""
     if not target_ids:
-        return []
+        return [], []
     draft.truncate(0)
     rows = draft.evaluate(prompt_ids + target_ids[:-1], len(target_ids))
     draft.truncate(0)
-    return [int(np.argmax(row)) == t for row, t in zip(rows, target_ids, strict=True)]
+    top2 = [_first_two(row) for row in rows]
+    return ([first == want for (first, _), want in zip(top2, target_ids, strict=True)],
+            [second == want for (_, second), want in zip(top2, target_ids, strict=True)])
+
+
+def _first_two(row: np.ndarray) -> tuple[int, int]:
+    """The likeliest token and the runner-up (ties: the lower id, as argmax)."""
+    first = int(np.argmax(row))
+    rest = row.copy()
+    rest[first] = -np.inf
+    return first, int(np.argmax(rest))

@@ -235,7 +235,28 @@ def _per_prompt_ideals(cover: float, data: dict, results: dict[str, list[Result]
               f"goes wrong as it did, not at random): {replayed:.2f}x; duo = "
               f"{speedup / replayed:.2f} of it")
         ideals["bound_replayed"] = replayed
+    if data.get("covers"):
+        ideals |= _replayed_branches(data, results[base_name], speedup)
     return ideals
+
+
+def _replayed_branches(data: dict, alone: list[Result], speedup: float) -> dict:
+    """The ideal with branches on each reply's own draft agreement and runner-up (a branch
+    ready after exactly the rejections the draft's runner-up holds); printed and returned."""
+    from bench.ideal import padded, replayed_ideal
+    from lead.server.settings import LeadSettings
+
+    cost, draft_s = padded(data["costs"]), data["draft_s"]
+    agreement, covers = data["agreement"], data["covers"]
+    branched = pooled_ideal(alone, lambda p: replayed_ideal(
+        cost, agreement.get(p, []), draft_s, LeadSettings().max_draft, covers.get(p))[0])
+    missed = [c for p, a in agreement.items() for c, ok in zip(covers[p], a, strict=True)
+              if not ok]
+    cover = sum(missed) / len(missed) if missed else 0.0
+    print(f"ideal with branches replaying each reply's draft (a branch ready where the "
+          f"draft's runner-up is the target's token: {cover:.0%} of its misses here): "
+          f"{branched:.2f}x; duo = {speedup / branched:.2f} of it")
+    return {"branch_bound_replayed": branched, "cover_replayed": cover}
 
 
 def pooled_ideal(alone: list[Result], ideal_of: Callable[[int], float]) -> float:

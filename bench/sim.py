@@ -20,10 +20,22 @@ from lead.server.settings import LeadSettings
 from shared.cli import setup_logging
 from shared.fake import FakeModel
 
+# The simulated models' logits follow the whole context, not its last few tokens: every
+# prompt ends alike ("assistant: "), and a fake of order 3 gave each the same reply, so
+# a run of 8 prompts measured one reply's few rejections 8 times.
+CONTEXT = 1 << 20
+
 
 def target_model(a: argparse.Namespace) -> FakeModel:
     return FakeModel(cost_s=(a.call_s, a.token_s), eos_bias=-100.0, name="sim-target",
-                     slots=a.parallel)
+                     slots=a.parallel, order=CONTEXT)
+
+
+def draft_model(agree: float, cover: float, cost_s: tuple[float, float] = (0.0, 0.0),
+                slots: int = 1) -> FakeModel:
+    """The simulated back's draft (the bench replays it on lead's replies)."""
+    return FakeModel(salt="sim-draft", agree=agree, cover=cover, cost_s=cost_s, slots=slots,
+                     order=CONTEXT)
 
 
 def run_lead(a: argparse.Namespace) -> None:
@@ -45,8 +57,7 @@ def run_back(a: argparse.Namespace) -> None:
     from back.drafter import ModelDrafter
     from back.worker import Worker
 
-    draft = FakeModel(salt="sim-draft", agree=a.agree, cover=a.cover,
-                      cost_s=(a.call_s, a.token_s), slots=a.slots)
+    draft = draft_model(a.agree, a.cover, (a.call_s, a.token_s), a.slots)
     client = LeadClient(a.lead, a.api_key, poll_wait=2.0)
     drafters = [ModelDrafter(draft.slot(i)) for i in range(a.slots)]
     worker = Worker(client, drafters, draft.fingerprint(), draft.n_vocab,

@@ -392,9 +392,12 @@ def update_of(state: State) -> Update:
 
 
 def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = None,
-                 step_s: float | None = 1.0) -> list[DraftPost]:
+                 step_s: float | None = 1.0, step_before: float | None = None
+                 ) -> list[DraftPost]:
     """What a worker posts while lead, holding PROMPT, verifies and sends no news; lead's
-    step as the worker measured it is `step_s` (its draft calls cost next to nothing)."""
+    step as the worker measured it is `step_s` (its draft calls cost next to nothing);
+    with `step_before`, the step measured in a session that ended before this began, and
+    none measured in this one."""
     state = State(version=1, lead_id="L", session_id="s", token_ids=PROMPT,
                   n_tokens=len(PROMPT), done=False, draft_len=draft_len)
     link = RecordingLink()
@@ -403,8 +406,13 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     worker.branches, worker.max_post = branches, 8
     worker.eos_token_ids = frozenset({EOS})
     worker.lead_id, worker._link = "L", link  # type: ignore[assignment]
+    if step_before is not None:
+        worker._take(update_of(state.model_copy(update={"session_id": "earlier"})))
+        worker.followers["earlier"].lead_step.step_s = step_before
+        worker._end("earlier")
     worker._take(update_of(state))
-    worker.followers["s"].lead_step.step_s = step_s
+    if step_before is None:
+        worker.followers["s"].lead_step.step_s = step_s
     try:
         asyncio.run(asyncio.wait_for(worker._draft_ahead(), 20))  # until it has nothing new
     finally:
@@ -429,6 +437,13 @@ def test_a_worker_posts_branches_off_its_draft_where_they_fit_lead_s_step() -> N
         assert b.token_ids[1:] == reference.greedy_continuation(context + b.token_ids[:1], 2)
     # not knowing lead's step yet, it drafts the chain alone
     assert all(not p.branches for p in worker_posts(branches=2, step_s=None))
+
+
+def test_a_new_sessions_first_drafts_grow_branches_at_the_step_measured_before() -> None:
+    # A reply's first drafts come while lead evaluates its prompt: no step of this session
+    # is measured yet, but lead's step is what the session before measured.
+    posts = worker_posts(branches=2, step_before=1.0)
+    assert posts and len(posts[-1].branches) == 2
 
 
 def test_a_worker_whose_model_cannot_fork_drafts_the_chain_alone() -> None:

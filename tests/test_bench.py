@@ -68,6 +68,15 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
     assert 0.5 < data["alpha"] < 1.0  # the simulated draft agrees 80 % of the time
     rows = data["results"]["SIM duo: lead + back"]
     assert sorted((r["prompt"], r["round"]) for r in rows) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    # each prompt its own reply (every prompt ends alike: a fake of the last few tokens
+    # gave all the same one), and the simulated draft replayed on each
+    alone = {r["prompt"]: r["text"] for r in data["results"]["SIM lead alone"]}
+    assert alone[0][:20] != alone[1][:20]
+    assert [len(data["agreement"][str(p)]) for p in (0, 1)] == [40, 40]
+    assert 0.5 < sum(data["agreement"]["0"] + data["agreement"]["1"]) / 80 < 1.0
+    assert 0.2 < data["cover_replayed"] <= 1.0  # the simulated runner-up covers 70 %
+    assert data["branch_bound_replayed"] >= 0.98 * data["bound_replayed"]
+    assert "replaying each reply's draft" in done.stdout
 
 
 def test_quick_advice_prices_every_placement_and_recommends_one() -> None:

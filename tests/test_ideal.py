@@ -13,6 +13,7 @@ from bench.ideal import (
     free_draft_bound,
     padded,
     pooled_speedup,
+    replayed_ideal,
     simulate,
 )
 from bench.report import per_prompt, summarise
@@ -96,11 +97,34 @@ def test_a_branch_helps_only_where_the_draft_had_reached_the_miss() -> None:
 
     def step(b: int) -> float:
         return 1.0
-    fast = simulate(step, wrong_first, 0.01, 4, 6, covered=lambda: True)
+    fast = simulate(step, wrong_first, 0.01, 4, 6, covered=lambda _: True)
     assert fast == 2.0  # 1 token, then 1 + 4 tokens
     assert simulate(step, wrong_first, 0.01, 4, 6) > fast  # uncovered: starts over at 1 s
-    assert simulate(step, wrong_first, 2.0, 4, 6, covered=lambda: True) == \
+    assert simulate(step, wrong_first, 2.0, 4, 6, covered=lambda _: True) == \
         simulate(step, wrong_first, 2.0, 4, 6)
+
+
+def test_a_replayed_branch_is_ready_only_where_the_drafts_runner_up_was_right() -> None:
+    # The draft is wrong at reply positions 2 and 6; its runner-up is the target's token
+    # at 2 only. Each step costs 1 s and the draft is fast: after the miss at 2 the branch
+    # is ready (the next step verifies a full draft), after the miss at 6 nothing is.
+    agrees = [True, True, False, True, True, True, False, *[True] * 9]
+    covered_at_2 = [i == 2 for i in range(len(agrees))]
+    neither, _ = replayed_ideal(lambda b: 1.0, agrees, 0.001, 4)
+    only_2, _ = replayed_ideal(lambda b: 1.0, agrees, 0.001, 4, covers=covered_at_2)
+    both, _ = replayed_ideal(lambda b: 1.0, agrees, 0.001, 4,
+                             covers=[i in (2, 6) for i in range(len(agrees))])
+    assert neither < only_2 < both
+
+
+def test_a_primed_path_is_ready_at_the_first_step() -> None:
+    # A draft as slow as lead's step has nothing at lead's first step unless it was
+    # drafted while lead evaluated the prompt.
+    def right(n: int) -> int:
+        return 1 << 30
+    cold = simulate(lambda b: 1.0, right, 1.0, 4, 10)
+    warm = simulate(lambda b: 1.0, right, 1.0, 4, 10, primed=True)
+    assert warm < cold
 
 
 def test_coverage_is_a_share() -> None:
