@@ -74,5 +74,14 @@ class Acceptance:
         """Tokens a step verifying k draft tokens emits: 1 + a1 (1 + a + ... + a^(k-1)),
         a1 being alpha_first at a reply's first step, else alpha."""
         a = min(self.alpha, MAX_ALPHA)
+        return _expected(a, self.alpha_first if first else a, k)
+
+    def expected_curve(self, most: int, first: bool = False) -> list[float]:
+        """expected_tokens(k) for k = 0 .. most, alpha read once."""
+        a = min(self.alpha, MAX_ALPHA)
         a1 = self.alpha_first if first else a
-        return 1.0 + a1 * (1.0 - a ** k) / (1.0 - a)
+        return [_expected(a, a1, k) for k in range(most + 1)]
+
+
+def _expected(a: float, a1: float, k: int) -> float:
+    return 1.0 + a1 * (1.0 - a ** k) / (1.0 - a)

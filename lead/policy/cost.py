@@ -157,8 +157,12 @@ class CostModel:
         upper = min(upper, self.prices.largest)  # at most one size past the priced
         if upper < 1:
             return 0
-        best = max(range(1, upper + 1), key=lambda k: self.rate(k, first))
-        return best if self.rate(best, first) >= self.margin * self.rate(0) else 0
+        # every length's rate once (this runs at every step): k = 0 is plain decoding
+        expected = self.acceptance.expected_curve(upper, first)
+        seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
+        rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
+        best = max(range(1, upper + 1), key=rates.__getitem__)
+        return best if rates[best] >= self.margin * rates[0] else 0
 
     def verify_len_for(self, odds: Sequence[float], first: bool = False) -> int:
         """The length of a draft whose tokens lead accepts with `odds` (each given the ones
