@@ -297,16 +297,16 @@ def run_sim(a: argparse.Namespace) -> dict:
 def sim_replays(a: argparse.Namespace, chosen: list[dict], alone: list[Result]
                 ) -> dict[str, dict[int, list[bool]]]:
     """The simulated draft replayed on lead alone's replies (first round): where it agrees,
-    and where its runner-up is lead's token (its contexts are few: every simulated reply
-    opens alike, so the share a run meets is not --cover)."""
+    and where its runner-up is lead's token (a run's few hundred tokens meet shares near
+    --sim-agree and --cover, not at them)."""
     from bench.sim import draft_model
 
     draft = draft_model(a.sim_agree, a.cover)
-    def ids(text: str) -> list[int]:
-        return draft.tokenize(text)
-    return replayed(draft, {r.prompt: (ids(draft.format_chat([{"role": "user", "content":
-                                                                 chosen[r.prompt]["text"]}])),
-                                       ids(r.text)) for r in alone if r.round == 0})
+
+    def prompt_ids(i: int) -> list[int]:
+        return draft.tokenize(draft.format_chat([{"role": "user", "content": chosen[i]["text"]}]))
+    return replayed(draft, {r.prompt: (prompt_ids(r.prompt), draft.tokenize(r.text))
+                            for r in alone if r.round == 0})
 
 
 def main(argv: list[str] | None = None) -> None:
