@@ -85,6 +85,16 @@ async def level(url: str, config: str, texts: Sequence[str], tokens: int) -> lis
                                            for t in texts)))
 
 
+def long_prompts(texts: list[str], sim: bool) -> list[str]:
+    """The long replies' prompts, round r taking [r % len]: whole files to edit; with
+    simulated models (their text is one token a character, files too long for their
+    context) bench prompts, never round r's short one (texts[r % len]): the back would
+    draft the short one, asked during the same prompt's long reply, on a fresh slot."""
+    if sim:
+        return texts[len(texts) // 2:] + texts[:len(texts) // 2]
+    return [p["text"] for p in prompt_sets.load("edit")]
+
+
 async def short_during_long(url: str, config: str, long_text: str, short_text: str
                             ) -> tuple[float, float]:
     """A short reply's latency alone, then while a long reply runs (sent once the long
@@ -168,9 +178,7 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
 
 def run(a: argparse.Namespace) -> dict:
     texts = [p["text"] for p in prompt_sets.load("bench")]
-    # the long reply: a whole file to edit (a simulated model's text is one token a
-    # character, too long for its context: there, a bench prompt)
-    edits = texts if a.sim else [p["text"] for p in prompt_sets.load("edit")]
+    edits = long_prompts(texts, a.sim)
     results: dict[str, dict[int, list[Sample]]] = {}
     latencies: dict[str, list[tuple[float, float]]] = {}
     with ExitStack() as stack:

@@ -323,3 +323,14 @@ def test_the_load_benchmark_runs_each_lead_variant_beside_the_default(
     assert list(urls) == ["duo lead (its defaults)", "duo lead, --flash-attn off"]
     assert FakeLead.made[1][-2:] == ("--flash-attn", "off")
     assert "--flash-attn" not in FakeLead.made[0]
+
+
+def test_the_simulated_long_reply_is_never_the_short_requests_prompt() -> None:
+    from bench import prompts
+    from bench.load import long_prompts
+
+    texts = [p["text"] for p in prompts.load()]
+    longs = long_prompts(texts, sim=True)
+    assert sorted(longs) == sorted(texts)
+    assert all(longs[r % len(longs)] != texts[r % len(texts)] for r in range(16))
+    assert long_prompts(texts, sim=False) == [p["text"] for p in prompts.load("edit")]
