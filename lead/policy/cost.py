@@ -143,10 +143,12 @@ class CostModel:
         return any((k + 1) / (self.prices.relative(k + 1) * slowdown) >= self.margin
                    for k in range(1, self.max_draft + 1))
 
-    def rate(self, k: int, first: bool = False) -> float:
-        """Tokens per second verifying k draft tokens (k=0: plain decoding, back quiet)."""
-        seconds = self.prices.plain() if k == 0 else self.prices.busy_s(k + 1)
-        return self.acceptance.expected_tokens(k, first) / max(seconds, 1e-9)
+    def rates(self, most: int, first: bool = False) -> list[float]:
+        """Tokens per second verifying k draft tokens, for k = 0 .. most (k=0: plain
+        decoding, back quiet); alpha read once, as this runs at every step."""
+        expected = self.acceptance.expected_curve(most, first)
+        seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, most + 1))]
+        return [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
 
     def verify_len(self, available: int | None = None, first: bool = False) -> int:
         """The draft length to verify, at most `available` (None: no limit but max_draft);
@@ -157,10 +159,7 @@ class CostModel:
         upper = min(upper, self.prices.largest)  # at most one size past the priced
         if upper < 1:
             return 0
-        # every length's rate once (this runs at every step): k = 0 is plain decoding
-        expected = self.acceptance.expected_curve(upper, first)
-        seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
-        rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
+        rates = self.rates(upper, first)
         best = max(range(1, upper + 1), key=rates.__getitem__)
         return best if rates[best] >= self.margin * rates[0] else 0
 
