@@ -341,6 +341,11 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     if not a.sim:
         print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
     print(report.markdown(summaries, base_name, llamaserver.PLAIN))
+    if a.repeat > 1:
+        print(f"\nFirst round only ({report.FIRST_ROUND}):\n")
+        first = report.first_round(results)
+        print(report.markdown([report.summarise(n, rs, first[base_name])
+                               for n, rs in first.items()], base_name, llamaserver.PLAIN))
     for note in data.get("notes", []):
         print(note)
     client = report.client_note({s.config: s.tok_s for s in summaries})

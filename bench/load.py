@@ -37,6 +37,10 @@ WARM_UP = "Say hello."  # no bench prompt: none of them is cached by it
 SIM_TARGET = (0.03, 0.0005)  # seconds per call, per token: bench --sim's GPU-like target
 SIM_AGREE = 0.8
 SIM_NAMES = ("SIM lead alone", "SIM duo: lead + back")
+# Every level asks the same eight prompts again: lead remembering replies would draft them
+# from the last time, which llama-server (no drafts of its own) cannot, and which says
+# nothing of serving several clients.
+MEMORY_OFF = "lead's memory of earlier replies off (--ngram-memory 0): the prompts repeat"
 
 
 @dataclass(frozen=True)
@@ -162,7 +166,7 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
     for name, flags in [("duo lead (its defaults)", "")] + \
             [(f"duo lead, {f}", f) for f in a.lead_variant]:
         lead = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx),
-                    *shlex.split(flags))
+                    "--ngram-memory", "0", *shlex.split(flags))
         stack.callback(lead.stop)
         urls[name] = lead.url
     if a.llama_server_bin is not None:
@@ -209,7 +213,7 @@ def report(a: argparse.Namespace, data: dict) -> str:
     names = sorted(results, key=lambda name: name.startswith("peer"))  # duo first
     peer = next((name for name in names if name.startswith("peer")), None)
     lines = [f"{a.tokens}-token greedy streamed replies, all clients at once; {a.repeat} "
-             f"round{'s' * (a.repeat > 1)}", "",
+             f"round{'s' * (a.repeat > 1)}; {MEMORY_OFF}", "",
              "| clients | configuration | aggregate tok/s | vs " + (peer or "-") +
              " | TTFT p50 / p95 s | latency p50 / p95 s | accepted / drafted |",
              "|---|---|---|---|---|---|---|"]

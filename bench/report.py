@@ -40,6 +40,15 @@ def summarise(config: str, results: list[Result], reference: list[Result] | None
                    differing, len({r.prompt for r in results}), ready_after_rejection(results))
 
 
+FIRST_ROUND = ("every prompt new to every server; in later rounds lead and llama-server "
+               "--spec-default may draft a reply from the same reply before")
+
+
+def first_round(results: dict[str, list[Result]]) -> dict[str, list[Result]]:
+    """Each configuration's results of the first round."""
+    return {name: [r for r in rs if r.round == 0] for name, rs in results.items()}
+
+
 def ready_after_rejection(results: list[Result]) -> float | None:
     """Share of lead's steps after a rejection that found a draft ready (branches off the
     rejected draft); None where no step followed a rejection or lead does not count them."""

@@ -45,7 +45,8 @@ def run_lead(a: argparse.Namespace) -> None:
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,
                             max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree,
-                            verify_cost=None, parallel=a.parallel)
+                            verify_cost=None, parallel=a.parallel,
+                            ngram_memory=0)  # the bench repeats its prompts: see load.py
     app = create_app(settings, target_model(a))
     logging.getLogger("lead").info("SIMULATED lead (fake target) on %s:%d", a.host, a.port)
     serve(app, a.host, a.port, "warning")

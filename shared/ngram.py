@@ -56,17 +56,18 @@ class NgramIndex:
         ends = self._ends.get(tuple(tokens[-KEY:]))
         if not ends:
             return None
-        end = max(ends, key=lambda e: (self._agreeing(e), e))
+        end = max(ends, key=lambda e: (agreeing(tokens, e, tokens), e))
         copy = list(tokens[end:end + k])
         while len(copy) < k:  # past the sequence's end the copy reads itself
             copy.append(copy[len(copy) - (len(tokens) - end)])
-        return Match(tuple(copy), self._agreeing(end))
+        return Match(tuple(copy), agreeing(tokens, end, tokens))
 
-    def _agreeing(self, end: int) -> int:
-        """How many tokens before `end` agree with the sequence's last ones (<= LONGEST)."""
-        tokens, n = self.tokens, len(self.tokens)
-        most = min(LONGEST, end)
-        length = 0
-        while length < most and tokens[end - 1 - length] == tokens[n - 1 - length]:
-            length += 1
-        return length
+
+def agreeing(source: Sequence[int], end: int, query: Sequence[int]) -> int:
+    """How many tokens of `source` before `end` agree with `query`'s last ones (at most
+    LONGEST)."""
+    most, n = min(LONGEST, end, len(query)), len(query)
+    length = 0
+    while length < most and source[end - 1 - length] == query[n - 1 - length]:
+        length += 1
+    return length

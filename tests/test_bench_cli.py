@@ -334,3 +334,21 @@ def test_the_simulated_long_reply_is_never_the_short_requests_prompt() -> None:
     assert sorted(longs) == sorted(texts)
     assert all(longs[r % len(longs)] != texts[r % len(texts)] for r in range(16))
     assert long_prompts(texts, sim=False) == [p["text"] for p in prompts.load("edit")]
+
+
+def test_with_rounds_repeated_the_first_round_is_shown_on_its_own(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from bench.__main__ import show
+    from bench.report import FIRST_ROUND
+
+    data = _sim_data()  # round 0; round 1 as fast again, as if drafted from round 0
+    for name, rs in data["results"].items():
+        rs.append(replace(rs[0], round=1, decode_s=rs[0].decode_s / 4))
+    show(parse(["--sim", "--repeat", "2", "--out", str(tmp_path)]), data, tmp_path)
+    out = capsys.readouterr().out
+    pooled, first = out.split(f"First round only ({FIRST_ROUND}):")
+    assert "| SIM lead alone | 62.40 | 1.00x" in pooled  # 78 tokens in 1.25 s
+    assert "| SIM lead alone | 39.00 | 1.00x" in first.split("Per prompt")[0]
+    assert "| SIM duo: lead + back | 48.75 | 1.25x" in first.split("Per prompt")[0]

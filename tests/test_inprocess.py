@@ -210,7 +210,8 @@ class SharedCpu(FakeModel):
 
 def test_steps_while_a_back_drafts_are_priced_apart() -> None:
     async def body() -> None:
-        app, target = new_lead(kind=SharedCpu)
+        # (no memory of the first reply: lead would draft the second from it, not the back)
+        app, target = new_lead(kind=SharedCpu, ngram_memory=0)
         transport = httpx.ASGITransport(app=app)
         engine = app.state.engine  # type: ignore[attr-defined]
         quiet = target.cost_of(1)

@@ -153,7 +153,8 @@ def test_the_developer_role_is_the_system_role(strict: TestClient) -> None:
         return r.json()
 
     developer, system = reply("developer"), reply("system")
-    assert developer["choices"] == system["choices"] and developer["usage"] == system["usage"]
+    assert developer["choices"] == system["choices"]  # (the second drafted from the first)
+    assert developer["usage"]["prompt_tokens"] == system["usage"]["prompt_tokens"]
 
 
 def test_a_template_refusing_the_messages_is_a_400_with_its_message(strict: TestClient) -> None:

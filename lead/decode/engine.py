@@ -59,16 +59,17 @@ class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
                  tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
-                 cache_bytes: int = 0) -> None:
+                 cache_bytes: int = 0, memory: int = 0) -> None:
         """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
         most branches verified beside a draft (the model's branch slots bound it);
         `parallel`: generations at once (the model's slots bound it); `cache_bytes`: host
-        memory for prompts' cells pushed out of their slots."""
+        memory for prompts' cells pushed out of their slots; `memory`: tokens of finished
+        sessions lead's own drafts copy from."""
         self.model, self.max_draft, self.clock, self.batch = model, max_draft, clock, batch
         self.max_post = min(2 * max_draft, MAX_DRAFT_WIRE)  # this step's draft and the next's
         self.cost = CostModel(max_draft=max_draft, fixed=draft_len, longest=ngram)
         # lead's own drafts (`ngram`: their most tokens; 0, or no drafts at all: none)
-        self.own = OwnDrafts(ngram) if ngram and max_draft else None
+        self.own = OwnDrafts(ngram, memory) if ngram and max_draft else None
         self.metrics = Metrics()
         self.n_slots = max(1, min(parallel, slots_of(model)))
         self.admission = Admission(max_queue, self.n_slots)
@@ -316,7 +317,7 @@ class Engine:
         self.feed.backs.credit(session.drafted_by_back, session.accepted_by_back)
         self.feed.end(session)
         if self.own is not None:
-            self.own.forget(session.id)
+            self.own.forget(session.id, session.tokens)
         self.live.add_reply(session, now)
         if error is not None:
             run.fail(error)

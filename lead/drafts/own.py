@@ -8,6 +8,10 @@ tokens of prose seldom. Lead learns the odds per band of match lengths from ever
 proposal compared with the tokens it then emitted, verified or not, so that a band that
 does not pay (and so is not verified) is still measured. A draft's i-th token follows a
 match i tokens longer, if the ones before it were right.
+
+Finished sessions are remembered (lead/drafts/memory.py): where one agrees longer with the
+reply's end than the prompt and reply do, the draft is copied from it, its odds learned
+apart (a sampled reply asked for again parts from the last one where an echo would not).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from lead.drafts.bandodds import BandOdds
+from lead.drafts.memory import Memory
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
@@ -26,12 +31,17 @@ DECAY = 0.995  # per outcome in a band: it follows a change of work within a few
 
 
 class OwnDrafts:
-    def __init__(self, longest: int = 64) -> None:
-        """`longest`: most tokens a draft holds."""
+    def __init__(self, longest: int = 64, memory: int = 0) -> None:
+        """`longest`: most tokens a draft holds; `memory`: tokens of finished sessions
+        remembered (0: none)."""
         self.longest = longest
         self.indexes: dict[str, NgramIndex] = {}  # per session
-        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)  # learned over every session
-        self._offered: dict[str, tuple[int, Match]] = {}  # per session: its length, the copy
+        self.memory = Memory(memory) if memory > 0 else None
+        # learned over every session: copies of the session itself, and of remembered ones
+        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
+        self.recalled_odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
+        # per session: its length, the copy, the odds it was priced by
+        self._offered: dict[str, tuple[int, Match, BandOdds]] = {}
 
     def propose(self, session_id: str, tokens: Sequence[int]
                 ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
@@ -40,24 +50,29 @@ class OwnDrafts:
         self._settle(session_id, tokens)
         index = self.indexes.setdefault(session_id, NgramIndex())
         index.sync(tokens)
-        match = index.lookup(self.longest)
+        match, odds = index.lookup(self.longest), self.odds
+        recalled = self.memory.lookup(tokens, self.longest) if self.memory else None
+        if recalled is not None and (match is None or recalled.length > match.length):
+            match, odds = recalled, self.recalled_odds
         if match is None:
             return None
-        self._offered[session_id] = (len(tokens), match)
-        return match.token_ids, tuple(self.odds.odds(match.length + i)
+        self._offered[session_id] = (len(tokens), match, odds)
+        return match.token_ids, tuple(odds.odds(match.length + i)
                                       for i in range(len(match.token_ids)))
 
-    def forget(self, session_id: str) -> None:
-        """The session ended: its index goes."""
+    def forget(self, session_id: str, tokens: Sequence[int] = ()) -> None:
+        """The session ended with `tokens`: its index goes, its tokens are remembered."""
         self.indexes.pop(session_id, None)
         self._offered.pop(session_id, None)
+        if self.memory is not None:
+            self.memory.add(tokens)
 
     def _settle(self, session_id: str, tokens: Sequence[int]) -> None:
         offered = self._offered.pop(session_id, None)
         if offered is None:
             return
-        n, match = offered
+        n, match, odds = offered
         for i, (guess, token) in enumerate(zip(match.token_ids, tokens[n:], strict=False)):
-            self.odds.record(match.length + i, guess == token)
+            odds.record(match.length + i, guess == token)
             if guess != token:
                 return

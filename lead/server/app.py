@@ -50,7 +50,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
                     tree=settings.tree, grammar_s=settings.max_grammar_s,
                     ngram=settings.ngram_max if settings.ngram else 0,
-                    parallel=settings.parallel, cache_bytes=settings.cache_ram << 20)
+                    parallel=settings.parallel, cache_bytes=settings.cache_ram << 20,
+                    memory=settings.ngram_memory)
     if settings.verify_cost:
         engine.cost.fix_prices(parse_costs(settings.verify_cost))
     elif settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:

@@ -60,6 +60,11 @@ class LeadSettings(DeviceChecks):
                         "echoed back); backs' drafts compete with them")
     ngram_max: int = Field(64, ge=1, le=64, description="most tokens of one of lead's own "
                            "drafts")
+    ngram_memory: int = Field(65536, ge=0, le=1 << 22, description="tokens of finished "
+                              "prompts and replies lead's own drafts also copy from, so that "
+                              "a reply asked for again, regenerated or repeated by an agent "
+                              "drafts from the last (0: none; every client's replies draft "
+                              "for every other's, which speed alone can show)")
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)")
     tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "

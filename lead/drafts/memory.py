@@ -1,0 +1,74 @@
+"""What lead emitted before, for its own drafts (pure over token ids): a question asked
+again, a reply regenerated or retried, an agent's call repeating its last one, are drafted
+from the finished sessions that said it, as llama-server's n-gram drafts are.
+
+The latest finished sessions' tokens (prompt and reply: a repeated prompt is what anchors
+its reply), up to `budget` tokens in all, the oldest dropped first. Every run of KEY tokens
+is indexed by the session and place it ended at, the latest KEPT occurrences each, as
+shared/ngram.py indexes one sequence; a lookup copies what followed the occurrence that
+agrees longest with the end of the sequence being decoded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from shared.ngram import KEPT, KEY, Match, agreeing
+
+Place = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
+
+
+class Memory:
+    def __init__(self, budget: int) -> None:
+        """`budget`: most tokens held; one session keeps at most its last quarter of it,
+        so that one long prompt does not push every other session out."""
+        self.budget, self.most = budget, max(budget // 4, KEY + 1)
+        self.sessions: dict[int, tuple[int, ...]] = {}  # oldest first
+        self.size = 0  # tokens held
+        self._ends: dict[tuple[int, ...], list[Place]] = {}  # latest first
+        self._next = 0
+
+    def add(self, tokens: Sequence[int]) -> None:
+        """Remember a finished session's tokens (its last `most`)."""
+        kept = tuple(tokens[-self.most:])
+        if len(kept) <= KEY or self.budget <= 0:
+            return
+        number, self._next = self._next, self._next + 1
+        self.sessions[number] = kept
+        self.size += len(kept)
+        for key, end in _keys(kept):
+            ends = self._ends.setdefault(key, [])
+            ends.insert(0, (number, end))
+            del ends[KEPT:]
+        while self.size > self.budget:
+            self._drop(next(iter(self.sessions)))
+
+    def lookup(self, query: Sequence[int], k: int) -> Match | None:
+        """Up to `k` tokens copied after the remembered occurrence that agrees longest with
+        `query`'s end (the latest of equals); None where its last KEY tokens occur in no
+        remembered session."""
+        if k <= 0 or len(query) < KEY:
+            return None
+        ends = self._ends.get(tuple(query[-KEY:]))
+        if not ends:
+            return None
+        number, end = max(ends, key=lambda p: (agreeing(self.sessions[p[0]], p[1], query), p))
+        source = self.sessions[number]
+        return Match(source[end:end + k], agreeing(source, end, query))
+
+    def _drop(self, number: int) -> None:
+        tokens = self.sessions.pop(number)
+        self.size -= len(tokens)
+        for key, _ in _keys(tokens):
+            ends = self._ends.get(key)
+            if ends is None:
+                continue
+            ends[:] = [p for p in ends if p[0] != number]
+            if not ends:
+                del self._ends[key]
+
+
+def _keys(tokens: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], int]]:
+    """Each run of KEY tokens that a token follows, with where it ends."""
+    for end in range(KEY, len(tokens)):
+        yield tokens[end - KEY:end], end

@@ -1,0 +1,130 @@
+"""Lead's memory of finished sessions for its own drafts: what the index copies, what the
+budget drops, the odds it is priced by, and the engine drafting a reply asked for again
+from the last one, exactly."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+
+from lead.decode.engine import Engine
+from lead.decode.session import GenRequest, Session
+from lead.drafts.memory import Memory
+from lead.drafts.own import OWN, OwnDrafts
+from shared.fake import FakeModel, VirtualClock
+from shared.ngram import KEPT, LONGEST
+
+
+def remembering(*sessions: list[int], budget: int = 1000) -> Memory:
+    memory = Memory(budget)
+    for tokens in sessions:
+        memory.add(tokens)
+    return memory
+
+
+def test_a_lookup_copies_what_followed_the_remembered_occurrence_agreeing_longest() -> None:
+    memory = remembering([9, 1, 2, 3, 4, 5, 6], [7, 1, 2, 3, 8, 9])
+    match = memory.lookup([0, 9, 1, 2, 3], 3)  # 9 before (1, 2, 3) as in the first session
+    assert match is not None and match.token_ids == (4, 5, 6) and match.length == 4
+    match = memory.lookup([5, 1, 2, 3], 3)  # agreeing 3 tokens with both: the latest
+    assert match is not None and match.token_ids == (8, 9) and match.length == 3
+
+
+def test_a_repeated_prompt_finds_its_reply_agreeing_as_far_as_measured() -> None:
+    rng = np.random.default_rng(0)
+    prompt = [int(t) for t in rng.integers(100, 10_000, 200)]
+    memory = remembering([*prompt, 1, 2, 3, 4, 5])
+    match = memory.lookup(prompt, 4)
+    assert match is not None and match.token_ids == (1, 2, 3, 4) and match.length == LONGEST
+
+
+def test_nothing_remembered_or_too_short_no_match() -> None:
+    assert remembering([1, 2, 3, 4]).lookup([1, 2, 3], 4) is not None
+    assert remembering([1, 2, 3, 4]).lookup([2, 3, 4], 4) is None  # nothing followed it
+    assert remembering([1, 2, 3, 4]).lookup([2, 3], 4) is None
+    assert remembering([1, 2, 3, 4]).lookup([1, 2, 3], 0) is None
+    assert remembering([1, 2, 3], budget=1000).size == 0  # no key a token follows
+    assert remembering([1, 2, 3, 4, 5], budget=0).size == 0
+
+
+def test_the_budget_drops_the_oldest_sessions_and_every_place_they_held() -> None:
+    first, last = [1, 2, 3, 4], [1, 2, 3, 7]
+    others = [[10 * n, 10 * n + 1, 10 * n + 2, 10 * n + 3] for n in range(2, 6)]
+    memory = remembering(first, *others, last, budget=16)  # 4 tokens a session at most
+    assert memory.size == 16 and list(memory.sessions.values()) == [
+        *map(tuple, others[1:]), tuple(last)]
+    match = memory.lookup([1, 2, 3], 3)
+    assert match is not None and match.token_ids == (7,)  # the first's (4,) is gone
+    assert all(n not in (0, 1) for places in memory._ends.values() for n, _ in places)
+    assert (20, 21, 22) not in memory._ends
+
+
+def test_a_session_keeps_its_last_quarter_of_the_budget_and_a_key_its_latest_places() -> None:
+    memory = remembering(list(range(100)), budget=40)
+    assert memory.sessions[0] == tuple(range(90, 100))
+    many = remembering(*[[1, 2, 3, n] for n in range(KEPT + 5)])
+    assert len(many._ends[(1, 2, 3)]) == KEPT
+    assert many.lookup([1, 2, 3], 1).token_ids == (KEPT + 4,)  # type: ignore[union-attr]
+
+
+# --- lead's own drafts ---
+
+
+def test_own_drafts_copy_a_finished_session_and_learn_its_odds_apart() -> None:
+    own = OwnDrafts(longest=4, memory=1000)
+    prompt, reply = [5, 6, 7, 8, 9], [20, 21, 22, 23, 24]
+    assert own.propose("s1", prompt) is None
+    own.forget("s1", [*prompt, *reply])
+    ids, odds = own.propose("s2", prompt)  # type: ignore[misc]
+    assert ids == (20, 21, 22, 23) and odds == tuple(own.recalled_odds.odds(5 + i)
+                                                     for i in range(4))
+    own_before = dict(own.odds.counts)
+    own.propose("s2", [*prompt, 20, 21, 30])  # two right, then a miss
+    assert own.odds.counts == own_before  # the session's own copies' odds are untouched
+    assert own.recalled_odds.counts != own_before
+
+
+def test_the_sessions_own_copy_wins_unless_a_remembered_one_agrees_longer() -> None:
+    own = OwnDrafts(longest=2, memory=1000)
+    own.forget("old", [1, 2, 3, 50, 51])
+    # the session itself holds (4, 1, 2, 3) -> 60: agreeing 4 tokens, longer than the 3
+    ids, _ = own.propose("s", [4, 1, 2, 3, 60, 61, 4, 1, 2, 3])  # type: ignore[misc]
+    assert ids == (60, 61)
+    ids, _ = own.propose("t", [9, 9, 8, 1, 2, 3])  # type: ignore[misc]
+    assert ids == (50, 51)
+    assert OwnDrafts(longest=2, memory=0).memory is None
+
+
+# --- the engine ---
+
+
+def reply_twice(memory: int) -> tuple[list[int], list[int], Session]:
+    """The same prompt twice (greedy) from a fake whose reply is no echo of its prompt."""
+    clock = VirtualClock()
+    model = FakeModel(n_vocab=256, order=8, eos_bias=-50.0, clock=clock)
+    engine = Engine(model, max_draft=8, ngram=64, memory=memory, clock=clock)
+    engine.cost.fix_prices([1.3, 1.6, 1.9])  # a batch dear, as on a CPU
+    prompt = [1, *range(10, 40), 2]
+
+    async def run() -> list[int]:
+        async for _ in engine.generate(GenRequest(prompt, 120)):
+            pass
+        session = engine.feed.session
+        assert session is not None
+        return session.tokens[len(prompt):]
+
+    first = asyncio.run(run())
+    second = asyncio.run(run())
+    session = engine.feed.session
+    assert session is not None
+    return first, second, session
+
+
+def test_a_reply_asked_for_again_is_drafted_from_the_last_and_emitted_exactly() -> None:
+    first, second, again = reply_twice(memory=4096)
+    assert len(first) == 120 and second == first
+    assert again.accepted_by_back.get(OWN, 0) > 100
+    assert again.steps < 120 / 4
+    _, _, forgotten = reply_twice(memory=0)
+    assert forgotten.accepted_by_back.get(OWN, 0) < 10 and forgotten.steps > 100
