@@ -188,7 +188,7 @@ def run_models(a: argparse.Namespace) -> dict:
                  "rounds, interleaved")
         results = configs.interleaved(runners, len(chosen), progress, a.repeat)
         gauges = {name: metric(duo, f"duo_{name}") for name in ("draft_len", "alpha")}
-        sweep = run_sweep(a, chosen[: a.sweep_prompts], runners[configs.LEAD_ALONE])
+        sweep = run_sweep(a, chosen[: a.sweep_prompts])
     progress("verify cost per batch size (lead's placement), draft cost and agreement (back's)")
     replies = {r.prompt: r.token_ids for r in results[configs.RAW] if r.round == 0}
     costs, draft_s, replays = measure_costs(a, ids, target_path, resolve_model(a.draft), replies)
@@ -238,9 +238,9 @@ def _chat_ids(path: Path, text: str) -> list[int]:
         m.close()
 
 
-def run_sweep(a: argparse.Namespace, chosen: list[dict], alone: configs.Runner
-              ) -> dict[str, tuple[float, float]]:
-    """k -> (duo tok/s, lead alone tok/s), each prompt run alone and with k side by side."""
+def run_sweep(a: argparse.Namespace, chosen: list[dict]) -> dict[str, tuple[float, float]]:
+    """k -> (duo tok/s, lead alone tok/s), each prompt run alone and with k side by side,
+    each by a lead that has not seen it (a lead remembers replies)."""
     lengths = [k for k in a.sweep.split(",") if k.strip()] + ["auto"]
     sweep: dict[str, tuple[float, float]] = {}
     for k in lengths:
@@ -248,6 +248,7 @@ def run_sweep(a: argparse.Namespace, chosen: list[dict], alone: configs.Runner
         progress(f"sweep: draft length {k}")
         with ExitStack() as stack:
             lead = configs.start_lead(a, stack, extra, a.draft)
+            alone = configs.via("alone", configs.start_lead(a, stack, []), chosen, a.tokens)
             pairs = [(configs.via(f"k={k}", lead, chosen, a.tokens)(i), alone(i))
                      for i in range(len(chosen))]
         sweep[k] = (report.summarise(k, [d for d, _ in pairs], None).tok_s,

@@ -103,12 +103,15 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
               ids: list[list[int]], target_path: Path) -> tuple[dict[str, Runner], Lead]:
     """Every configuration, ready to run any prompt; also the lead of the model back."""
     alone = start_lead(a, stack, [])  # no back attached: lead decodes alone
+    # one lead per configuration: a lead remembers replies, and would draft one
+    # configuration's from another's
+    quiet = start_lead(a, stack, [])
     bare = start_lead(a, stack, ["--no-ngram"])
     duo = start_lead(a, stack, [], a.draft)
     ngram = start_lead(a, stack, [], "unused", ["--drafter", "ngram"])
     runners = {LEAD_ALONE: via("lead", alone, prompts, a.tokens),
                LEAD_NO_NGRAM: via("lead no ngram", bare, prompts, a.tokens),
-               LEAD_UNSTREAMED: via("lead not streamed", alone, prompts, a.tokens, False)}
+               LEAD_UNSTREAMED: via("lead not streamed", quiet, prompts, a.tokens, False)}
     runners |= variants(a, stack, prompts)
     if a.lead_cpus:  # the honest rival of a split: lead given the back's cores too
         everything = start_lead(a, stack, [], all_cores=True)

@@ -344,7 +344,7 @@ def test_with_rounds_repeated_the_first_round_is_shown_on_its_own(
     from bench.report import FIRST_ROUND
 
     data = _sim_data()  # round 0; round 1 as fast again, as if drafted from round 0
-    for name, rs in data["results"].items():
+    for rs in data["results"].values():
         rs.append(replace(rs[0], round=1, decode_s=rs[0].decode_s / 4))
     show(parse(["--sim", "--repeat", "2", "--out", str(tmp_path)]), data, tmp_path)
     out = capsys.readouterr().out

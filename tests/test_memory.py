@@ -27,8 +27,16 @@ def test_a_lookup_copies_what_followed_the_remembered_occurrence_agreeing_longes
     memory = remembering([9, 1, 2, 3, 4, 5, 6], [7, 1, 2, 3, 8, 9])
     match = memory.lookup([0, 9, 1, 2, 3], 3)  # 9 before (1, 2, 3) as in the first session
     assert match is not None and match.token_ids == (4, 5, 6) and match.length == 4
-    match = memory.lookup([5, 1, 2, 3], 3)  # agreeing 3 tokens with both: the latest
-    assert match is not None and match.token_ids == (8, 9) and match.length == 3
+    assert memory.lookup([5, 1, 2, 3], 3) is None  # agreeing 3 tokens with both, which part
+
+
+def test_occurrences_agreeing_as_long_are_copied_as_far_as_they_agree() -> None:
+    prompt = [40, 41, 42, 43, 44]
+    memory = remembering([*prompt, 1, 2, 3, 4], [*prompt, 1, 2, 7, 8], [*prompt, 1])
+    match = memory.lookup(prompt, 4)  # the replies parted at their third token
+    assert match is not None and match.token_ids == (1, 2) and match.length == 5
+    match = memory.lookup([*prompt, 1, 2, 7], 4)  # this reply took the second's way
+    assert match is not None and match.token_ids == (8,) and match.length == 8
 
 
 def test_a_repeated_prompt_finds_its_reply_agreeing_as_far_as_measured() -> None:
@@ -63,9 +71,10 @@ def test_the_budget_drops_the_oldest_sessions_and_every_place_they_held() -> Non
 def test_a_session_keeps_its_last_quarter_of_the_budget_and_a_key_its_latest_places() -> None:
     memory = remembering(list(range(100)), budget=40)
     assert memory.sessions[0] == tuple(range(90, 100))
-    many = remembering(*[[1, 2, 3, n] for n in range(KEPT + 5)])
+    many = remembering(*[[n, 1, 2, 3, n] for n in range(KEPT + 5)])
     assert len(many._ends[(1, 2, 3)]) == KEPT
-    assert many.lookup([1, 2, 3], 1).token_ids == (KEPT + 4,)  # type: ignore[union-attr]
+    assert many.lookup([KEPT + 4, 1, 2, 3], 1).token_ids == (KEPT + 4,)  # type: ignore[union-attr]
+    assert many.lookup([4, 1, 2, 3], 1) is None  # its own no longer kept: the rest part
 
 
 # --- lead's own drafts ---

@@ -5,8 +5,10 @@ from the finished sessions that said it, as llama-server's n-gram drafts are.
 The latest finished sessions' tokens (prompt and reply: a repeated prompt is what anchors
 its reply), up to `budget` tokens in all, the oldest dropped first. Every run of KEY tokens
 is indexed by the session and place it ended at, the latest KEPT occurrences each, as
-shared/ngram.py indexes one sequence; a lookup copies what followed the occurrence that
-agrees longest with the end of the sequence being decoded.
+shared/ngram.py indexes one sequence; a lookup copies what followed the occurrences that
+agree longest with the end of the sequence being decoded, up to where they part: a greedy
+reply verified in batches parts from the same reply decoded token by token at near-ties
+(README, Limitations), and a copy past such a place is a batch's worth of waste.
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ class Memory:
             self._drop(next(iter(self.sessions)))
 
     def lookup(self, query: Sequence[int], k: int) -> Match | None:
-        """Up to `k` tokens copied after the remembered occurrence that agrees longest with
-        `query`'s end (the latest of equals); None where its last KEY tokens occur in no
-        remembered session."""
+        """Up to `k` tokens copied after the remembered occurrences that agree longest with
+        `query`'s end, as far as they agree with each other; None where its last KEY tokens
+        occur in no remembered session, or those occurrences went on differently."""
         if k <= 0 or len(query) < KEY:
             return None
         ends = self._ends.get(tuple(query[-KEY:]))
         if not ends:
             return None
-        number, end = max(ends, key=lambda p: (agreeing(self.sessions[p[0]], p[1], query), p))
-        source = self.sessions[number]
-        return Match(source[end:end + k], agreeing(source, end, query))
+        lengths = [agreeing(self.sessions[n], end, query) for n, end in ends]
+        longest = max(lengths)
+        copy = _agreed([self.sessions[n][end:end + k]
+                        for (n, end), length in zip(ends, lengths, strict=True)
+                        if length == longest])
+        return Match(copy, longest) if copy else None
 
     def _drop(self, number: int) -> None:
         tokens = self.sessions.pop(number)
@@ -66,6 +71,18 @@ class Memory:
             ends[:] = [p for p in ends if p[0] != number]
             if not ends:
                 del self._ends[key]
+
+
+def _agreed(copies: list[tuple[int, ...]]) -> tuple[int, ...]:
+    """The copies' tokens as far as every copy that runs that far agrees: where two replies
+    to the same context parted (a near-tie, or a sampled reply), the next one may too."""
+    agreed: list[int] = []
+    for i in range(max(map(len, copies))):
+        votes = {copy[i] for copy in copies if i < len(copy)}
+        if len(votes) > 1:
+            break
+        agreed.append(votes.pop())
+    return tuple(agreed)
 
 
 def _keys(tokens: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], int]]:
