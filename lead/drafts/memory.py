@@ -76,6 +76,8 @@ class Memory:
 def _agreed(copies: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The copies' tokens as far as every copy that runs that far agrees: where two replies
     to the same context parted (a near-tie, or a sampled reply), the next one may too."""
+    if len(copies) == 1:
+        return copies[0]
     agreed: list[int] = []
     for i in range(max(map(len, copies))):
         votes = {copy[i] for copy in copies if i < len(copy)}
