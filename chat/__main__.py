@@ -44,6 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     repl = Repl(client, Conversation(system=args.system), colour, params)
     try:
         code = interactive(repl) if interactive_mode else piped(repl, sys.stdin.read())
+    except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
+        code = 141  # 128 + SIGPIPE, as a shell reports it
     finally:
         client.close()
     raise SystemExit(code)

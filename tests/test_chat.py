@@ -223,6 +223,18 @@ def test_piped_mode_prints_just_the_reply(lead: LiveServer) -> None:
     assert len(done.stdout.strip()) > 0 and "tok/s" not in done.stdout and "\x1b" not in done.stdout
 
 
+def test_a_reader_that_goes_away_ends_it_quietly(lead: LiveServer) -> None:
+    """`python chat.py < q | head -c 100`: the pipe closes under the reply."""
+    p = subprocess.Popen([sys.executable, "chat.py", "--lead", lead.url], cwd=ROOT,
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stdin is not None and p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # nobody reads: the reply's first write fails
+    p.stdin.write(b"question\n")
+    p.stdin.close()
+    err = p.stderr.read()
+    assert p.wait(60) == 141 and err == b"", err
+
+
 def test_unreachable_lead_is_one_line_error() -> None:
     done = run_piped(["--lead", "127.0.0.1:9"], "hi")
     assert done.returncode == 1
