@@ -342,11 +342,12 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     if not a.sim:
         print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
     print(report.markdown(summaries, base_name, llamaserver.PLAIN))
+    first, first_summaries = results, summaries
     if a.repeat > 1:
         print(f"\nFirst round only ({report.FIRST_ROUND}):\n")
         first = report.first_round(results)
-        print(report.markdown([report.summarise(n, rs, first[base_name])
-                               for n, rs in first.items()], base_name, llamaserver.PLAIN))
+        first_summaries = [report.summarise(n, rs, first[base_name]) for n, rs in first.items()]
+        print(report.markdown(first_summaries, base_name, llamaserver.PLAIN))
     for note in data.get("notes", []):
         print(note)
     client = report.client_note({s.config: s.tok_s for s in summaries})
@@ -358,7 +359,10 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
         print(f"\nPer prompt, against {llamaserver.PLAIN} run next to it:\n")
         print(report.per_prompt(results, llamaserver.PLAIN,
                                 [n for n in results if n != llamaserver.PLAIN], "llama-server"))
-    bounds = report.show_bounds(a, data, results, summaries, base_name, duo_name)
+    # The ideals price the back's drafts: from the first round, where a real lead has no
+    # earlier reply to copy (the simulated one remembers none: every round counts).
+    bounds = report.show_bounds(a, data, results if a.sim else first,
+                                summaries if a.sim else first_summaries, base_name, duo_name)
     sweep = data["sweep"]
     if sweep:
         print("\n| draft length | tok/s | lead alone, same prompts, side by side | ratio |\n"

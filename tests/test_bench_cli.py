@@ -352,3 +352,20 @@ def test_with_rounds_repeated_the_first_round_is_shown_on_its_own(
     assert "| SIM lead alone | 62.40 | 1.00x" in pooled  # 78 tokens in 1.25 s
     assert "| SIM lead alone | 39.00 | 1.00x" in first.split("Per prompt")[0]
     assert "| SIM duo: lead + back | 48.75 | 1.25x" in first.split("Per prompt")[0]
+
+
+def test_the_ideals_of_real_models_are_set_against_the_first_round_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from dataclasses import replace
+
+    from bench import configs
+    from bench.__main__ import show
+
+    sim = _sim_data()  # duo 1.25x lead alone in round 0; in round 1 lead alone copies its
+    alone, duo = sim["results"].values()  # last reply (4x), duo not
+    alone.append(replace(alone[0], round=1, decode_s=alone[0].decode_s / 4))
+    duo.append(replace(duo[0], round=1))
+    data = {**sim, "results": {configs.LEAD_ALONE: alone, configs.DUO_MODEL: duo}}
+    show(parse(["--repeat", "2", "--out", str(tmp_path)]), data, tmp_path)
+    out = capsys.readouterr().out
+    assert "duo measured 1.25x" in out
