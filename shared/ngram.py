@@ -14,10 +14,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 KEY = 3  # tokens a lookup key holds: the shortest match a draft is copied from
 KEPT = 8  # occurrences kept per key, latest first
 LONGEST = 64  # a match is measured this far back at most
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -42,10 +44,7 @@ class NgramIndex:
         self.tokens.extend(tokens[n:])
         # an occurrence is indexed once a token follows it: ends KEY .. len - 1
         for end in range(max(KEY, n), len(self.tokens)):
-            key = tuple(self.tokens[end - KEY:end])
-            ends = self._ends.setdefault(key, [])
-            ends.insert(0, end)
-            del ends[KEPT:]
+            kept(self._ends, tuple(self.tokens[end - KEY:end]), end)
 
     def lookup(self, k: int) -> Match | None:
         """Up to `k` tokens copied after the longest match of the indexed sequence's end;
@@ -61,6 +60,13 @@ class NgramIndex:
         while len(copy) < k:  # past the sequence's end the copy reads itself
             copy.append(copy[len(copy) - (len(tokens) - end)])
         return Match(tuple(copy), agreeing(tokens, end, tokens))
+
+
+def kept(places: dict[tuple[int, ...], list[T]], key: tuple[int, ...], place: T) -> None:
+    """Index `place` under `key`, the latest first, KEPT at most."""
+    latest = places.setdefault(key, [])
+    latest.insert(0, place)
+    del latest[KEPT:]
 
 
 def agreeing(source: Sequence[int], end: int, query: Sequence[int]) -> int:

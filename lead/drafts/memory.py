@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
-from shared.ngram import KEPT, KEY, Match, agreeing
+from shared.ngram import KEY, Match, agreeing, kept
 
 Place = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
 
@@ -32,16 +32,14 @@ class Memory:
 
     def add(self, tokens: Sequence[int]) -> None:
         """Remember a finished session's tokens (its last `most`)."""
-        kept = tuple(tokens[-self.most:])
-        if len(kept) <= KEY or self.budget <= 0:
+        tokens_kept = tuple(tokens[-self.most:])
+        if len(tokens_kept) <= KEY or self.budget <= 0:
             return
         number, self._next = self._next, self._next + 1
-        self.sessions[number] = kept
-        self.size += len(kept)
-        for key, end in _keys(kept):
-            ends = self._ends.setdefault(key, [])
-            ends.insert(0, (number, end))
-            del ends[KEPT:]
+        self.sessions[number] = tokens_kept
+        self.size += len(tokens_kept)
+        for key, end in _keys(tokens_kept):
+            kept(self._ends, key, (number, end))
         while self.size > self.budget:
             self._drop(next(iter(self.sessions)))
 
