@@ -53,3 +53,14 @@ def test_a_lead_address_no_retry_can_reach_is_refused_at_startup(address: str) -
                                      "http://[::1]:5555"])
 def test_lead_addresses_are_taken_as_given(address: str) -> None:
     assert parse_settings(BackSettings, "back", "", ["--lead", address]).lead == address
+
+@pytest.mark.parametrize("value", ["1", "100", "1023", str((1 << 20) + 1)])
+def test_a_memory_too_small_to_anchor_a_reply_or_too_large_is_refused(value: str) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_settings(LeadSettings, "lead", "", ["--ngram-memory", value])
+    assert exit_.value.code == 2
+
+@pytest.mark.parametrize("value", [0, 1024, 65536])
+def test_no_memory_or_enough_is_taken(value: int) -> None:
+    assert parse_settings(LeadSettings, "lead", "", ["--ngram-memory", str(value)]
+                          ).ngram_memory == value

@@ -105,6 +105,18 @@ def test_the_sessions_own_copy_wins_unless_a_remembered_one_agrees_longer() -> N
     assert OwnDrafts(longest=2, memory=0).memory is None
 
 
+def test_a_remembered_copy_agreeing_longer_but_stopping_sooner_loses_to_the_sessions() -> None:
+    # a reply of one token repeated: a key's latest places are the remembered session's
+    # last few, so its copy stops within 8 tokens, where the session's own runs on to 64
+    prompt = list(range(100, 140))
+    own = OwnDrafts(longest=64, memory=65536)
+    own.forget("old", prompt + [5] * 300)
+    recalled = own.memory.lookup(prompt + [5] * 20, 64)  # type: ignore[union-attr]
+    assert recalled is not None and len(recalled.token_ids) <= 8
+    ids, _ = own.propose("new", prompt + [5] * 20)  # type: ignore[misc]
+    assert ids == (5,) * 64
+
+
 # --- the engine ---
 
 

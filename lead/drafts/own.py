@@ -9,9 +9,10 @@ proposal compared with the tokens it then emitted, verified or not, so that a ba
 does not pay (and so is not verified) is still measured. A draft's i-th token follows a
 match i tokens longer, if the ones before it were right.
 
-Finished sessions are remembered (lead/drafts/memory.py): where one agrees longer with the
-reply's end than the prompt and reply do, the draft is copied from it, its odds learned
-apart (a sampled reply asked for again parts from the last one where an echo would not).
+Finished sessions are remembered (lead/drafts/memory.py): where a copy from one is expected
+to yield more than the prompt and reply's own (it agrees longer with the reply's end, and
+runs as far), the draft is copied from it, its odds learned apart (a sampled reply asked
+for again parts from the last one where an echo would not).
 """
 
 from __future__ import annotations
@@ -50,15 +51,16 @@ class OwnDrafts:
         self._settle(session_id, tokens)
         index = self.indexes.setdefault(session_id, NgramIndex())
         index.sync(tokens)
-        match, odds = index.lookup(self.longest), self.odds
-        recalled = self.memory.lookup(tokens, self.longest) if self.memory else None
-        if recalled is not None and (match is None or recalled.length > match.length):
-            match, odds = recalled, self.recalled_odds
-        if match is None:
+        copies = [(m, odds, _odds_of(m, odds)) for m, odds in (
+            (index.lookup(self.longest), self.odds),
+            (self.memory.lookup(tokens, self.longest) if self.memory else None,
+             self.recalled_odds)) if m is not None]
+        if not copies:
             return None
+        # the copy expected to yield more (a remembered one agreeing longer may stop sooner)
+        match, odds, each = max(copies, key=lambda c: _expected(c[2]))
         self._offered[session_id] = (len(tokens), match, odds)
-        return match.token_ids, tuple(odds.odds(match.length + i)
-                                      for i in range(len(match.token_ids)))
+        return match.token_ids, each
 
     def forget(self, session_id: str, tokens: Sequence[int] = ()) -> None:
         """The session ended with `tokens`: its index goes, its tokens are remembered."""
@@ -76,3 +78,17 @@ class OwnDrafts:
             odds.record(match.length + i, guess == token)
             if guess != token:
                 return
+
+
+def _odds_of(match: Match, odds: BandOdds) -> tuple[float, ...]:
+    """Each token's odds: the i-th follows a match i tokens longer, if those before were right."""
+    return tuple(odds.odds(match.length + i) for i in range(len(match.token_ids)))
+
+
+def _expected(odds: Sequence[float]) -> float:
+    """Tokens a draft with these odds is expected to have accepted, all of it verified."""
+    reach, total = 1.0, 0.0
+    for p in odds:
+        reach *= p
+        total += reach
+    return total

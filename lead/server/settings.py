@@ -11,6 +11,8 @@ from shared.cli import ApiKey
 from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
 
+MIN_MEMORY = 1024  # tokens: the smallest --ngram-memory but 0
+
 
 def parse_costs(text: str) -> list[float]:
     """'1.6,2.1' -> [1.6, 2.1]; ValueError naming what is wrong."""
@@ -60,11 +62,12 @@ class LeadSettings(DeviceChecks):
                         "echoed back); backs' drafts compete with them")
     ngram_max: int = Field(64, ge=1, le=64, description="most tokens of one of lead's own "
                            "drafts")
-    ngram_memory: int = Field(65536, ge=0, le=1 << 22, description="tokens of finished "
+    ngram_memory: int = Field(65536, ge=0, le=1 << 20, description="tokens of finished "
                               "prompts and replies lead's own drafts also copy from, so that "
                               "a reply asked for again, regenerated or repeated by an agent "
-                              "drafts from the last (0: none; every client's replies draft "
-                              "for every other's, which speed alone can show)")
+                              "drafts from the last (0: none, else at least 1024; ~300 bytes "
+                              "of memory a token; every client's replies draft for every "
+                              "other's, which speed alone can show)")
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)")
     tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "
@@ -116,6 +119,14 @@ class LeadSettings(DeviceChecks):
     def _costs(cls, value: str | None) -> str | None:
         if value:
             parse_costs(value)
+        return value
+
+    @field_validator("ngram_memory")
+    @classmethod
+    def _memory(cls, value: int) -> int:
+        if 0 < value < MIN_MEMORY:  # a session keeps a quarter: a few hundred tokens of a
+            # prompt's end and a reply's start are what anchor a reply asked for again
+            raise ValueError(f"0 (none) or at least {MIN_MEMORY} tokens")
         return value
 
     @field_validator("cpus")
