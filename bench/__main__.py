@@ -198,7 +198,7 @@ def run_models(a: argparse.Namespace) -> dict:
 
 def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path,
                   draft_path: Path, replies: dict[int, list[int]]
-                  ) -> tuple[dict[int, float], float, dict[str, dict[int, list[bool]]]]:
+                  ) -> tuple[dict[int, float], float, dict[str, dict[int, list]]]:
     """Verify cost per batch size, draft seconds per token, and for each prompt whether
     the draft's greedy token and its runner-up are each token of the target's reply."""
     from bench.peers import verify_costs
@@ -217,14 +217,16 @@ def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path
 
 
 def replayed(draft: Model, replies: dict[int, tuple[list[int], list[int]]]
-             ) -> dict[str, dict[int, list[bool]]]:
+             ) -> dict[str, dict[int, list]]:
     """Per prompt (its ids, the target's reply): where the draft's greedy token is the
-    target's ("agreement"), and where its runner-up is ("covers")."""
+    target's ("agreement"), where its runner-up is ("covers"), and the draft's probability
+    of its greedy token ("draft_q")."""
     from bench.peers import replay
 
     runs = {p: replay(draft, prompt, reply) for p, (prompt, reply) in replies.items()}
-    return {"agreement": {p: r[0] for p, r in runs.items()},
-            "covers": {p: r[1] for p, r in runs.items()}}
+    return {"agreement": {p: r.agrees for p, r in runs.items()},
+            "covers": {p: r.covers for p, r in runs.items()},
+            "draft_q": {p: r.probs for p, r in runs.items()}}
 
 
 def _chat_ids(path: Path, text: str) -> list[int]:
@@ -296,7 +298,7 @@ def run_sim(a: argparse.Namespace) -> dict:
 
 
 def sim_replays(a: argparse.Namespace, chosen: list[dict], alone: list[Result]
-                ) -> dict[str, dict[int, list[bool]]]:
+                ) -> dict[str, dict[int, list]]:
     """The simulated draft replayed on lead alone's replies (first round): where it agrees,
     and where its runner-up is lead's token (a run's few hundred tokens meet shares near
     --sim-agree and --cover, not at them)."""
@@ -377,6 +379,7 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
     report.write_json(out / written[0], {
         "args": vars(a), "summaries": summaries, "costs": data["costs"],
         "draft_s": data["draft_s"], **bounds, "agreement": data.get("agreement", {}),
+        "covers": data.get("covers", {}), "draft_q": data.get("draft_q", {}),
         "sweep": sweep, "gauges": data["gauges"], "foreign_cpu": data.get("foreign_cpu"),
         "results": {n: [r.row() for r in rs] for n, rs in results.items()}})
     note = caveat(data.get("foreign_cpu"))

@@ -76,20 +76,25 @@ def _never(_at: int) -> bool:
     return False
 
 
+def _all(_n: int, ready: int) -> int:
+    return ready
+
+
 def simulate(cost: Cost, wrong_from: Callable[[int], int], draft_s: float, k_max: int,
              n_tokens: int, max_ahead: int = 16, covered: Callable[[int], bool] = _never,
-             primed: bool = False) -> float:
+             primed: bool = False, length: Callable[[int, int], int] = _all) -> float:
     """Seconds for lead to emit `n_tokens` verifying min(k_max, ready) draft tokens per step.
     `wrong_from(n)`: how many tokens a draft path started at lead position n gets right;
     `covered(at)`: whether a branch holds lead's token at `at` where the draft reached it
     and was wrong; `primed`: the first path is drafted `max_ahead` tokens before lead's first
-    step (while it evaluated the prompt)."""
+    step (while it evaluated the prompt); `length(n, k)`: how many of the k ready tokens
+    from position n lead verifies (all, by default)."""
     now, n = 0.0, 0
     path = _Draft(0, -max_ahead * draft_s if primed else 0.0, wrong_from(0))
     while n < n_tokens:
         # The path's tokens before n are all lead's (else it would have restarted).
         ready = path.ready(now, draft_s, n - path.start + max_ahead) - (n - path.start)
-        k = min(k_max, max(ready, 0))
+        k = length(n, min(k_max, max(ready, 0)))
         accepted = min(k, path.wrong - (n - path.start))
         now += cost(k + 1)
         n += accepted + 1
@@ -162,6 +167,46 @@ def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft
         (plain / simulate(cost, replayed(agrees), draft_s, k, len(agrees), covered=covered,
                           primed=True), k)
         for k in range(1, max_draft + 1)])
+
+
+def best_length(cost: Cost, odds: Sequence[float]) -> int:
+    """The length of a draft whose tokens are right with `odds` (each given the ones before
+    it) that emits the most tokens a second (0: plain decoding pays best)."""
+    best, chosen, reach, expected = 1.0 / cost(1), 0, 1.0, 1.0
+    for k, p in enumerate(odds, 1):
+        reach *= p
+        expected += reach
+        if expected / cost(k + 1) > best:
+            best, chosen = expected / cost(k + 1), k
+    return chosen
+
+
+def per_token_ideal(cost: Cost, agrees: Sequence[bool], odds: Sequence[float], draft_s: float,
+                    max_draft: int, covers: Sequence[bool] | None = None) -> float:
+    """replayed_ideal with acceptance per token: each step verifies as much of the ready
+    draft as pays for its own tokens' odds (`odds[j]`: that the draft's token at reply
+    position j is right, as lead would price it), not the best fixed K for all steps."""
+    if not agrees:
+        return 1.0
+    covered = (lambda at: bool(covers[at])) if covers else _never
+    return cost(1) * len(agrees) / simulate(
+        cost, replayed(agrees), draft_s, max_draft, len(agrees), covered=covered, primed=True,
+        length=lambda n, k: best_length(cost, odds[n:n + k]))
+
+
+def band_odds(agrees: Sequence[Sequence[bool]], probs: Sequence[Sequence[float]],
+              bands: Sequence[float]) -> list[list[float]]:
+    """Per reply and position, the share of all replies' draft tokens right in the band of
+    the draft's probability of that token (its lower end in `bands`): odds as lead learns
+    them per band of q (lead/drafts/backodds.py), measured on the replies themselves."""
+    def band(q: float) -> float:
+        return max([b for b in bands if b <= q], default=min(bands))
+    counts: dict[float, list[int]] = {}
+    for reply, qs in zip(agrees, probs, strict=True):
+        for right, q in zip(reply, qs, strict=True):
+            counts.setdefault(band(q), [0, 0])[right] += 1
+    share = {b: c[1] / (c[0] + c[1]) for b, c in counts.items()}
+    return [[share[band(q)] for q in qs] for qs in probs]
 
 
 def pooled_speedup(seconds: dict[int, float], speedup: dict[int, float]) -> float:

@@ -4,6 +4,7 @@ direct measurement of what verifying a batch of b tokens costs on this placement
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -79,22 +80,36 @@ def verify_costs(model: Model, prompt_ids: list[int], sizes: list[int],
 def agreement(draft: Model, prompt_ids: list[int], target_ids: list[int]) -> list[bool]:
     """Whether the draft's greedy token for each of the target's reply tokens, given the
     prompt and the target's tokens before it, is the target's (one batch, no decoding)."""
-    return replay(draft, prompt_ids, target_ids)[0]
+    return replay(draft, prompt_ids, target_ids).agrees
 
 
-def replay(draft: Model, prompt_ids: list[int], target_ids: list[int]
-           ) -> tuple[list[bool], list[bool]]:
-    """Per token of the target's reply, given the prompt and the target's tokens before it:
-    whether the draft's greedy token is the target's, and whether its runner-up is (where a
-    back's branch, rooted at the draft's runner-up, holds lead's correction)."""
+class Replay(NamedTuple):
+    """Per token of the target's reply, the draft's row given the prompt and the target's
+    tokens before it: whether its greedy token is the target's, whether its runner-up is
+    (where a back's branch, rooted at the draft's runner-up, holds lead's correction), and
+    its probability of its greedy token (the q a back sends with its draft)."""
+
+    agrees: list[bool]
+    covers: list[bool]
+    probs: list[float]
+
+
+def replay(draft: Model, prompt_ids: list[int], target_ids: list[int]) -> Replay:
+    """The draft's rows on the target's reply, in one batch (no decoding)."""
     if not target_ids:
-        return [], []
+        return Replay([], [], [])
     draft.truncate(0)
     rows = draft.evaluate(prompt_ids + target_ids[:-1], len(target_ids))
     draft.truncate(0)
     top2 = [_first_two(row) for row in rows]
-    return ([first == want for (first, _), want in zip(top2, target_ids, strict=True)],
-            [second == want for (_, second), want in zip(top2, target_ids, strict=True)])
+    return Replay([first == want for (first, _), want in zip(top2, target_ids, strict=True)],
+                  [second == want for (_, second), want in zip(top2, target_ids, strict=True)],
+                  [_top_prob(row) for row in rows])
+
+
+def _top_prob(row: np.ndarray) -> float:
+    shifted = np.exp(row.astype(np.float64) - float(np.max(row)))
+    return float(1.0 / shifted.sum())  # the likeliest token's exp is 1
 
 
 def _first_two(row: np.ndarray) -> tuple[int, int]:

@@ -265,7 +265,28 @@ def _replayed_branches(data: dict, alone: list[Result], speedup: float) -> dict:
     print(f"ideal with branches replaying each reply's draft (a branch ready where the "
           f"draft's runner-up is the target's token: {cover:.0%} of its misses here): "
           f"{branched:.2f}x; duo = {speedup / branched:.2f} of it")
-    return {"branch_bound_replayed": branched, "cover_replayed": cover}
+    ideals = {"branch_bound_replayed": branched, "cover_replayed": cover}
+    if data.get("draft_q"):
+        ideals["branch_bound_per_token"] = per_token = _per_token(data, alone)
+        print(f"the same with acceptance per token (each step verifies as far as pays for "
+              f"its draft's own odds, by band of the draft's q as lead prices a back's): "
+              f"{per_token:.2f}x; duo = {speedup / per_token:.2f} of it")
+    return ideals
+
+
+def _per_token(data: dict, alone: list[Result]) -> float:
+    """The replayed ideal with branches, each step's length chosen by its tokens' odds."""
+    from bench.ideal import band_odds, padded, per_token_ideal
+    from lead.drafts.backodds import BANDS
+    from lead.server.settings import LeadSettings
+
+    prompts = sorted(data["agreement"])
+    odds = dict(zip(prompts, band_odds([data["agreement"][p] for p in prompts],
+                                       [data["draft_q"][p] for p in prompts], BANDS),
+                    strict=True))
+    return pooled_ideal(alone, lambda p: per_token_ideal(
+        padded(data["costs"]), data["agreement"].get(p, []), odds.get(p, []), data["draft_s"],
+        LeadSettings().max_draft, data["covers"].get(p)))
 
 
 def pooled_ideal(alone: list[Result], ideal_of: Callable[[int], float]) -> float:

@@ -77,6 +77,11 @@ def test_simulation_mode_is_labelled_and_reports_efficiency(tmp_path: Path) -> N
     assert 0.2 < data["cover_replayed"] <= 1.0  # the simulated runner-up covers 70 %
     assert data["branch_bound_replayed"] >= 0.98 * data["bound_replayed"]
     assert "replaying each reply's draft" in done.stdout
+    # the draft's q per token, and the ideal that verifies as far as each draft's odds pay
+    assert [len(data["draft_q"][str(p)]) for p in (0, 1)] == [40, 40]
+    assert all(0 < q <= 1 for p in (0, 1) for q in data["draft_q"][str(p)])
+    assert 1.0 <= data["branch_bound_per_token"] <= 1.01 * data["free_bound"]
+    assert "acceptance per token" in done.stdout
 
 
 def test_quick_advice_prices_every_placement_and_recommends_one() -> None:

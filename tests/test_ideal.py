@@ -4,14 +4,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 
 from bench.ideal import (
     async_ideal,
+    band_odds,
+    best_length,
     branch_ideal,
     expected_tokens,
     free_draft_bound,
     padded,
+    per_token_ideal,
     pooled_speedup,
     replayed_ideal,
     simulate,
@@ -163,3 +167,31 @@ def test_padding_makes_a_short_batch_cost_no_more_than_a_longer_cheaper_one() ->
     # With a draft at 0.4 of a target token (as on one CPU), lead often has 1-2 draft
     # tokens after a rejection: the bound must credit verifying them at the padded price.
     assert async_ideal(cost, 0.9, 0.4, 4)[0] > async_ideal(costs.__getitem__, 0.9, 0.4, 4)[0]
+
+
+def test_the_best_length_stops_before_a_token_unlikely_to_be_right() -> None:
+    assert best_length(flat, [0.9, 0.9, 0.9]) == 3
+    assert best_length(flat, [0.9, 0.9, 0.01, 0.9]) == 2  # a token more costs ~2 %
+    assert best_length(linear, [0.9, 0.9]) == 0  # b tokens cost b steps: none pays
+    assert best_length(flat, []) == 0
+
+
+def test_odds_per_token_gain_where_they_tell_right_tokens_from_wrong() -> None:
+    # A fifth of the draft's tokens are wrong, at random; a token more costs 30 % of a
+    # step. Odds that know the wrong ones stop each step before them: better than any
+    # fixed K. Odds that say nothing (the same for all) are a fixed K.
+    def cost(b: int) -> float:
+        return 1.0 + 0.3 * (b - 1)
+    agrees = [bool(x) for x in np.random.default_rng(0).random(400) > 0.2]
+    fixed, _ = replayed_ideal(cost, agrees, 0.001, 8)
+    knowing = per_token_ideal(cost, agrees, [0.95 if a else 0.05 for a in agrees], 0.001, 8)
+    blind = per_token_ideal(cost, agrees, [0.8] * len(agrees), 0.001, 8)
+    assert knowing > 1.05 * fixed
+    assert blind == pytest.approx(fixed, rel=0.01)  # (it alone stops at the reply's end)
+
+
+def test_band_odds_are_the_share_right_in_each_band_of_q() -> None:
+    agrees = [[True, False, True], [True]]
+    probs = [[0.9, 0.95, 0.2], [0.97]]
+    assert band_odds(agrees, probs, (0.0, 0.5, 0.95)) == [[1.0, 0.5, 1.0], [0.5]]
+
