@@ -202,6 +202,17 @@ class _FlatConverter(SchemaConverter):
             return str(self._add_rule(rule, f'"[" space {items} "]" space'))
         return str(super().visit(schema, name))
 
+    def _format_literal(self, literal: str) -> str:
+        """A GBNF literal matching exactly `literal`. The parent escapes quotes but not
+        backslashes, so the JSON escapes of an enum, a const or a property name were read
+        as GBNF's own: "a\\"b" ended the literal early (a valid schema refused), and
+        "\\ud83d\\udca5" became two lone surrogates (an emoji came out as U+FFFD)."""
+        return '"' + _LITERAL_SPECIAL.sub(lambda m: _LITERAL_ESCAPES[m.group(0)], literal) + '"'
+
+
+_LITERAL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\r": "\\r", "\n": "\\n"}
+_LITERAL_SPECIAL = re.compile(r'[\\"\r\n]')
+
 
 _TAKEN_FIRST = frozenset({"$ref", "oneOf", "anyOf", "const", "enum"})  # by the parent
 

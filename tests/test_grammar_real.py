@@ -127,6 +127,21 @@ def test_json_object_and_a_gbnf_grammar_are_served(lead: Lead) -> None:
     assert r.status_code == 200 and r.json()["choices"][0]["text"] in (" yes", " no"), r.text
 
 
+@pytest.mark.parametrize("value", ['a"b', "back\\slash", "\U0001F4A5", "\u0000", "a\u0001b",
+                                   "line\nbreak"])
+def test_a_value_json_escapes_is_served_as_json_in_enums_consts_and_names(
+        lead: Lead, value: str) -> None:
+    # a quote, a backslash, a character past the BMP or a control character is written
+    # with a JSON escape, which the grammar must match as text, not read as its own
+    schema = {"type": "object", "properties": {value: {"enum": [value, "other"]},
+                                               "k": {"const": value}},
+              "required": [value, "k"], "additionalProperties": False}
+    text, reply = ask(lead.url, schema, "Give the JSON.")
+    assert json.loads(text) == {value: json.loads(text)[value], "k": value}, text
+    jsonschema.validate(json.loads(text), schema)
+    assert reply["choices"][0]["finish_reason"] == "stop", text
+
+
 @pytest.mark.parametrize(("fields", "param", "says"), [
     ({"grammar": "root ::= ("}, "grammar", "expecting ')'"),
     ({"grammar": 'start ::= "a"'}, "grammar", "root"),
