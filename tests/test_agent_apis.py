@@ -339,6 +339,22 @@ def test_a_template_without_a_call_format_calls_tools_in_the_generic_format() ->
     assert "get_weather" in model.prompts[-1] and "tool_call" in model.prompts[-1]
 
 
+@pytest.mark.parametrize("pieces", [GENERIC_ANSWER, GENERIC_ANSWER[:2]])  # (and cut short)
+def test_a_generic_answer_is_unwrapped_alike_whether_streamed_or_not(pieces: list[str]) -> None:
+    body = {"messages": [{"role": "user", "content": "weather in Paris?"}],
+            "tools": [{"type": "function", "function": {k: WEATHER[k] for k in (
+                "name", "description", "parameters")}}]}
+    with TestClient(app_over(PlainPieces(pieces))) as client:
+        plain = client.post("/v1/chat/completions", json=body).json()["choices"][0]
+    with TestClient(app_over(PlainPieces(pieces))) as client, \
+            client.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as r:
+        streamed = "".join(e["choices"][0]["delta"].get("content") or ""
+                           for e in sse_events(r) if e.get("choices"))
+    expected = "It is sunny in Paris, 21\u00b0C." if len(pieces) == 3 else "It is sunny in Par"
+    assert plain["message"]["content"] == streamed == expected
+    assert "tool_calls" not in plain["message"]
+
+
 def test_the_generic_format_streams_an_answer_as_its_string_decodes() -> None:
     stream = GenericStream(["get_weather"])
     pieces = [stream.push(p) for p in ['{"resp', 'onse": "It is ', 'sunny \\', 'u00b0 ok"}']]

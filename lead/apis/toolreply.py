@@ -40,10 +40,11 @@ def forced_grammar(plan: ToolPlan, model: Model) -> str | None:
 
 def with_calls(choice: dict[str, Any], plan: ToolPlan, text: str) -> dict[str, Any]:
     """A plain reply's choice with the calls its text holds (OpenAI's message.tool_calls,
-    finish_reason "tool_calls"); unchanged where it holds none."""
+    finish_reason "tool_calls"); where it holds none, its content as the parser gives it
+    (a generic-format answer unwrapped, as the same reply streams)."""
     content, calls = plan.parse(text)
     if not calls:
-        return choice
+        return {**choice, "message": {**choice["message"], "content": content}}
     message = {**choice["message"], "content": content, "tool_calls": calls}
     return {**choice, "message": message,
             "finish_reason": finish_reason(choice["finish_reason"], True)}
