@@ -146,6 +146,8 @@ def test_a_streamed_call_comes_as_a_function_call_item() -> None:
     ({"reasoning": {"effort": "low"}}, "reasoning"),
     ({"include": ["file_search_call.results"]}, "include"),
     ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"text": {"format": "json"}}, "text.format"),
+    ({"text": {"format": 5}}, "text.format"),
 ])
 def test_what_responses_does_not_serve_is_a_400_naming_it(extra: dict[str, Any],
                                                           param: str) -> None:

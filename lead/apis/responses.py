@@ -72,6 +72,10 @@ def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
     unknown = [i for i in body.include or [] if i != LOGPROBS]
     if unknown:
         return shapes.FieldRefused("include", f"include: {unknown[0]!r} is not served")
+    fmt = (body.text or {}).get("format")
+    if fmt is not None and not isinstance(fmt, dict):
+        return shapes.FieldRefused("text.format", "text.format: an object, e.g. "
+                                                  '{"type": "json_schema", "schema": {...}}')
     return None
 
 
