@@ -28,6 +28,7 @@ from llama_cpp.llama_grammar import (
 from shared.grammar_bounds import check_gbnf
 from shared.schema_bounds import check_schema
 from shared.schema_keywords import ENFORCED, unenforced
+from shared.schema_pattern import for_grammar
 
 captured = threading.local()  # .lines: where this thread's llama.cpp log goes, if set
 
@@ -201,6 +202,10 @@ class _FlatConverter(SchemaConverter):
                            schema.get("minItems", 0), schema.get("maxItems"))
             return str(self._add_rule(rule, f'"[" space {items} "]" space'))
         return str(super().visit(schema, name))
+
+    def _visit_pattern(self, pattern: str, name: str) -> str:
+        """The parent's, over the pattern's escapes rewritten (shared/schema_pattern.py)."""
+        return str(super()._visit_pattern(for_grammar(pattern), name))
 
     def _format_literal(self, literal: str) -> str:
         """A GBNF literal matching exactly `literal`. The parent escapes quotes but not

@@ -6,6 +6,7 @@ shared/llm.py."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 
 import httpx
@@ -139,6 +140,15 @@ def test_a_value_json_escapes_is_served_as_json_in_enums_consts_and_names(
     text, reply = ask(lead.url, schema, "Give the JSON.")
     assert json.loads(text) == {value: json.loads(text)[value], "k": value}, text
     jsonschema.validate(json.loads(text), schema)
+    assert reply["choices"][0]["finish_reason"] == "stop", text
+
+
+@pytest.mark.parametrize("pattern", [r"^\d{3}-\d{2}$", r"^\w{1,8}\.com$", r"^[a-z]{1,6}\s\S{1,6}$",
+                                     r'^"[a-z]{1,5}"\\$', r"^a\nb\.?$", r"^[^a-z]{2}$"])
+def test_a_patterns_reply_is_json_whose_string_matches_it(lead: Lead, pattern: str) -> None:
+    # escapes as schemas write them (\d, \w, \.), and characters JSON writes escaped
+    text, reply = ask(lead.url, {"type": "string", "pattern": pattern}, "Give the value.")
+    assert re.fullmatch(pattern, json.loads(text)), text
     assert reply["choices"][0]["finish_reason"] == "stop", text
 
 
