@@ -25,6 +25,8 @@ def unenforced(schema: Any, where: str = "schema") -> str | None:
     for key in schema:
         if key not in ENFORCED and key not in _ANNOTATIONS:
             return f"{where}.{key}"
+    if _required_not_listed(schema):  # the converter writes only listed properties
+        return f"{where}.required (naming a property not in properties)"
     maps = [(k, m) for k in _SUBSCHEMA_MAPS if isinstance(m := schema.get(k), dict)]
     lists = [(k, v) for k in _SUBSCHEMA_LISTS if isinstance(v := schema.get(k), list)]
     subschemas = [(f"{where}.{k}.{name}", sub) for k, m in maps for name, sub in m.items()]
@@ -32,3 +34,11 @@ def unenforced(schema: Any, where: str = "schema") -> str | None:
     subschemas += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties")
                    if k in schema]
     return next((found for path, sub in subschemas if (found := unenforced(sub, path))), None)
+
+
+def _required_not_listed(schema: dict[str, Any]) -> bool:
+    """Whether `required` names a property its `properties` do not list (where no allOf
+    could list it)."""
+    required, properties = schema.get("required"), schema.get("properties")
+    return isinstance(required, list) and isinstance(properties, dict) and \
+        "allOf" not in schema and any(name not in properties for name in required)

@@ -197,6 +197,11 @@ def test_llama_grammar_states_mask_advance_and_never_abort(model: LlamaModel) ->
 
 def test_unenforced_keywords_are_found_where_they_hide() -> None:
     assert unenforced(SCHEMAS[4]) is None
+    assert unenforced({"properties": {"o": {"properties": {"x": {}}, "required": ["y"]}}}) \
+        == "schema.properties.o.required (naming a property not in properties)"
+    assert unenforced({"properties": {"x": {}}, "required": ["x"]}) is None
+    assert unenforced({"properties": {}, "required": ["x"], "allOf": [
+        {"properties": {"x": {}}}]}) is None  # (an allOf may list it)
     assert unenforced({"properties": {"minimum": {"type": "integer"}}}) is None
     assert unenforced({"items": {"anyOf": [{"type": "string"}, {"uniqueItems": True}]}}) == \
         "schema.items.anyOf[1].uniqueItems"
