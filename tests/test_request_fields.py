@@ -97,6 +97,30 @@ OWN_CLIENTS = [
 ]
 
 
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),  # (a union)
+    ({"stop": [1]}, "stop"),
+    ({"temperature": "hot"}, "temperature"),
+])
+def test_a_value_of_the_wrong_type_is_a_400_naming_it_as_the_request_writes_it(
+        client: TestClient, fields: dict, param: str) -> None:
+    status, body = post(client, CHAT, **fields)
+    assert status == 400 and body["error"]["param"] == param, body
+    assert body["error"]["message"].startswith(f"{param}: "), body
+
+
+@pytest.mark.parametrize(("raw", "says"), [
+    ('{"messages":', "the body is not valid JSON: Expecting value (at character 12)"),
+    ("", "the body is empty or not a JSON object"),
+    ("[1]", "the body is empty or not a JSON object"),
+])
+def test_a_body_that_is_no_json_object_is_a_400_saying_so(client: TestClient, raw: str,
+                                                           says: str) -> None:
+    r = client.post(CHAT, content=raw, headers={"content-type": "application/json"})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(says), r.text
+    assert r.json()["error"]["param"] is None
+
+
 @pytest.mark.parametrize("fields", OWN_CLIENTS)
 def test_what_duos_own_clients_send_is_accepted(client: TestClient, fields: dict) -> None:
     assert client.post(CHAT, json={**chat_body(), **fields}).status_code == 200

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -29,7 +31,15 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        if first.get("type") == "json_invalid":
+            at = next((p for p in first.get("loc", ()) if isinstance(p, int)), None)
+            reason = (first.get("ctx") or {}).get("error") or first.get("msg")
+            return error_response(request.url.path, 400, f"the body is not valid JSON: "
+                                  f"{reason}" + (f" (at character {at})" if at is not None else ""))
+        if tuple(first.get("loc", ())) == ("body",):
+            return error_response(request.url.path, 400, "the body is empty or not a JSON "
+                                  f"object: {first.get('msg')}")
+        where = field_path(first.get("loc", ()))
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
         return error_response(request.url.path, 400, message, where or None)
 
@@ -37,3 +47,18 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(request.url.path, exc.status_code, str(exc.detail),
                               getattr(exc, "param", None), getattr(exc, "headers", None))
+
+
+# pydantic's name for the member of a union it tried (str, list[Part], function-after[...])
+_UNION_MEMBER = re.compile(r"[\[\](),]|^(function-\w+|str|int|float|bool|list|dict|none)$")
+
+
+def field_path(loc: tuple[int | str, ...]) -> str:
+    """A validation error's place as the request writes it: messages[0].content."""
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif part != "body" and not _UNION_MEMBER.search(part):
+            path += f".{part}" if path else part
+    return path
