@@ -270,20 +270,20 @@ def test_junk_trees_are_a_400_naming_the_field_and_lead_keeps_serving() -> None:
     base = {"session_id": "x", "start": 0, "token_ids": [1, 2, 3], "back_id": "b"}
     dist = {"token_ids": [1], "probs": [1.0]}
     cases = [
-        ([{"at": 0, "token_ids": [5, 10**6]}], "vocabulary", "branches.0.token_ids"),
+        ([{"at": 0, "token_ids": [5, 10**6]}], "vocabulary", "branches[0].token_ids"),
         ([{"at": 1, "token_ids": [4], "dists": [dist]}, {"at": 0, "token_ids": [4, 5],
           "dists": [dist, {"token_ids": [2, 96], "probs": [0.5, 0.5]}]}],
-         "vocabulary", "branches.1.dists.1.token_ids"),
+         "vocabulary", "branches[1].dists[1].token_ids"),
         ([{"at": 3, "token_ids": [5]}], "past the main chain", None),
-        ([{"at": -1, "token_ids": [5]}], "at", "branches.0.at"),
+        ([{"at": -1, "token_ids": [5]}], "at", "branches[0].at"),
         ([{"at": 1, "token_ids": [2, 5]}], "main chain's own token", None),
         ([{"at": 0, "token_ids": [4]}, {"at": 1, "token_ids": [4], "dists": [dist]}],
          "every branch or on none", None),
-        ([{"at": 0, "token_ids": []}], "token_ids", "branches.0.token_ids"),
-        ([{"at": 0, "token_ids": list(range(4, 21))}], "at most 16", "branches.0.token_ids"),
+        ([{"at": 0, "token_ids": []}], "token_ids", "branches[0].token_ids"),
+        ([{"at": 0, "token_ids": list(range(4, 21))}], "at most 16", "branches[0].token_ids"),
         ([{"at": 0, "token_ids": [4]}] * 9, "branches", "branches"),
         ([{"at": 0, "token_ids": [4] * 17}] * 8, "128 tokens in all", None),
-        ([{"at": 0, "token_ids": [4], "parent": 2}], "parent", "branches.0.parent"),
+        ([{"at": 0, "token_ids": [4], "parent": 2}], "parent", "branches[0].parent"),
     ]
     for branches, fragment, param in cases:
         dists = [dist] * 3 if "dists" in branches[0] else None

@@ -135,7 +135,7 @@ def _branch(branch: DraftBranch) -> Branch:
 def _check_size(post: DraftPost, max_post: int, metrics: Metrics) -> None:
     """A 400 for a chain (main or branch) longer than lead takes in one post."""
     chains = [("token_ids", post.token_ids)] + [
-        (f"branches.{i}.token_ids", b.token_ids) for i, b in enumerate(post.branches)]
+        (f"branches[{i}].token_ids", b.token_ids) for i, b in enumerate(post.branches)]
     for where, ids in chains:
         if len(ids) > max_post:
             metrics.drafts_invalid += 1
@@ -157,10 +157,10 @@ def _out_of_vocab(post: DraftPost, n_vocab: int) -> tuple[str, int] | None:
     """(field, id) of the first id outside the vocabulary, in the main chain, the
     branches or any of their dists."""
     fields = [("", post.token_ids, post.dists)] + [
-        (f"branches.{i}.", b.token_ids, b.dists) for i, b in enumerate(post.branches)]
+        (f"branches[{i}].", b.token_ids, b.dists) for i, b in enumerate(post.branches)]
     for prefix, ids, dists in fields:
         groups = [(f"{prefix}token_ids", ids)] + [
-            (f"{prefix}dists.{j}.token_ids", d.token_ids) for j, d in enumerate(dists or [])]
+            (f"{prefix}dists[{j}].token_ids", d.token_ids) for j, d in enumerate(dists or [])]
         for where, group in groups:
             token = next((t for t in group if not 0 <= t < n_vocab), None)
             if token is not None:
