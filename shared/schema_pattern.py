@@ -30,28 +30,22 @@ def for_grammar(pattern: str) -> str:
     except re.error as exc:
         raise ValueError(f"not a valid regular expression: {exc}") from None
     out: list[str] = []
-    i, in_class = 0, False
+    i, opened = 0, ""  # the class being read: "[" or "[^" ("": none)
     while i < len(pattern):
         c, step = pattern[i], 1
         if c == "\\" and i + 1 < len(pattern):
-            c, step = _escape(pattern[i + 1], in_class), 2
-        elif c == "[" and not in_class:
-            c, step = ("[^", 2) if pattern[i + 1:i + 2] == "^" else ("[", 1)
-            in_class = True
-        elif c == "]" and in_class:
-            c = f"{RAW_UNSAFE}]" if _negated(out) else c
-            in_class = False
-        elif not in_class:
+            c, step = _escape(pattern[i + 1], bool(opened)), 2
+        elif c == "[" and not opened:
+            c = opened = "[^" if pattern[i + 1:i + 2] == "^" else "["
+            step = len(c)
+        elif c == "]" and opened:
+            c = f"{RAW_UNSAFE}]" if opened == "[^" else c
+            opened = ""
+        elif not opened:
             c = f"[^{RAW_UNSAFE}]" if c == "." else JSON_ESCAPED.get(c, c)
         out.append(c)
         i += step
     return "".join(out)
-
-
-def _negated(out: list[str]) -> bool:
-    """Whether the class being closed opened with [^."""
-    opened = max(i for i, part in enumerate(out) if part in ("[", "[^"))
-    return out[opened] == "[^"
 
 
 def _escape(c: str, in_class: bool) -> str:
