@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 
 from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
-from lead.drafts.rank import BackScores, expected_yield
+from lead.drafts.rank import BackScores, expected_yield, odds_yield
 from shared.branch import Branch
 from shared.sampling import Dist
 
@@ -112,16 +112,6 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
     odds = list(candidate.odds[skip:skip + len(ids)]) if candidate.odds else None
     return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds)
-
-
-def odds_yield(odds: Sequence[float]) -> float:
-    """Draft tokens a step verifying all of them is expected to accept, token i right
-    with odds[i] given the ones before it."""
-    total, reach = 0.0, 1.0
-    for p in odds:
-        reach *= p
-        total += reach
-    return total
 
 
 def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], limit: int

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 from lead.drafts.bandodds import BandOdds
 from lead.drafts.memory import Memory
+from lead.drafts.rank import odds_yield
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
@@ -58,7 +59,7 @@ class OwnDrafts:
         if not copies:
             return None
         # the copy expected to yield more (a remembered one agreeing longer may stop sooner)
-        match, odds, each = max(copies, key=lambda c: _expected(c[2]))
+        match, odds, each = max(copies, key=lambda c: odds_yield(c[2]))
         self._offered[session_id] = (len(tokens), match, odds)
         return match.token_ids, each
 
@@ -83,12 +84,3 @@ class OwnDrafts:
 def _odds_of(match: Match, odds: BandOdds) -> tuple[float, ...]:
     """Each token's odds: the i-th follows a match i tokens longer, if those before were right."""
     return tuple(odds.odds(match.length + i) for i in range(len(match.token_ids)))
-
-
-def _expected(odds: Sequence[float]) -> float:
-    """Tokens a draft with these odds is expected to have accepted, all of it verified."""
-    reach, total = 1.0, 0.0
-    for p in odds:
-        reach *= p
-        total += reach
-    return total

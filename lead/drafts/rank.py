@@ -26,6 +26,16 @@ RECENT = 3  # outcomes in the recent estimate: a back turning bad loses within a
 KEPT = 256  # backs whose estimate is kept (least recently updated dropped first)
 
 
+def odds_yield(odds: Sequence[float]) -> float:
+    """Draft tokens a step verifying all of them is expected to accept, token i right
+    with odds[i] given the ones before it."""
+    total, reach = 0.0, 1.0
+    for p in odds:
+        reach *= p
+        total += reach
+    return total
+
+
 def expected_yield(alpha: float, k: int) -> float:
     """Draft tokens a step verifying k of them is expected to accept, each right with
     probability alpha given the ones before it: a + a^2 + ... + a^k."""
