@@ -171,6 +171,21 @@ def test_a_bad_grammar_or_schema_is_a_400_saying_why(lead: Lead, fields: dict, p
     assert lead.alive()
 
 
+def test_a_schema_the_converter_refuses_is_named_as_each_api_wrote_it(lead: Lead) -> None:
+    bad = {"type": "object", "properties": {"a": {"type": "no such type"}}}
+    r = httpx.post(f"{lead.url}/v1/messages", timeout=30, json={
+        "model": "duo", "max_tokens": 4, "messages": [{"role": "user", "content": "x"}],
+        "tools": [{"name": "f", "input_schema": {"type": "object"}},
+                  {"name": "g", "input_schema": bad}], "tool_choice": {"type": "any"}})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["message"].startswith("tools[1].input_schema: "), r.text
+    r = httpx.post(f"{lead.url}/v1/responses", timeout=30, json={
+        "input": "x", "max_output_tokens": 4,
+        "text": {"format": {"type": "json_schema", "name": "x", "schema": bad}}})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "text.format", r.text
+    assert lead.alive()
+
+
 # --- shared/llm.py's grammar states on the model itself ---
 
 @pytest.fixture(scope="module")

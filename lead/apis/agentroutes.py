@@ -8,21 +8,25 @@ first), and its reply into its own shapes (lead/apis/responses.py, lead/apis/ant
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import anthropic, responses, shapes
 from lead.apis.openairoutes import reply
 from lead.apis.prepare import Prepared, prepare_chat, prepare_completion
+from lead.apis.renames import renaming, validated
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
 from lead.server.delivery import StreamedReply
 from shared.modelthread import Threads
+
+# The completion request's fields /infill names otherwise (its prompt: the prefix, then it)
+INFILL_NAMES = {"max_tokens": "n_predict", "suffix": "input_suffix", "prompt": "input_prefix"}
 
 
 class InfillRequest(BaseModel):
@@ -50,7 +54,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
     async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
         if (refused := responses.refusal(body)) is not None:
             raise refused
-        chat = converted(lambda: responses.to_chat(body))
+        chat, names = responses.to_chat(body)
         shape = responses.ResponseShape(body, model.name, responses.new_id("resp"),
                                         model.token_bytes)
 
@@ -59,7 +63,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
             return StreamedReply(gen, first,
                                  lambda emissions: shape.events(emissions, prepared.plan))
         return await reply(engine, workers, request, body.stream,
-                           partial(prepare_chat, model, max_tokens, chat),
+                           renaming(names, partial(prepare_chat, model, max_tokens, chat)),
                            lambda emissions, plan: JSONResponse(shape.whole(emissions, plan)),
                            streamed)
 
@@ -67,9 +71,9 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
     async def create_message(body: anthropic.MessagesRequest, request: Request) -> Response:
         if (refused := anthropic.refusal(body)) is not None:
             raise refused
-        chat = converted(lambda: anthropic.to_chat(body))
+        chat, names = anthropic.to_chat(body)
         shape = anthropic.MessageShape(model.name, anthropic.new_id("msg"))
-        prepare = partial(prepare_chat, model, max_tokens, chat)
+        prepare = renaming(names, partial(prepare_chat, model, max_tokens, chat))
 
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                      prepared: Prepared) -> Response:
@@ -82,28 +86,19 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
 
     @router.post("/infill", response_model=None)
     async def infill(body: InfillRequest, request: Request) -> Response:
-        completion = converted(lambda: infill_request(body))
+        completion = infill_request(body)
 
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                      prepared: Prepared) -> Response:
             return StreamedReply(gen, first, partial(infill_events, model.name))
         return await reply(engine, workers, request, body.stream,
-                           partial(prepare_completion, model, max_tokens, completion),
+                           renaming(INFILL_NAMES, partial(prepare_completion, model,
+                                                          max_tokens, completion)),
                            lambda emissions, _: JSONResponse(infill_whole(model.name,
                                                                           emissions)),
                            streamed)
 
     return router
-
-
-def converted(convert: Callable[[], Any]) -> Any:
-    """A converted request; its validation errors a 400 naming the field, as for any body."""
-    try:
-        return convert()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise shapes.FieldRefused(where, f"{where}: {first.get('msg')}") from None
 
 
 def infill_request(body: InfillRequest) -> shapes.CompletionRequest:
@@ -120,8 +115,8 @@ def infill_request(body: InfillRequest) -> shapes.CompletionRequest:
               "max_tokens": body.n_predict, "temperature": body.temperature,
               "top_p": body.top_p, "top_k": body.top_k, "stop": body.stop,
               "stream": body.stream}
-    return shapes.CompletionRequest.model_validate({k: v for k, v in fields.items()
-                                                 if v is not None})
+    return validated(shapes.CompletionRequest.model_validate,
+                     {k: v for k, v in fields.items() if v is not None}, INFILL_NAMES)
 
 
 def infill_fields(model: str, session: Session) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import shapes
+from lead.apis.renames import ORIGIN, Names, chat_request
 from lead.apis.toolreply import Deltas
 from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
@@ -56,20 +57,30 @@ def refusal(body: MessagesRequest) -> shapes.FieldRefused | None:
     return None
 
 
-def to_chat(body: MessagesRequest) -> shapes.ChatRequest:
-    """The chat request this message is decoded as (a 400 naming the field at fault)."""
+def to_chat(body: MessagesRequest) -> tuple[shapes.ChatRequest, Names]:
+    """The chat request this message is decoded as, and where its fields came from (a 400
+    naming the field at fault, as this request writes it)."""
     system = _blocks_text("system", body.system) if body.system else None
-    messages = ([{"role": "system", "content": system}] if system else []) + \
+    messages = ([{"role": "system", "content": system, ORIGIN: {"": "system"}}]
+                if system else []) + \
         [m for i, message in enumerate(body.messages) for m in _turn(i, message)]
     fields: dict[str, Any] = {
         "messages": messages, "max_tokens": body.max_tokens, "stop": body.stop_sequences,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
         "stream": body.stream}
+    names = {"stop": "stop_sequences", "tool_choice.function": "tool_choice"}
     if body.tools is not None:
         fields["tools"] = [_tool(i, t) for i, t in enumerate(body.tools)]
+        names.update(_tool_names(len(body.tools)))
     if body.tool_choice is not None:
         fields["tool_choice"] = _tool_choice(body.tool_choice)
-    return shapes.ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    return chat_request({k: v for k, v in fields.items() if v is not None}, names)
+
+
+def _tool_names(n: int) -> Names:
+    return {chat: client for i in range(n) for chat, client in (
+        (f"tools[{i}].function", f"tools[{i}]"),
+        (f"tools[{i}].function.parameters", f"tools[{i}].input_schema"))}
 
 
 def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -79,8 +90,9 @@ def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     if role not in ("user", "assistant"):
         raise shapes.FieldRefused(f"messages[{i}].role", f"messages[{i}].role: user or "
                                                       "assistant")
+    origin = {"": f"messages[{i}]"}
     if isinstance(content, str):
-        return [{"role": role, "content": content}]
+        return [{"role": role, "content": content, ORIGIN: origin}]
     if not isinstance(content, list):
         raise shapes.FieldRefused(f"messages[{i}].content", f"messages[{i}].content: text or "
                                                          "a list of blocks")
@@ -88,8 +100,8 @@ def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     for j, block in enumerate(content):
         _take_block(f"messages[{i}].content[{j}]", block, texts, calls, results)
     text = "".join(texts)
-    own = [{"role": role, "content": text, **({"tool_calls": calls} if calls else {})}] \
-        if text or calls else []
+    own = [{"role": role, "content": text, ORIGIN: origin,
+            **({"tool_calls": calls} if calls else {})}] if text or calls else []
     return results + own
 
 
@@ -99,13 +111,18 @@ def _take_block(where: str, block: Any, texts: list[str], calls: list[dict[str, 
     if kind == "text":
         texts.append(str(block.get("text", "")))
     elif kind == "tool_use":
+        if not isinstance(block.get("input", {}), dict):
+            raise shapes.FieldRefused(f"{where}.input", f"{where}.input: an object")
         calls.append({"id": block.get("id"), "type": "function",
                       "function": {"name": block.get("name"),
-                                   "arguments": json.dumps(block.get("input") or {})}})
+                                   "arguments": json.dumps(block.get("input") or {})},
+                      ORIGIN: {"": where, ".function": where,
+                               ".function.arguments": f"{where}.input"}})
     elif kind == "tool_result":
         text = _blocks_text(f"{where}.content", block.get("content") or "")
         results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
-                        "content": f"error: {text}" if block.get("is_error") else text})
+                        "content": f"error: {text}" if block.get("is_error") else text,
+                        ORIGIN: {"": where, ".tool_call_id": f"{where}.tool_use_id"}})
     else:
         raise shapes.FieldRefused(f"{where}.type", f"{where}.type: {kind!r} blocks are not "
                                                 "served (text, tool_use, tool_result are)")

@@ -61,7 +61,8 @@ def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonReques
                                  f"{n_ctx} (start lead with a larger --ctx-size)")
     wanted = body.wanted_tokens()
     if wanted is not None and wanted > n_ctx:
-        raise HTTPException(400, f"max_tokens {wanted} exceeds the context size {n_ctx}")
+        raise shapes.FieldRefused("max_tokens", f"max_tokens: {wanted} exceeds the context "
+                                              f"size {n_ctx}")
     outside = [t for t in body.logit_bias or {} if t >= model.n_vocab]
     if outside:
         raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "

@@ -20,11 +20,17 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import shapes
+from lead.apis.renames import ORIGIN, Names, chat_request
 from lead.apis.toolreply import Deltas
 from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 
 LOGPROBS = "message.output_text.logprobs"
+ROLES = ("user", "assistant", "system", "developer")
+# The chat request's fields this request names otherwise (its messages: where each came from)
+NAMES = {"max_tokens": "max_output_tokens", "response_format.json_schema": "text.format",
+         "response_format": "text.format", "tool_choice.function": "tool_choice",
+         "logprobs": "include", "messages": "input"}
 HARMLESS = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
 UNSERVED = {
     "previous_response_id": "stored responses are not served: send the whole conversation "
@@ -79,10 +85,12 @@ def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
     return None
 
 
-def to_chat(body: ResponsesRequest) -> shapes.ChatRequest:
-    """The chat request this response is decoded as (a 400 naming the field at fault)."""
-    messages = ([{"role": "system", "content": body.instructions}] if body.instructions
-                else []) + _messages(body.input)
+def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names]:
+    """The chat request this response is decoded as, and where its fields came from (a
+    400 naming the field at fault, as this request writes it)."""
+    messages = ([{"role": "system", "content": body.instructions,
+                  ORIGIN: {"": "instructions"}}] if body.instructions else []) + \
+        _messages(body.input)
     logprobs = LOGPROBS in (body.include or []) or bool(body.top_logprobs)
     fields = {"messages": messages, "max_tokens": body.max_output_tokens,
               "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
@@ -92,27 +100,40 @@ def to_chat(body: ResponsesRequest) -> shapes.ChatRequest:
         fields["tools"] = [_tool(i, t) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields["tool_choice"] = _tool_choice(body.tool_choice)
-    return shapes.ChatRequest.model_validate({k: v for k, v in fields.items() if v is not None})
+    names = {**NAMES, **{f"tools[{i}].function": f"tools[{i}]"
+                         for i in range(len(body.tools or []))}}
+    return chat_request({k: v for k, v in fields.items() if v is not None}, names)
 
 
 def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(given, str):
-        return [{"role": "user", "content": given}]
+        return [{"role": "user", "content": given, ORIGIN: {"": "input"}}]
     out: list[dict[str, Any]] = []
     for i, item in enumerate(given):
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message":
-            out.append({"role": item.get("role"), "content": _text(f"input[{i}]", item)})
+            out.append({"role": _role(i, item), "content": _text(f"input[{i}]", item),
+                        ORIGIN: {"": f"input[{i}]"}})
         elif kind == "function_call":
             _add_call(out, i, item)
         elif kind == "function_call_output":
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
-                        "content": _text(f"input[{i}]", item, "output")})
+                        "content": _text(f"input[{i}]", item, "output"),
+                        ORIGIN: {"": f"input[{i}]", ".content": f"input[{i}].output",
+                                 ".tool_call_id": f"input[{i}].call_id"}})
         else:
             raise shapes.FieldRefused(f"input[{i}].type", f"input[{i}].type: {kind!r} items are "
                                                       "not served (messages, function_call, "
                                                       "function_call_output are)")
     return out
+
+
+def _role(i: int, item: dict[str, Any]) -> str:
+    role = item.get("role")
+    if role not in ROLES:
+        raise shapes.FieldRefused(f"input[{i}].role", f"input[{i}].role: one of "
+                                                   f"{', '.join(ROLES)}")
+    return role
 
 
 def _text(where: str, item: dict[str, Any], key: str = "content") -> str:
@@ -132,12 +153,15 @@ def _text(where: str, item: dict[str, Any], key: str = "content") -> str:
 
 def _add_call(out: list[dict[str, Any]], i: int, item: dict[str, Any]) -> None:
     """A call of the model's, into the assistant message before it (calls in a row: one)."""
+    where = f"input[{i}]"
     call = {"id": item.get("call_id"), "type": "function",
-            "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")}}
+            "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            ORIGIN: {"": where, ".id": f"{where}.call_id", ".function": where}}
     if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
         out[-1]["tool_calls"].append(call)
     else:
-        out.append({"role": "assistant", "content": "", "tool_calls": [call]})
+        out.append({"role": "assistant", "content": "", "tool_calls": [call],
+                    ORIGIN: {"": where}})
 
 
 def _tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:

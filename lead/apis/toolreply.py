@@ -34,8 +34,20 @@ def forced_grammar(plan: ToolPlan, model: Model) -> str | None:
     try:  # a function's parameters are a hint to the model: keywords past the grammar pass
         schema_gbnf = model.schema_grammar(plan.grammar.schema, strict=False)
     except ValueError as exc:
-        raise FieldRefused("tools", f"tools: a function's parameters: {exc}") from None
+        where = f"{_unconvertible(plan, model)}.function.parameters"
+        raise FieldRefused(where, f"{where}: {exc}") from None
     return wrap_gbnf(schema_gbnf, plan.grammar)
+
+
+def _unconvertible(plan: ToolPlan, model: Model) -> str:
+    """The first tool whose parameters alone do not convert ("tools" where each does, and
+    only their union does not)."""
+    for i, tool in enumerate(plan.tools):
+        try:
+            model.schema_grammar(tool["function"]["parameters"], strict=False)
+        except ValueError:
+            return f"tools[{i}]"
+    return "tools"
 
 
 def with_calls(choice: dict[str, Any], plan: ToolPlan, text: str) -> dict[str, Any]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import re
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lead.apis import anthropic, shapes
+from lead.apis.renames import field_path
 
 ANTHROPIC_PATH = "/v1/messages"
 KINDS = {401: "authentication_error", 403: "permission_error"}  # OpenAI's error types
@@ -47,18 +46,3 @@ def install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(request.url.path, exc.status_code, str(exc.detail),
                               getattr(exc, "param", None), getattr(exc, "headers", None))
-
-
-# pydantic's name for the member of a union it tried (str, list[Part], function-after[...])
-_UNION_MEMBER = re.compile(r"[\[\](),]|^(function-\w+|str|int|float|bool|list|dict|none)$")
-
-
-def field_path(loc: tuple[int | str, ...]) -> str:
-    """A validation error's place as the request writes it: messages[0].content."""
-    path = ""
-    for part in loc:
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif part != "body" and not _UNION_MEMBER.search(part):
-            path += f".{part}" if path else part
-    return path
