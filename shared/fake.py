@@ -23,6 +23,7 @@ import numpy as np
 from shared.grammar_bounds import check_gbnf
 from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
 from shared.schema_bounds import check_schema
+from shared.schema_shapes import check_shapes
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -335,6 +336,7 @@ class FakeModel:
         no JSON type, or (if `strict`) for `minimum`."""
         if isinstance(schema, dict):
             check_schema(schema)
+            check_shapes(schema)
         if not isinstance(schema, dict) or schema.get("type", "object") not in JSON_TYPES:
             raise ValueError(f"unsupported or invalid JSON schema: {schema!r}")
         if strict and "minimum" in schema:

@@ -29,6 +29,7 @@ from shared.grammar_bounds import check_gbnf
 from shared.schema_bounds import check_schema
 from shared.schema_keywords import ENFORCED, unenforced
 from shared.schema_pattern import for_grammar
+from shared.schema_shapes import check_shapes, wrapped
 
 captured = threading.local()  # .lines: where this thread's llama.cpp log goes, if set
 
@@ -154,6 +155,7 @@ def schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema is an object")
     check_schema(schema)
+    check_shapes(schema)
     if strict and (keyword := unenforced(schema)) is not None:
         raise ValueError(f"{keyword} is not enforced here (supported: "
                          f"{', '.join(sorted(ENFORCED))}); strict: false ignores it")
@@ -191,6 +193,8 @@ class _FlatConverter(SchemaConverter):
     and the order in which keywords are taken, is the parent's."""
 
     def visit(self, schema: dict[str, Any], name: str) -> str:
+        if (member := wrapped(schema)) is not None:  # the parent merges it as an object
+            return self.visit(member, name)
         rule = name + "-" if name in RESERVED_NAMES else name or "root"
         if _length_string(schema):
             char = self._add_primitive("char", PRIMITIVE_RULES["char"])

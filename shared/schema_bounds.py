@@ -46,7 +46,7 @@ def check_schema(schema: Any, where: str = "schema") -> None:
     if size > MAX_SCHEMA_BYTES:
         raise ValueError(f"{where}: {size} bytes of JSON, over the limit of "
                          f"{MAX_SCHEMA_BYTES}")
-    for path, node in _subschemas(schema, where):
+    for path, node in subschemas(schema, where):
         _check_keywords(node, path)
 
 
@@ -63,7 +63,7 @@ def _depth(value: Any) -> int:
     return deepest
 
 
-def _subschemas(root: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
+def subschemas(root: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
     """Every schema the converter visits, with its path: `root`, the schemas inside it,
     and those a local $ref points to (wherever they sit)."""
     found: list[tuple[str, dict[str, Any]]] = []
@@ -75,7 +75,7 @@ def _subschemas(root: Any, where: str) -> list[tuple[str, dict[str, Any]]]:
             continue
         seen.add(id(node))
         found.append((path, node))
-        stack += _inside(path, node) + _referred(root, where, node.get("$ref"))
+        stack += _inside(path, node) + referred(root, where, node.get("$ref"))
     return found
 
 
@@ -88,7 +88,7 @@ def _inside(path: str, node: dict[str, Any]) -> list[tuple[str, Any]]:
                      if isinstance(node.get(k), dict)]
 
 
-def _referred(root: Any, where: str, ref: Any) -> list[tuple[str, Any]]:
+def referred(root: Any, where: str, ref: Any) -> list[tuple[str, Any]]:
     """The schema a local "#/a/b" $ref points to, found as the converter finds it."""
     if not isinstance(ref, str) or not ref.startswith("#/"):
         return []

@@ -11,7 +11,7 @@ ENFORCED = frozenset({
     "type", "properties", "required", "additionalProperties", "items", "prefixItems",
     "minItems", "maxItems", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs",
     "definitions", "pattern", "minLength", "maxLength", "format"})
-_ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id",
                           "$comment", "deprecated", "readOnly", "writeOnly"})
 _SUBSCHEMA_MAPS = ("properties", "$defs", "definitions")
 _SUBSCHEMA_LISTS = ("prefixItems", "anyOf", "oneOf", "allOf")
@@ -23,10 +23,12 @@ def unenforced(schema: Any, where: str = "schema") -> str | None:
     if not isinstance(schema, dict):
         return None
     for key in schema:
-        if key not in ENFORCED and key not in _ANNOTATIONS:
+        if key not in ENFORCED and key not in ANNOTATIONS:
             return f"{where}.{key}"
     if _required_not_listed(schema):  # the converter writes only listed properties
         return f"{where}.required (naming a property not in properties)"
+    if "allOf" in schema and (beside := _allof_passed_over(schema)):
+        return f"{where}.allOf (beside {beside})"
     maps = [(k, m) for k in _SUBSCHEMA_MAPS if isinstance(m := schema.get(k), dict)]
     lists = [(k, v) for k in _SUBSCHEMA_LISTS if isinstance(v := schema.get(k), list)]
     subschemas = [(f"{where}.{k}.{name}", sub) for k, m in maps for name, sub in m.items()]
@@ -34,6 +36,20 @@ def unenforced(schema: Any, where: str = "schema") -> str | None:
     subschemas += [(f"{where}.{k}", schema[k]) for k in ("items", "additionalProperties")
                    if k in schema]
     return next((found for path, sub in subschemas if (found := unenforced(sub, path))), None)
+
+
+# What the converter takes before an allOf, which it then leaves unmerged
+_BEFORE_ALLOF = ("$ref", "oneOf", "anyOf", "const", "enum", "properties")
+
+
+def _allof_passed_over(schema: dict[str, Any]) -> str | None:
+    """The keyword the converter takes instead of `schema`'s allOf, which it ignores then."""
+    taken = next((k for k in _BEFORE_ALLOF if k in schema), None)
+    if taken is None and schema.get("additionalProperties", True) is not True:
+        taken = "additionalProperties"
+    if taken is None and schema.get("type", "object") != "object":
+        taken = "type"
+    return taken
 
 
 def _required_not_listed(schema: dict[str, Any]) -> bool:
