@@ -21,9 +21,13 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
     from lead.server.app import create_app, lead_placement
-    from lead.server.serve import serve
+    from lead.server.serve import bound_socket, serve
 
     log = logging.getLogger("lead")
+    try:
+        sock = bound_socket(settings.host, settings.port)
+    except OSError as exc:
+        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
     try:
         placement = lead_placement(settings)
         apply(placement, allowed_cpus())  # before the model: its threads inherit this
@@ -34,10 +38,7 @@ def main(argv: list[str] | None = None) -> None:
     model = app.state.engine.model
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
-    try:
-        serve(app, settings.host, settings.port, settings.log_level)
-    except OSError as exc:
-        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
+    serve(app, settings.host, settings.port, settings.log_level, sock=sock)
 
 
 if __name__ == "__main__":

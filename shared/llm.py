@@ -36,6 +36,13 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
 
 
+def _load_hint(exc: Exception, n_ctx: int) -> str:
+    """What to try: the model loaded but its cache did not fit, or the file is no model."""
+    if "context" in str(exc):
+        return f"a context of {n_ctx} tokens does not fit: try a smaller --ctx-size"
+    return "is it a GGUF file?"
+
+
 class LlamaModel(Sequences, Batches, SlotStates):
     """A GGUF model in llama.cpp: its vocabulary and text, and a KV cache of `slots`
     generations with `branches` branch sequences each (shared/llm_seqs.py). As a Model it is
@@ -54,7 +61,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
                 tensor_split=tensor_split, logits_all=False, verbose=False,
                 flash_attn=flash_attn)
         except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"cannot load {path}: {exc} (is it a GGUF file?)") from None
+            raise ModelError(f"cannot load {path}: {exc} ({_load_hint(exc, n_ctx)})") from None
         self.name = path.stem
         self.n_branches = max(branches, 0)
         self.can_fork = self.n_branches > 0

@@ -149,6 +149,8 @@ class DraftDist(BaseModel):
     def _same_length(self) -> DraftDist:
         if len(self.token_ids) != len(self.probs) or not self.token_ids:
             raise ValueError("token_ids and probs must be non-empty and of equal length")
+        if len(set(self.token_ids)) != len(self.token_ids):
+            raise ValueError("token_ids must be distinct: one probability per token")
         if not all(0.0 <= p <= 1.0 for p in self.probs) or abs(sum(self.probs) - 1.0) > 1e-3:
             raise ValueError("probs must be finite, in [0, 1] and sum to 1")
         return self
@@ -168,7 +170,7 @@ class DraftBranch(BaseModel):
 
 class DraftPost(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    session_id: str
+    session_id: str = Field(max_length=64)  # lead's own ids are ~12 characters
     start: int = Field(ge=0, description="position of token_ids[0] in the session's tokens")
     token_ids: list[int] = Field(min_length=1, max_length=MAX_DRAFT_WIRE)
     dists: list[DraftDist] | None = None

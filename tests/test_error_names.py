@@ -108,3 +108,34 @@ def test_a_path_is_renamed_by_its_longest_recorded_whole_field_prefix(path: str,
              "messages[3].tool_calls[0]": "messages[2].content[1]",
              "messages[3].tool_calls[0].function.arguments": "messages[2].content[1].input"}
     assert renamed(path, names) == client
+
+
+def test_an_empty_user_turn_is_named() -> None:
+    _, message = refusal("/v1/messages", anthropic(messages=[{"role": "user", "content": []}]))
+    assert message.startswith("messages[0].content:"), message
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "x" * 9000}]},
+     "messages"),
+    ("/v1/completions", {"prompt": "x" * 9000}, "prompt"),
+    ("/v1/responses", {"input": "x" * 9000}, "input"),
+    ("/infill", {"input_prefix": "x" * 9000}, "input_prefix"),
+])
+def test_a_prompt_over_the_context_names_where_it_came_from(path: str, body: dict[str, Any],
+                                                            field: str) -> None:
+    param, message = refusal(path, body)
+    assert message.startswith(f"{field}: the prompt is "), message
+    assert param in (field, None)  # (Anthropic's shape has none)
+
+
+def test_the_bearer_schemes_case_is_the_clients() -> None:
+    app = create_app(make_settings(calibrate=False, max_tokens=4, api_key="k"), FakeModel())
+    body = {"messages": [USER], "max_tokens": 2}
+    with TestClient(app) as client:
+        for scheme in ("Bearer", "bearer", "BEARER"):
+            r = client.post("/v1/chat/completions", json=body,
+                            headers={"authorization": f"{scheme} k"})
+            assert r.status_code == 200, (scheme, r.text)
+        r = client.post("/v1/chat/completions", json=body, headers={"authorization": "bearer x"})
+        assert r.status_code == 401

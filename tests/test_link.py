@@ -135,7 +135,14 @@ def test_messages_lead_cannot_take_are_refused_naming_why_and_the_link_stays() -
         ws.send_text(json.dumps({"type": "draft", "draft": {"session_id": "s", "start": 0,
                                                            "token_ids": []}}))
         refused = json.loads(ws.receive_text())
-        assert refused["status"] == 400 and refused["param"] == "draft.draft.token_ids"
+        assert refused["status"] == 400 and refused["param"] == "token_ids"  # as HTTP's
+        ws.send_bytes(b"x")  # a binary frame: refused, not a traceback and the link gone
+        assert "binary" in json.loads(ws.receive_text())["message"]
+        ws.send_text(json.dumps({"type": "draft", "draft": {
+            "session_id": "s", "start": 0, "token_ids": [1, 2], "probs": [0.5]}}))
+        refused = json.loads(ws.receive_text())  # a post's own check: no field, its words
+        assert "param" not in refused and refused["message"].startswith("probs must"), \
+            refused
         ws.send_text(json.dumps({"type": "draft", "draft": {
             "session_id": "s", "start": 0, "token_ids": [10_000]}}))
         refused = json.loads(ws.receive_text())

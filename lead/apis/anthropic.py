@@ -93,9 +93,9 @@ def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     origin = {"": f"messages[{i}]"}
     if isinstance(content, str):
         return [{"role": role, "content": content, ORIGIN: origin}]
-    if not isinstance(content, list):
+    if not isinstance(content, list) or (role == "user" and not content):
         raise shapes.FieldRefused(f"messages[{i}].content", f"messages[{i}].content: text or "
-                                                         "a list of blocks")
+                                                         "a list of blocks, not empty")
     texts, calls, results = [], [], []
     for j, block in enumerate(content):
         _take_block(f"messages[{i}].content[{j}]", block, texts, calls, results)

@@ -54,11 +54,13 @@ def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
 def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonRequest,
                 prompt_ids: list[int], plan: ToolPlan | None) -> GenRequest:
     n_ctx = model.n_ctx
+    field = "messages" if isinstance(body, shapes.ChatRequest) else "prompt"
     if not prompt_ids:
-        raise HTTPException(400, "the prompt is empty")
+        raise shapes.FieldRefused(field, f"{field}: the prompt is empty")
     if len(prompt_ids) >= n_ctx:
-        raise HTTPException(400, f"the prompt is {len(prompt_ids)} tokens; the context holds "
-                                 f"{n_ctx} (start lead with a larger --ctx-size)")
+        raise shapes.FieldRefused(field, f"{field}: the prompt is {len(prompt_ids)} tokens; "
+                                         f"the context holds {n_ctx} (start lead with a "
+                                         "larger --ctx-size)")
     wanted = body.wanted_tokens()
     if wanted is not None and wanted > n_ctx:
         raise shapes.FieldRefused("max_tokens", f"max_tokens: {wanted} exceeds the context "

@@ -36,6 +36,11 @@ def field_path(loc: tuple[int | str, ...]) -> str:
     return path
 
 
+def validation_message(error: Any) -> str:
+    """A pydantic error's message, without the "Value error, " a validator's gets."""
+    return str(error.get("msg", "")).removeprefix("Value error, ")
+
+
 def renamed(path: str, names: Names) -> str:
     """`path` with its longest recorded prefix (a whole field: up to a "." or "[")
     replaced by the client's name for it."""
@@ -72,7 +77,9 @@ def validated(model: Callable[[dict[str, Any]], T], fields: dict[str, Any],
     except ValidationError as exc:
         first = exc.errors()[0]
         where = field_path(tuple(first.get("loc", ())))
-        raise refused_as(FieldRefused(where, f"{where}: {first.get('msg')}"), names) from None
+        message = validation_message(first)
+        raise refused_as(FieldRefused(where, f"{where}: {message}" if where else message),
+                         names) from None
 
 
 def chat_request(fields: dict[str, Any], names: Names) -> tuple[ChatRequest, Names]:

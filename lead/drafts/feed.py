@@ -85,6 +85,7 @@ class BackFeed:
         self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
         self.news = Broadcast()  # bumped on every change backs are shown
         self.hush_version = 0  # the version at which hush last changed
+        self.closing = False  # lead is shutting down: long-polls answer at once
         self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._hushed = False  # as last logged
         self._began: tuple[float, float] | None = None  # (when, price) of the step under way
@@ -181,10 +182,15 @@ class BackFeed:
             return chosen
         return (self._ended(sid) if sid else None) or (self.ended[-1] if self.ended else None)
 
-    def state(self, offset: int = 0, back_id: str = "") -> State:
+    def state(self, offset: int = 0, back_id: str = "", of_session: str | None = None
+              ) -> State:
+        """The state of the session `back_id` is shown, tokens from `offset` on: an offset
+        into `of_session` (a post's) counts only where that is the session shown."""
         followed = self.shown(back_id)
         if followed is None:
             return State(version=self.version, lead_id=self.lead_id)
+        if of_session is not None and followed.session.id != of_session:
+            offset = 0  # another session: the back holds none of its tokens yet
         return self.session_state(followed, offset, back_id).as_state(
             self.version, self.lead_id, self.cost.hush, step_left_s=self.step_left())
 
@@ -212,7 +218,14 @@ class BackFeed:
             s = followed.session
             return (followed.version > since or self.hush_version > since) and \
                 wakes(s, quiet_session, idle, lambda: self.draft_len(s))
-        await self.wait_news(since, timeout, wakes_me)
+        await self.news.wait(lambda: self.closing or (self.version > since and wakes_me()),
+                             timeout)
+
+    def close(self) -> None:
+        """Lead is shutting down: open long-polls answer now, not at their timeout (a
+        drain would wait up to 30 s for them)."""
+        self.closing = True
+        self.news.bump()
 
     # --- backs and their drafts ---
     def back_seen(self, back_id: str, address: str = "", kind: str = "",

@@ -68,7 +68,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.state.engine, app.state.settings = engine, settings
     # For lead/server/serve.py to call as a signal starts the shutdown: uvicorn drains requests
     # before the lifespan ends, and the page's live stream would never end by itself.
-    app.state.on_exit = engine.live.close
+    app.state.on_exit = lambda: (engine.live.close(), engine.feed.close())
     install_error_handlers(app)
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)

@@ -17,6 +17,7 @@ import numpy as np
 from fastapi import HTTPException, WebSocket, WebSocketDisconnect
 from pydantic import TypeAdapter, ValidationError
 
+from lead.apis.renames import field_path, validation_message
 from lead.apis.shapes import FieldRefused
 from lead.drafts.feed import BackFeed
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
@@ -61,7 +62,8 @@ async def serve_link(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: 
                      max_message: int) -> None:
     """One back's link, until it closes: its messages taken as they come, news pushed."""
     address = ws.client.host if ws.client else "?"
-    if not feed.polls.take(address):
+    if not feed.polls.take(address):  # accepted first: a close before it is a 403
+        await ws.accept()
         await ws.close(1013, "too many links and long-polls open from this address")
         return
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # closed (RuntimeError:
@@ -76,8 +78,10 @@ async def _serve(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metr
     try:
         await ws.accept()
         while True:
-            text = await ws.receive_text()
-            refused = _handle(text, link, posts, address, authorization, max_message)
+            text = await _text_frame(ws)
+            refused = _handle(text, link, posts, address, authorization, max_message) \
+                if text is not None else Refused(status=400, message="a frame is JSON text, "
+                                                                     "not binary")
             if refused is not None:
                 await ws.send_text(refused.model_dump_json(exclude_none=True))
             elif pusher is None and link.greeted:
@@ -87,6 +91,14 @@ async def _serve(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metr
             pusher.cancel()
             await asyncio.gather(pusher, return_exceptions=True)
         feed.polls.give(address)
+
+
+async def _text_frame(ws: WebSocket) -> str | None:
+    """The next frame's text (None for a binary frame); WebSocketDisconnect at the end."""
+    frame = await ws.receive()
+    if frame["type"] == "websocket.disconnect":
+        raise WebSocketDisconnect(frame.get("code", 1000))
+    return frame.get("text")
 
 
 async def _push(ws: WebSocket, link: Link, metrics: Metrics) -> None:
@@ -108,8 +120,10 @@ def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorizatio
         message = MESSAGES.validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        return Refused(status=400, message=f"{where}: {first.get('msg')}", param=where or None)
+        where = field_path(_in_message(tuple(first.get("loc", ()))))
+        said = validation_message(first)
+        return Refused(status=400, message=f"{where}: {said}" if where else said,
+                       param=where or None)
     if isinstance(message, Hello):
         link.hello(message)
         link.feed.back_seen(message.back_id, address, message.kind, sits_out=message.idle)
@@ -122,6 +136,13 @@ def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorizatio
                        param=getattr(exc, "param", None), retry_after=wait,
                        session_id=message.draft.session_id)
     return None
+def _in_message(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+    """A field's place in the message the back sent, as the HTTP routes name it: past the
+    message's type, and a draft's own name (("draft", "draft", "start") -> ("start",))."""
+    inside = loc[1:]
+    return inside[1:] if inside[:1] == ("draft",) else inside
+
+
 def _dists(dists: list[DraftDist] | None) -> list[Dist] | None:
     return [Dist(np.asarray(d.token_ids, np.int64), np.asarray(d.probs, np.float64))
             for d in dists] if dists else None

@@ -8,7 +8,7 @@ a bound gets a 429 with Retry-After, which a back waits out."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import Response
@@ -16,6 +16,7 @@ from fastapi.responses import Response
 from lead.decode.engine import Engine
 from lead.drafts.limits import POLLS_PER_ADDRESS, PostLimiter
 from lead.server.backposts import DraftTaker, serve_link
+from lead.server.delivery import unless_gone
 from lead.server.keys import Keys
 from shared.placement import LeadPlace
 from shared.protocol import DraftPost, Grammar, Info, State
@@ -67,10 +68,13 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
                 raise HTTPException(429, f"more than {POLLS_PER_ADDRESS} long-polls open at "
                                          "once from this address",
                                     headers={"Retry-After": POLL_RETRY_S})
-            try:
-                await feed.wait_state(since, min(wait, max_poll_s), quiet or None, idle, back)
+            try:  # a back gone while it waits frees its place at once
+                waited = await unless_gone(request.receive, _waited(feed.wait_state(
+                    since, min(wait, max_poll_s), quiet or None, idle, back)))
             finally:
                 feed.polls.give(address)
+            if waited is None:
+                return Response(status_code=499)  # nobody reads it
         engine.metrics.state_polls += 1
         return _json(feed.state(offset, back))
 
@@ -86,13 +90,18 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
     @router.post("/duo/draft", response_model=State)
     async def draft(post: DraftPost, request: Request) -> Response:
         posts.take(post, _address(request), _authorization(request))
-        return _json(feed.state(post.start, post.back_id))
+        return _json(feed.state(post.start, post.back_id, post.session_id))
 
     @router.websocket("/duo/link")
     async def link(ws: WebSocket) -> None:
         await serve_link(ws, feed, posts, engine.metrics, max_message)
 
     return router
+
+
+async def _waited(wait: Awaitable[None]) -> bool:
+    await wait
+    return True
 
 
 def _address(request: Request) -> str:

@@ -8,7 +8,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from lead.apis import anthropic, shapes
-from lead.apis.renames import field_path
+from lead.apis.renames import field_path, validation_message
 
 ANTHROPIC_PATH = "/v1/messages"
 KINDS = {401: "authentication_error", 403: "permission_error"}  # OpenAI's error types
@@ -35,14 +35,22 @@ def install_error_handlers(app: FastAPI) -> None:
             reason = (first.get("ctx") or {}).get("error") or first.get("msg")
             return error_response(request.url.path, 400, f"the body is not valid JSON: "
                                   f"{reason}" + (f" (at character {at})" if at is not None else ""))
-        if tuple(first.get("loc", ())) == ("body",):
-            return error_response(request.url.path, 400, "the body is empty or not a JSON "
-                                  f"object: {first.get('msg')}")
+        if tuple(first.get("loc", ())) == ("body",) and first.get("type") != "value_error":
+            return error_response(request.url.path, 400, _not_an_object(request, first))
         where = field_path(first.get("loc", ()))
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        said = validation_message(first)
+        message = f"{where}: {said}" if where else said
         return error_response(request.url.path, 400, message, where or None)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(request.url.path, exc.status_code, str(exc.detail),
                               getattr(exc, "param", None), getattr(exc, "headers", None))
+
+
+def _not_an_object(request: Request, error: dict) -> str:
+    """Why a body is no JSON object: curl's -d sends a form's content type, say so."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip()
+    if kind and kind != "application/json":
+        return f"the body is sent as {kind}; send JSON, as Content-Type: application/json"
+    return f"the body is empty or not a JSON object: {error.get('msg')}"

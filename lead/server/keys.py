@@ -41,4 +41,10 @@ class Keys:
 
 
 def _equal(given: bytes, expected: bytes | None) -> bool:
-    return expected is not None and hmac.compare_digest(given, expected)
+    return expected is not None and hmac.compare_digest(_scheme_as_written(given), expected)
+
+
+def _scheme_as_written(authorization: bytes) -> bytes:
+    """`bearer KEY` as `Bearer KEY`: the scheme's case is the client's choice (RFC 9110)."""
+    scheme, space, token = authorization.partition(b" ")
+    return b"Bearer " + token if space and scheme.lower() == b"bearer" else authorization

@@ -6,6 +6,7 @@ import asyncio
 import contextlib
 import logging
 import signal
+import socket
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -69,15 +70,35 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
     return uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                           access_log=log_level.lower() == "debug",
                           timeout_graceful_shutdown=drain_s,
-                          ws_max_size=app.state.settings.max_body_kb * 1024,  # the link's
+                          # the link's frames: one up to the limit (max_body_kb) gets a
+                          # 413 and the link stays; one over twice that ends the link (1009)
+                          ws_max_size=2 * app.state.settings.max_body_kb * 1024,
                           http=protocol_class(app.state.settings.write_timeout,
                                               app.state.engine.metrics.count_cut))
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
-          drain_s: float = 30.0) -> None:
-    """Serve until a signal; in-flight requests get up to `drain_s` to finish."""
+          drain_s: float = 30.0, sock: socket.socket | None = None) -> None:
+    """Serve until a signal on `sock` (bound to host:port here if not given); in-flight
+    requests get up to `drain_s` to finish."""
     warning = exposure_warning(host, app.state.settings.api_key)
     if warning is not None:
         log.warning("%s", warning)
-    _Server(uvicorn_config(app, host, port, log_level, drain_s)).run()
+    sockets = [sock if sock is not None else bound_socket(host, port)]
+    _Server(uvicorn_config(app, host, port, log_level, drain_s)).run(sockets=sockets)
+
+
+def bound_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, as uvicorn binds one. Bound before the model loads, a
+    port in use or a host that does not resolve is an OSError at once, not after a
+    minute's load and a "listening" line."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    sock.set_inheritable(True)
+    return sock
