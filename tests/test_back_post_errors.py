@@ -101,3 +101,10 @@ def test_shutting_down_answers_an_open_long_poll_at_once() -> None:
         return await polled
     sent = asyncio.run(closed_while_polled())
     assert sent[0]["status"] == 200 and app.state.engine.feed.polls.open == {}
+
+
+def test_a_long_polls_wait_is_a_finite_number_named_as_sent() -> None:
+    app = create_app(make_settings(calibrate=False), FakeModel())
+    with TestClient(app) as client:
+        error = client.get("/duo/state?wait=nan").json()["error"]
+    assert error["param"] == "wait" and "finite" in error["message"], error

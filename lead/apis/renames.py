@@ -28,6 +28,8 @@ _UNION_MEMBER = re.compile(r"[\[\](),]|^(function-\w+|str|int|float|bool|list|di
 def field_path(loc: tuple[int | str, ...]) -> str:
     """A validation error's place as the request writes it: messages[0].content."""
     path = ""
+    if loc[:1] in (("query",), ("path",), ("header",)):  # where FastAPI found it
+        loc = loc[1:]
     for part in loc:
         if isinstance(part, int):
             path += f"[{part}]"

@@ -50,7 +50,7 @@ def back_router(engine: Engine, place: LeadPlace, max_posts_per_s: float = 500.0
     async def state(request: Request,
                     since: int = Query(-1, description="return once version > since"),
                     offset: int = Query(0, ge=0, description="first token to return"),
-                    wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S,
+                    wait: float = Query(0.0, ge=0.0, le=MAX_WAIT_S, allow_inf_nan=False,
                                         description="seconds to wait for news"),
                     back: str = Query("", max_length=64, description="the asking back's id"),
                     quiet: str = Query("", max_length=64, description="a session id: wake "
