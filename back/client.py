@@ -11,7 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Any, TypeVar
 
 import httpx
-from httpx_ws import WebSocketUpgradeError, aconnect_ws
+from httpx_ws import (
+    HTTPXWSException,
+    WebSocketDisconnect,
+    WebSocketNetworkError,
+    WebSocketUpgradeError,
+    aconnect_ws,
+)
 from pydantic import BaseModel, ValidationError
 
 from shared.httpclient import auth_headers, error_message, lead_url, retry_after
@@ -34,6 +40,15 @@ class BadAnswer(LeadError):
 
 class NoLink(Exception):
     """Lead offers no link: a lead that predates it is followed by long-polls."""
+
+
+class LinkClosed(HTTPXWSException):
+    """The link ended: lead closed it (`code`, e.g. 1013: too many links from this address
+    for now), or it was closing as the back sent (`code` 0). Retried, as any outage."""
+
+    def __init__(self, message: str, code: int = 0) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 LINK_MESSAGE_BYTES = 16 << 20  # an update can carry several sessions' prompts
@@ -84,7 +99,8 @@ class LeadClient:
     @contextlib.asynccontextmanager
     async def link(self) -> AsyncIterator[Any]:
         """The link (GET /duo/link): an open WebSocket. NoLink where lead offers none (a
-        lead that predates it answers 404), LeadError where it refuses this back."""
+        lead that predates it answers 404), LeadError where it refuses this back, LinkClosed
+        where it ends (lead closed it, or the connection broke)."""
         url = str(self._http.base_url).rstrip("/") + "/duo/link"
         try:
             async with aconnect_ws(url, self._http, max_message_size_bytes=LINK_MESSAGE_BYTES,
@@ -94,6 +110,8 @@ class LeadClient:
             raise self._link_error(_first(exc)) from None
 
     def _link_error(self, exc: BaseException) -> BaseException:
+        if isinstance(exc, (WebSocketDisconnect, WebSocketNetworkError)):
+            return _closed(exc)
         if not isinstance(exc, WebSocketUpgradeError):
             return exc
         status = exc.response.status_code
@@ -119,6 +137,14 @@ def _model(model: type[M], response: httpx.Response) -> M:
         raise BadAnswer(f"{path} answered {response.status_code} with no JSON "
                         f"({response.headers.get('content-type', 'no content type')})",
                         response.status_code) from None
+
+
+def _closed(exc: WebSocketDisconnect | WebSocketNetworkError) -> LinkClosed:
+    """How the link ended, said briefly: lead's close (logged as "lead closed the link
+    (1013: too many links ...)"), or its connection lost (whose message is its class's name)."""
+    if isinstance(exc, WebSocketNetworkError):
+        return LinkClosed("the link's connection broke")
+    return LinkClosed(f"{exc.code}: {exc.reason}" if exc.reason else str(exc.code), exc.code)
 
 
 def _first(exc: BaseException) -> BaseException:

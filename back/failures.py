@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 from httpx_ws import HTTPXWSException
 
-from back.client import LeadError
+from back.client import LeadError, LinkClosed
 
 
 class BackFatal(Exception):
@@ -32,8 +32,13 @@ class ModelFailed(Exception):
         self.session_id = session_id
 
 
+BRIEF_CHARS = 300  # a log line's share of a failure's message
+
+
 def brief(exc: BaseException) -> str:
-    return (str(exc) or type(exc).__name__).splitlines()[0]
+    """A failure's message in one short line (some quote what they failed on whole)."""
+    line = (str(exc) or type(exc).__name__).splitlines()[0]
+    return line if len(line) <= BRIEF_CHARS else line[:BRIEF_CHARS] + "…"
 
 
 def fatal(exc: Exception, base_url: str, attached: bool) -> BackFatal | None:
@@ -56,6 +61,8 @@ def fatal(exc: Exception, base_url: str, attached: bool) -> BackFatal | None:
 
 def outage(exc: Exception) -> str:
     """How the first failure of an outage is logged (one line, with `brief(exc)`)."""
+    if isinstance(exc, LinkClosed) and exc.code:  # (1013: lead has no room for it now)
+        return "lead closed the link"
     if isinstance(exc, (httpx.TransportError, HTTPXWSException)):  # (the link lost: too)
         return "lead unreachable"
     if isinstance(exc, LeadError):

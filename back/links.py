@@ -14,9 +14,11 @@ import statistics
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+from httpx_ws import HTTPXWSException
 from pydantic import TypeAdapter, ValidationError
+from wsproto.utilities import LocalProtocolError
 
-from back.client import BadAnswer, LeadClient, LeadError
+from back.client import BadAnswer, LeadClient, LeadError, LinkClosed
 from back.failures import brief
 from shared.protocol import DraftPost, Hello, Posted, Refused, SessionState, State, Update
 
@@ -78,7 +80,28 @@ class StreamLink:
         self._trips: collections.deque[float] = collections.deque(maxlen=TRIPS)
 
     async def hello(self, hello: Hello) -> None:
-        await self._ws.send_text(hello.model_dump_json())
+        try:
+            await self._send(hello.model_dump_json())
+        except LinkClosed as lost:  # nothing else reads the link as hello goes out (first
+            raise await self._why_closed(lost) from None  # from follow, then from news)
+
+    async def _send(self, text: str) -> None:
+        try:
+            await self._ws.send_text(text)
+        except LocalProtocolError:  # (its message holds the whole frame: not logged)
+            raise LinkClosed("the link was closing as the back sent on it") from None
+
+    async def _why_closed(self, lost: LinkClosed) -> Exception:
+        """What closed the link, as it says once read (lead's close and its code, a network
+        error), or `lost` where it says nothing within PONG_S."""
+        try:
+            async with asyncio.timeout(PONG_S):
+                while True:
+                    await self._ws.receive()  # (news before the close: the link is over)
+        except HTTPXWSException as exc:
+            return exc
+        except TimeoutError:
+            return lost
 
     async def updates(self) -> AsyncIterator[Update]:
         pinger = asyncio.create_task(self._measure())
@@ -125,7 +148,7 @@ class StreamLink:
     async def post(self, post: DraftPost) -> None:
         if self.refusals.paused():
             return
-        await self._ws.send_text(Posted(draft=post).model_dump_json(exclude_none=True))
+        await self._send(Posted(draft=post).model_dump_json(exclude_none=True))
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):

@@ -23,6 +23,12 @@ class Placer:
         self.allowed, self.host = allowed_cpus(), host_id()
         self.current: Placement | None = None
 
+    @staticmethod
+    def check(flag: str) -> None:
+        """PlacementError where --cpus names CPUs this process may not use: said at startup,
+        as lead says it, not found at every handshake and retried."""
+        choose_back(flag, 0, allowed_cpus(), host_id(), None)
+
     def choose(self, info: Info) -> Placement:
         lead = LeadPlace(info.host, frozenset(info.cpus), info.threads) if info.host else None
         return choose_back(self.flag, self.threads, self.allowed, self.host, lead)

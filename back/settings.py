@@ -4,13 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-import httpx
 from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.cli import ApiKey
 from shared.devicesettings import DeviceChecks
-from shared.httpclient import lead_url
+from shared.httpclient import check_lead
 from shared.placement import parse_cpus
 from shared.protocol import MAX_BRANCHES
 
@@ -18,7 +17,8 @@ from shared.protocol import MAX_BRANCHES
 class BackSettings(DeviceChecks):
     model_config = SettingsConfigDict(env_prefix="BACK_", extra="ignore")
 
-    lead: str = Field("127.0.0.1:5555", description="lead's address, host:port or URL")
+    lead: str = Field("127.0.0.1:5555", description="lead's address, host[:port] (port "
+                      "5555 where none is given) or http(s)://host:port")
     model: str = Field("qwen2.5-coder-0.5b", description="draft GGUF path or preset name",
                        json_schema_extra={"short": "m"})
     drafter: Literal["model", "ngram"] = Field("model", description="model: a draft model; "
@@ -71,14 +71,7 @@ class BackSettings(DeviceChecks):
     @classmethod
     def _lead_address(cls, value: str) -> str:
         """Refused here, an address no retry could reach is a one-line error at startup."""
-        try:
-            url = httpx.URL(lead_url(value))
-            port_ok = url.port is None or 0 < url.port < 65536
-        except httpx.InvalidURL as exc:
-            raise ValueError(f"not an address: {value!r} ({exc})") from None
-        if url.scheme not in ("http", "https") or not url.host or not port_ok:
-            raise ValueError(f"not an address: {value!r} (expected host:port or "
-                             "http(s)://host:port)")
+        check_lead(value)
         return value
 
     @field_validator("cpus")

@@ -14,6 +14,7 @@ the measured verify costs and acceptance, and a draft-length sweep (PNG + JSON).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -23,12 +24,14 @@ from bench import configs, llamaserver, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
 from bench.cpuwatch import LoadWatch, caveat
-from bench.procs import metric
+from bench.procs import ProcExited, metric
 from bench.runs import Result
 from lead.server.settings import LeadSettings
 from shared.hugepages import restart_with_huge_pages
 from shared.model import Model
 from shared.placement import PlacementError
+
+GGUF_MAGIC = b"GGUF"  # a GGUF file's first bytes
 
 
 def progress(message: str) -> None:
@@ -102,7 +105,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1,
                    help="rounds over the prompts; per-prompt figures pool the rounds")
     p.add_argument("--sync-k", type=int, default=3,
-                   help="draft length of the synchronous loop")
+                   help="draft length of the synchronous loop (at least 1)")
     p.add_argument("--sweep", type=_draft_lengths,
                    help="fixed draft lengths to sweep ('' for none; default: "
                    "1,2,3,4,6,8,12,16, --quick: 1,4, --workload edit: none); auto is "
@@ -147,6 +150,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "--sim-agree a share in [0, 1]")
     if a.advise and a.sim:
         p.error("--advise measures real models; it does not take --sim")
+    if a.sync_k < 1:
+        p.error("--sync-k must be at least 1")
+    for flags in a.lead_variant:
+        if (refused := configs.variant_refused(flags)) is not None:
+            p.error(f"--lead-variant={flags}: {refused}")
     try:
         configs.resolve_placement(a)
         a.llama_server_bin = llamaserver.find_binary(a.llama_server)
@@ -320,15 +328,47 @@ def main(argv: list[str] | None = None) -> None:
     from shared.presets import ModelError
 
     a = parse(argv)
+    out = Path(a.out)
     try:
+        if not a.sim:
+            check_models(a.target, a.draft)
         if a.advise:
             advise(a, progress)
             return
+        writable(out)  # before the run, not after it
         data = run_sim(a) if a.sim else run_models(a)
-    except (ModelError, AdviseError) as exc:
+    except (ModelError, AdviseError, ProcExited, OutError) as exc:
         sys.exit(f"python -m bench: error: {exc}")
-    out = Path(a.out)
     show(a, data, out)
+
+
+class OutError(Exception):
+    """--out cannot take the results."""
+
+
+def writable(out: Path) -> None:
+    """--out made where missing; OutError naming it where it cannot be made or written."""
+    if out.exists() and not out.is_dir():
+        raise OutError(f"--out {out} is a file, not a folder")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise OutError(f"--out {out}: cannot make that folder ({exc.strerror or exc})") \
+            from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise OutError(f"--out {out}: this user cannot write there")
+
+
+def check_models(*specs: str) -> None:
+    """ModelError for a model that is no GGUF file, before any configuration starts
+    (a preset is fetched here, where it is not yet)."""
+    from shared.presets import ModelError, resolve_model
+
+    for spec in dict.fromkeys(specs):
+        path = resolve_model(spec)
+        with path.open("rb") as f:
+            if f.read(4) != GGUF_MAGIC:
+                raise ModelError(f"model {spec!r} is not a GGUF file")
 
 
 def show(a: argparse.Namespace, data: dict, out: Path) -> None:

@@ -8,6 +8,8 @@ one configuration after another made differences of that size unreadable.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import os
 import shlex
 from collections.abc import Callable, Iterator
@@ -129,6 +131,24 @@ def start_all(a: argparse.Namespace, stack: ExitStack, prompts: list[dict],
         runners |= llamaserver.start_all(a, stack, prompts, target_path,
                                          resolve_model(a.draft))
     return runners, duo
+
+
+def variant_refused(flags: str) -> str | None:
+    """Why lead would refuse --lead-variant's flags at start (its own one-line error), or
+    None: said before any configuration starts."""
+    from lead.server.settings import LeadSettings
+    from shared.cli import parse_settings
+
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            parse_settings(LeadSettings, "lead", "", shlex.split(flags))
+    except ValueError as exc:  # (shlex: an unclosed quote)
+        return str(exc)
+    except SystemExit:
+        lines = said.getvalue().strip().splitlines()
+        return lines[-1].removeprefix("lead: error: ") if lines else "refused by lead"
+    return None
 
 
 def variants(a: argparse.Namespace, stack: ExitStack, prompts: list[dict]) -> dict[str, Runner]:

@@ -51,6 +51,16 @@ def _die_with_parent() -> None:
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
+class ProcExited(AssertionError):
+    """A process that exited before it served; the message is its log's last line (its
+    one-line error), the whole tail in `log`. (An AssertionError for the tests.)"""
+
+    def __init__(self, name: str, log: str) -> None:
+        lines = log.strip().splitlines()
+        super().__init__(f"{name} exited at start: {lines[-1] if lines else 'no output'}")
+        self.log = log[-2000:]
+
+
 class Proc:
     def __init__(self, args: list[str], env: dict[str, str] | None = None,
                  log_name: str = "proc", cpus: str | None = None, cwd: Path = ROOT,
@@ -87,7 +97,7 @@ class Proc:
 
         def serving() -> bool:
             if not self.alive():
-                raise AssertionError(f"{name} exited:\n{self.log()[-2000:]}")
+                raise ProcExited(name, self.log())
             try:
                 return listening(port) and httpx.get(f"{url}/health", timeout=1).status_code == 200
             except httpx.HTTPError:
@@ -121,7 +131,8 @@ class Back(Proc):
     def wait_attached(self, timeout: float = 60) -> None:
         wait_until(lambda: "attached to lead" in self.log() or not self.alive(), timeout,
                    "back to attach")
-        assert self.alive(), self.log()[-2000:]
+        if not self.alive():
+            raise ProcExited("back", self.log())
 
 
 def metrics(lead: Lead | Proc) -> dict[str, float]:

@@ -6,16 +6,20 @@ import argparse
 import os
 import signal
 import sys
+from collections.abc import Callable
 
-from chat.client import ChatClient
-from chat.repl import Conversation, Repl, interactive, piped
+from chat.client import ChatClient, ChatError
+from chat.repl import Conversation, Repl, interactive, piped, read_piped
+from shared.cli import check_api_key
+from shared.httpclient import check_lead
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python chat.py", description="Chat with a duo lead; "
                                 "tokens from accepted drafts are shown in colour.")
     p.add_argument("--lead", default=os.environ.get("DUO_LEAD", "127.0.0.1:5555"),
-                   help="lead's address (default: %(default)s) [env DUO_LEAD]")
+                   help="lead's address, host[:port] (port 5555 where none is given) or "
+                   "http(s)://host:port (default: %(default)s) [env DUO_LEAD]")
     p.add_argument("--api-key", default=os.environ.get("DUO_API_KEY"),
                    help="lead's API key [env DUO_API_KEY]")
     p.add_argument("--system", help="system prompt")
@@ -23,11 +27,42 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--temperature", type=float, help="sampling temperature (default: greedy)")
     p.add_argument("--no-color", action="store_true", help="no colours (also: NO_COLOR=1)")
     args = p.parse_args(argv)
+    _check(p, "--lead (or DUO_LEAD)", check_lead, args.lead)
+    _check(p, "--api-key (or DUO_API_KEY)", check_api_key, args.api_key)
+    _check(p, "--system", _utf8, args.system)
     if args.max_tokens is not None and args.max_tokens < 1:
         p.error("--max-tokens must be at least 1")
     if args.temperature is not None and not 0 <= args.temperature <= 2:
         p.error("--temperature must be between 0 and 2")
     return args
+
+
+def _check(parser: argparse.ArgumentParser, flag: str, check: Callable[[str], object],
+           value: str | None) -> None:
+    """A value no request could carry or send: a one-line usage error, before any."""
+    try:
+        if value is not None:
+            check(value)
+    except ValueError as exc:
+        parser.error(f"{flag}: {exc}")
+
+
+def _utf8(text: str) -> str:
+    """Text as it was given, where it is UTF-8 (a non-UTF-8 argument comes with surrogates)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("not UTF-8 text") from None
+    return text
+
+
+def _piped(repl: Repl) -> int:
+    try:
+        text = read_piped(sys.stdin.buffer)
+    except ChatError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    return piped(repl, text)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -43,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     params = {"max_tokens": args.max_tokens, "temperature": args.temperature}
     repl = Repl(client, Conversation(system=args.system), colour, params)
     try:
-        code = interactive(repl) if interactive_mode else piped(repl, sys.stdin.read())
+        code = interactive(repl) if interactive_mode else _piped(repl)
     except BrokenPipeError:  # the reader went away (`| head`): stop quietly, as Unix tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no flush error
         code = 141  # 128 + SIGPIPE, as a shell reports it

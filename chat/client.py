@@ -74,6 +74,9 @@ class ChatClient:
                 raise ChatError(f"lead at {self.base} answered with no event stream "
                                 f"({exc}); is it a duo lead?") from None
             raise ChatError(f"connection to lead lost: {exc}") from None
+        except UnicodeEncodeError:  # (a ValueError) the request's own text: none of lead's
+            raise ChatError("the text to send is not UTF-8 (the message or --system); "
+                            "nothing was sent") from None
         except (ValueError, LookupError, TypeError, AttributeError) as exc:
             raise ChatError(f"lead at {self.base} sent a stream this chat cannot read "
                             f"({type(exc).__name__}: {exc}); is it a duo lead?") from None

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 from chat.client import ChatClient, ChatError, ReplyStats
 
@@ -48,10 +49,18 @@ class Repl:
         except KeyboardInterrupt:
             self._out(f"\n{self._dim('[stopped]')}\n")
             return stats
+        except ChatError:
+            self.end_line(stats)  # the error goes on a line of its own
+            raise
         self.conv.turns += [{"role": "user", "content": user_text},
                             {"role": "assistant", "content": "".join(stats.text)}]
         self._out("\n" + self._dim(stats.line()) + "\n")
         return stats
+
+    def end_line(self, stats: ReplyStats) -> None:
+        """End the reply's line where some of it was shown (before an error is said)."""
+        if stats.text and not stats.text[-1].endswith("\n"):
+            self._out("\n")
 
     def _show(self, text: str, from_draft: bool) -> None:
         self._out(f"{DRAFT_COLOUR}{text}{RESET}" if self.colour and from_draft else text)
@@ -139,16 +148,28 @@ def _history_path() -> Path:
     return path
 
 
+def read_piped(stream: BinaryIO) -> str:
+    """What was piped in, as text; ChatError where it is not UTF-8 (the input's fault,
+    said before lead is asked)."""
+    data = stream.read()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ChatError(f"standard input is not UTF-8 text (byte {data[exc.start]:#04x} at "
+                        f"offset {exc.start})") from None
+
+
 def piped(repl: Repl, text: str) -> int:
     """`echo question | python chat.py`: print just the reply."""
     if not text.strip():
         print("error: nothing on standard input to ask", file=sys.stderr)
         return 1
+    stats = ReplyStats()
     try:
-        stats = ReplyStats()
         for piece in repl.client.stream(repl.conv.messages(text.strip()), stats, **repl.params):
             repl._out(piece.text)
     except ChatError as exc:
+        repl.end_line(stats)  # the error on a line of its own, the reply's line ended
         print(f"error: {exc}", file=sys.stderr)
         return 1
     repl._out("\n")

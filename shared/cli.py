@@ -12,13 +12,24 @@ import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar, get_args, get_origin
 
-from pydantic import BeforeValidator, ValidationError
+from pydantic import AfterValidator, BeforeValidator, ValidationError
 from pydantic_settings import BaseSettings
 
 S = TypeVar("S", bound=BaseSettings)
 
+
+def check_api_key(value: str | None) -> str | None:
+    """The key as given, where an HTTP header can carry it (`Authorization: Bearer KEY`):
+    printable ASCII, no spaces or control characters; else ValueError (the key unsaid)."""
+    if value is not None and not all("!" <= c <= "~" for c in value):
+        raise ValueError("a key is printable ASCII with no spaces or control characters "
+                         "(it travels in an HTTP header)")
+    return value
+
+
 # An API key setting: an empty value (e.g. `LEAD_API_KEY=` from compose) means none.
-ApiKey = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v)]
+ApiKey = Annotated[str | None, BeforeValidator(lambda v: None if v == "" else v),
+                   AfterValidator(check_api_key)]
 
 
 def _flag_type(annotation: Any) -> Any:
@@ -71,7 +82,8 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "settings"
-        parser.error(f"{where.replace('_', '-')}: {first['msg']}")
+        message = str(first["msg"]).removeprefix("Value error, ")  # (pydantic's prefix)
+        parser.error(f"{where.replace('_', '-')}: {message}")
     raise AssertionError("unreachable")
 
 

@@ -12,11 +12,45 @@ from typing import Any
 import httpx
 from httpx_sse import EventSource
 
+LEAD_PORT = 5555  # lead's default --port: where a bare host is looked for
+
 
 def lead_url(address: str) -> str:
-    """`host:port`, `http://host:port/` or `https://...` -> a base URL without a trailing /."""
+    """`host[:port]` (port 5555 where none is given), `http://host:port/` or `https://...`
+    -> a base URL without a trailing /. Whether any request can reach it: check_lead."""
     address = address.strip().rstrip("/")
-    return address if "://" in address else f"http://{address}"
+    if "://" in address:
+        return address  # a URL means what URLs mean: no port is the scheme's
+    return f"http://{address}:{LEAD_PORT}" if _host_alone(address) else f"http://{address}"
+
+
+def _host_alone(address: str) -> bool:
+    """A host with no port, path, query or fragment (what lead's port is added to)."""
+    if any(c in address for c in "/?#"):
+        return False
+    try:
+        return httpx.URL(f"http://{address}").port is None
+    except httpx.InvalidURL:
+        return False  # kept as given: check_lead says what is wrong with it
+
+
+def check_lead(address: str) -> str:
+    """lead_url(address), or ValueError naming the address where no request could reach
+    lead there: not http(s), no host, a bad port, a path, query or fragment."""
+    url = lead_url(address)
+    try:
+        parsed = httpx.URL(url)
+        port = parsed.port
+    except httpx.InvalidURL as exc:
+        raise ValueError(f"not a lead address: {address!r} ({exc})") from None
+    if (parsed.scheme not in ("http", "https") or not parsed.host or len(address.split()) != 1
+            or (port is not None and not 0 < port < 65536)):
+        raise ValueError(f"not a lead address: {address!r} (expected host:port or "
+                         "http(s)://host:port)")
+    if parsed.path not in ("", "/") or parsed.query or parsed.fragment:
+        raise ValueError(f"not a lead address: {address!r} (lead's address has no path, "
+                         "query or fragment: host:port or http(s)://host:port)")
+    return url
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:

@@ -27,6 +27,11 @@ from bench.procs import SimLead
     (["--lead-cpus", "3-1"], "not a CPU list"),
     (["--cover", "1.5"], "a share in [0, 1]"),
     (["--cover", "half"], "not a number"),
+    (["--sync-k", "-1"], "--sync-k must be at least 1"),
+    (["--sync-k", "0"], "--sync-k must be at least 1"),
+    (["--lead-variant=--bogus"], "--lead-variant=--bogus: unrecognized arguments: --bogus"),
+    (["--lead-variant", "--flash-attn maybe"], "flash-attn"),
+    (["--lead-variant", "--draft-len 'x"], "No closing quotation"),
 ])
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:
