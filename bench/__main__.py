@@ -366,9 +366,14 @@ def check_models(*specs: str) -> None:
 
     for spec in dict.fromkeys(specs):
         path = resolve_model(spec)
-        with path.open("rb") as f:
-            if f.read(4) != GGUF_MAGIC:
-                raise ModelError(f"model {spec!r} is not a GGUF file")
+        try:
+            with path.open("rb") as f:
+                magic = f.read(4)
+        except OSError as exc:
+            raise ModelError(f"model {spec!r}: cannot read {path} ({exc.strerror or exc})") \
+                from None
+        if magic != GGUF_MAGIC:
+            raise ModelError(f"model {spec!r} is not a GGUF file")
 
 
 def show(a: argparse.Namespace, data: dict, out: Path) -> None:

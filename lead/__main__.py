@@ -33,8 +33,11 @@ def main(argv: list[str] | None = None) -> None:
         apply(placement, allowed_cpus())  # before the model: its threads inherit this
         log.info("placement: %s", placement.describe())
         app = create_app(settings)
-    except (ModelError, PlacementError) as exc:
-        fail(str(exc))
+    except BaseException as exc:
+        sock.close()  # (a test calling main leaks no port)
+        if isinstance(exc, (ModelError, PlacementError)):
+            fail(str(exc))
+        raise
     model = app.state.engine.model
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)

@@ -25,13 +25,13 @@ def lead_url(address: str) -> str:
 
 
 def _host_alone(address: str) -> bool:
-    """A host with no port, path, query or fragment (what lead's port is added to)."""
+    """A host with no port, path, query or fragment (what lead's port is added to), read
+    from the text: httpx reads "host:80" as no port at all (80 is http's own)."""
     if any(c in address for c in "/?#"):
         return False
-    try:
-        return httpx.URL(f"http://{address}").port is None
-    except httpx.InvalidURL:
-        return False  # kept as given: check_lead says what is wrong with it
+    if address.startswith("["):  # an IPv6 address, [::1] or [::1]:port
+        return address.endswith("]")
+    return ":" not in address
 
 
 def check_lead(address: str) -> str:

@@ -108,3 +108,11 @@ def test_a_long_polls_wait_is_a_finite_number_named_as_sent() -> None:
     with TestClient(app) as client:
         error = client.get("/duo/state?wait=nan").json()["error"]
     assert error["param"] == "wait" and "finite" in error["message"], error
+
+
+def test_a_body_of_another_json_type_is_not_told_to_come_as_json() -> None:
+    app = create_app(make_settings(calibrate=False), FakeModel())
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", content=b"[1]",
+                        headers={"content-type": "application/vnd.api+json"})
+    assert r.status_code == 400 and "not a JSON object" in r.json()["error"]["message"]

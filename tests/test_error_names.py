@@ -139,3 +139,26 @@ def test_the_bearer_schemes_case_is_the_clients() -> None:
             assert r.status_code == 200, (scheme, r.text)
         r = client.post("/v1/chat/completions", json=body, headers={"authorization": "bearer x"})
         assert r.status_code == 401
+
+
+def test_a_forced_calls_unconvertible_schema_names_the_forced_tool_and_its_own_path() -> None:
+    # f's schema is as bad, but only g may be called: g's own error, at g's own path
+    tools = [{"name": "f", "input_schema": {"properties": {"x": {"enum": []}}}},
+             {"name": "g", "input_schema": {"properties": {"y": {"anyOf": []}}}}]
+    _, message = refusal("/v1/messages", anthropic(
+        tools=tools, tool_choice={"type": "tool", "name": "g"}))
+    assert message == "tools[1].input_schema: schema.properties.y.anyOf: an empty list " \
+                      "admits no value", message
+
+
+def test_a_template_refusal_names_the_requests_own_messages() -> None:
+    class Refusing(FakeModel):
+        def format_chat(self, messages: Any, tools: Any = None) -> str:
+            raise ValueError("roles must alternate")  # as a template's raise_exception
+    model = Refusing()
+    app = create_app(make_settings(calibrate=False, max_tokens=4), model)
+    with TestClient(app) as client:
+        r = client.post("/v1/responses", json=responses())
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == "input", r.text
+    assert r.json()["error"]["message"].startswith("input: the chat template refuses"), r.text

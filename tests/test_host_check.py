@@ -98,6 +98,7 @@ def test_exposure_warning_for_a_keyless_bind_beyond_loopback() -> None:
 def no_uvicorn(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     ran: list[str] = []
     monkeypatch.setattr(lead_serve._Server, "run", lambda self, *a, **k: ran.append("run"))
+    monkeypatch.setattr(lead_serve, "bound_socket", lambda host, port: socket.socket())
     yield ran
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from lead.__main__ import main
+from lead.server.serve import bound_socket
 
 
 @pytest.fixture
@@ -35,3 +36,14 @@ def test_a_host_that_does_not_resolve_is_a_one_line_error(
         main(["--host", "nosuch.invalid", "-m", "/nonexistent/model.gguf", "--no-calibrate"])
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot listen on nosuch.invalid" in err[0], err
+
+
+def test_localhost_is_bound_as_uvicorn_binds_it_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = socket.getaddrinfo
+
+    def ipv6_first(*args: object, **kwargs: object) -> list:  # as where /etc/hosts lists ::1
+        found = real(*args, **kwargs)  # type: ignore[arg-type]
+        return [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)), *found]
+    monkeypatch.setattr(socket, "getaddrinfo", ipv6_first)
+    with bound_socket("localhost", 0) as sock:  # a back at 127.0.0.1 must reach it
+        assert sock.family == socket.AF_INET

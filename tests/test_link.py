@@ -136,6 +136,8 @@ def test_messages_lead_cannot_take_are_refused_naming_why_and_the_link_stays() -
                                                            "token_ids": []}}))
         refused = json.loads(ws.receive_text())
         assert refused["status"] == 400 and refused["param"] == "token_ids"  # as HTTP's
+        ws.send_text(json.dumps({"type": "draft"}))  # no draft at all: its field named
+        assert json.loads(ws.receive_text())["param"] == "draft"
         ws.send_bytes(b"x")  # a binary frame: refused, not a traceback and the link gone
         assert "binary" in json.loads(ws.receive_text())["message"]
         ws.send_text(json.dumps({"type": "draft", "draft": {

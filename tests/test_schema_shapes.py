@@ -29,7 +29,9 @@ OBJ_B = {"properties": {"b": {"type": "string"}}, "required": ["b"], "title": "B
     ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "schema.allOf[0]: allOf merges"),
     ({"allOf": [OBJ_A, {"$ref": "#/$defs/E"}], "$defs": {"E": {"enum": [1]}}},
      "schema.allOf[1]: allOf merges"),
-    ({"allOf": [OBJ_A, {**OBJ_B, "additionalProperties": False}]}, "schema.allOf[1]"),
+    ({"allOf": [OBJ_A, {"anyOf": [OBJ_B, {"type": "string"}]}]}, "schema.allOf[1]"),
+    ({"allOf": [OBJ_A, {"$ref": "#/$defs/B", "type": "object"}], "$defs": {"B": OBJ_B}},
+     "schema.allOf[1]"),  # a $ref beside more than annotations
     ({"allOf": [{"$ref": "#/$defs/E"}], "type": "object", "$defs": {"E": {"enum": [1]}}},
      "schema.allOf[0]"),  # one member, but beside more than annotations
     ({"$defs": {"D": {"enum": []}}, "$ref": "#/$defs/D"}, "schema.$defs.D.enum"),
@@ -50,6 +52,12 @@ def said(text: str) -> str:
     {"allOf": [OBJ_A, {"$ref": "#/$defs/B"}], "$defs": {"B": OBJ_B}},
     {"allOf": [{"$ref": "#/$defs/E"}], "description": "d", "$defs": {"E": {"enum": [1]}}},
     {"allOf": [{"type": "string"}], "title": "a wrapper of anything"},
+    {"allOf": [OBJ_A, {**OBJ_B, "additionalProperties": False}]},  # merged as before
+    {"allOf": [OBJ_A, {"anyOf": [OBJ_B, {"$ref": "#/$defs/C"}]}],  # optional properties
+     "$defs": {"C": {"properties": {"c": {"type": "integer"}}}}},
+    {"allOf": [OBJ_A, {"$ref": "#/$defs/B", "description": "b"}], "$defs": {"B": OBJ_B}},
+    {"allOf": [OBJ_A, {"required": ["a"]}]},
+    {"type": "object", "properties": {}, "$defs": {"Unused": {"enum": []}}},  # never converted
 ])
 def test_a_schema_converted_to_its_own_values_passes(schema: dict[str, Any]) -> None:
     check_shapes(schema)

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fastapi import HTTPException
-
 from lead.apis import shapes, structured, toolreply
 from lead.apis.tools import ToolPlan
 from lead.decode.session import GenRequest
@@ -27,7 +25,8 @@ def prepare_chat(model: Model, default_max_tokens: int, body: shapes.ChatRequest
     try:
         plan, prompt = toolreply.chat_prompt(model, body)
     except ValueError as exc:  # the model's template refuses these messages
-        raise HTTPException(400, f"messages: the chat template refuses them: {exc}") from None
+        raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
+                                              f"{exc}") from None
     prompt_ids = model.tokenize(prompt, special=True, add_bos=False)
     return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan)
 

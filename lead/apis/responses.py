@@ -107,7 +107,7 @@ def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names]:
 
 def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     if isinstance(given, str):
-        return [{"role": "user", "content": given, ORIGIN: {"": "input"}}]
+        return [{"role": "user", "content": given, ORIGIN: {"": "input", ".content": "input"}}]
     out: list[dict[str, Any]] = []
     for i, item in enumerate(given):
         kind = item.get("type", "message") if isinstance(item, dict) else None

@@ -34,20 +34,23 @@ def forced_grammar(plan: ToolPlan, model: Model) -> str | None:
     try:  # a function's parameters are a hint to the model: keywords past the grammar pass
         schema_gbnf = model.schema_grammar(plan.grammar.schema, strict=False)
     except ValueError as exc:
-        where = f"{_unconvertible(plan, model)}.function.parameters"
-        raise FieldRefused(where, f"{where}: {exc}") from None
+        where, why = _unconvertible(plan, model) or ("tools", str(exc))
+        raise FieldRefused(where, f"{where}: {why}") from None
     return wrap_gbnf(schema_gbnf, plan.grammar)
 
 
-def _unconvertible(plan: ToolPlan, model: Model) -> str:
-    """The first tool whose parameters alone do not convert ("tools" where each does, and
-    only their union does not)."""
+def _unconvertible(plan: ToolPlan, model: Model) -> tuple[str, str] | None:
+    """(field, why) of the first tool the call may name whose parameters alone do not
+    convert, its path inside them; None where each does, and only their union does not."""
     for i, tool in enumerate(plan.tools):
+        function = tool["function"]
+        if plan.choice.name not in (None, function["name"]):
+            continue
         try:
-            model.schema_grammar(tool["function"]["parameters"], strict=False)
-        except ValueError:
-            return f"tools[{i}]"
-    return "tools"
+            model.schema_grammar(function["parameters"], strict=False)
+        except ValueError as exc:
+            return f"tools[{i}].function.parameters", str(exc)
+    return None
 
 
 def with_calls(choice: dict[str, Any], plan: ToolPlan, text: str) -> dict[str, Any]:

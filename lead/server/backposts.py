@@ -120,7 +120,7 @@ def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorizatio
         message = MESSAGES.validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = field_path(_in_message(tuple(first.get("loc", ()))))
+        where = field_path(_in_message(tuple(first.get("loc", ())), first.get("type")))
         said = validation_message(first)
         return Refused(status=400, message=f"{where}: {said}" if where else said,
                        param=where or None)
@@ -136,11 +136,13 @@ def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorizatio
                        param=getattr(exc, "param", None), retry_after=wait,
                        session_id=message.draft.session_id)
     return None
-def _in_message(loc: tuple[int | str, ...]) -> tuple[int | str, ...]:
+def _in_message(loc: tuple[int | str, ...], kind: str | None) -> tuple[int | str, ...]:
     """A field's place in the message the back sent, as the HTTP routes name it: past the
-    message's type, and a draft's own name (("draft", "draft", "start") -> ("start",))."""
+    message's type, and a draft's own name (("draft", "draft", "start") -> ("start",)),
+    unless the draft itself is what is missing or no object."""
     inside = loc[1:]
-    return inside[1:] if inside[:1] == ("draft",) else inside
+    own = inside[:1] == ("draft",) and (len(inside) > 1 or kind == "value_error")
+    return inside[1:] if own else inside
 
 
 def _dists(dists: list[DraftDist] | None) -> list[Dist] | None:

@@ -51,6 +51,6 @@ def install_error_handlers(app: FastAPI) -> None:
 def _not_an_object(request: Request, error: dict) -> str:
     """Why a body is no JSON object: curl's -d sends a form's content type, say so."""
     kind = request.headers.get("content-type", "").split(";")[0].strip()
-    if kind and kind != "application/json":
+    if kind and not kind.endswith("json"):
         return f"the body is sent as {kind}; send JSON, as Content-Type: application/json"
     return f"the body is empty or not a JSON object: {error.get('msg')}"
