@@ -14,7 +14,6 @@ the measured verify costs and acceptance, and a draft-length sweep (PNG + JSON).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -24,14 +23,13 @@ from bench import configs, llamaserver, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
 from bench.cpuwatch import LoadWatch, caveat
+from bench.preflight import OutError, check_models, writable
 from bench.procs import ProcExited, metric
 from bench.runs import Result
 from lead.server.settings import LeadSettings
 from shared.hugepages import restart_with_huge_pages
 from shared.model import Model
 from shared.placement import PlacementError
-
-GGUF_MAGIC = b"GGUF"  # a GGUF file's first bytes
 
 
 def progress(message: str) -> None:
@@ -340,40 +338,6 @@ def main(argv: list[str] | None = None) -> None:
     except (ModelError, AdviseError, ProcExited, OutError) as exc:
         sys.exit(f"python -m bench: error: {exc}")
     show(a, data, out)
-
-
-class OutError(Exception):
-    """--out cannot take the results."""
-
-
-def writable(out: Path) -> None:
-    """--out made where missing; OutError naming it where it cannot be made or written."""
-    if out.exists() and not out.is_dir():
-        raise OutError(f"--out {out} is a file, not a folder")
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise OutError(f"--out {out}: cannot make that folder ({exc.strerror or exc})") \
-            from None
-    if not os.access(out, os.W_OK | os.X_OK):
-        raise OutError(f"--out {out}: this user cannot write there")
-
-
-def check_models(*specs: str) -> None:
-    """ModelError for a model that is no GGUF file, before any configuration starts
-    (a preset is fetched here, where it is not yet)."""
-    from shared.presets import ModelError, resolve_model
-
-    for spec in dict.fromkeys(specs):
-        path = resolve_model(spec)
-        try:
-            with path.open("rb") as f:
-                magic = f.read(4)
-        except OSError as exc:
-            raise ModelError(f"model {spec!r}: cannot read {path} ({exc.strerror or exc})") \
-                from None
-        if magic != GGUF_MAGIC:
-            raise ModelError(f"model {spec!r} is not a GGUF file")
 
 
 def show(a: argparse.Namespace, data: dict, out: Path) -> None:
