@@ -43,11 +43,10 @@ def _unconvertible(plan: ToolPlan, model: Model) -> tuple[str, str] | None:
     """(field, why) of the first tool the call may name whose parameters alone do not
     convert, its path inside them; None where each does, and only their union does not."""
     for i, tool in enumerate(plan.tools):
-        function = tool["function"]
-        if plan.choice.name not in (None, function["name"]):
+        if not plan.choice.allows(tool):
             continue
         try:
-            model.schema_grammar(function["parameters"], strict=False)
+            model.schema_grammar(tool["function"]["parameters"], strict=False)
         except ValueError as exc:
             return f"tools[{i}].function.parameters", str(exc)
     return None

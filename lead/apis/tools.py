@@ -61,6 +61,10 @@ class ToolChoice:
     mode: str  # "none", "auto" or "required" (a named function is required too)
     name: str | None = None  # the one function allowed, when named
 
+    def allows(self, tool: dict[str, Any]) -> bool:
+        """Whether a forced call may name this tool."""
+        return self.name in (None, tool["function"]["name"])
+
 
 @dataclass(frozen=True)
 class CallGrammar:
@@ -190,9 +194,9 @@ def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
     if choice.mode != "required" and fmt is not GENERIC:
         return None
     for i, tool in enumerate(tools):
-        if choice.name in (None, tool["function"]["name"]):
+        if choice.allows(tool):
             _check_parameters(f"tools[{i}].function.parameters", tool["function"]["parameters"])
-    allowed = [t["function"] for t in tools if choice.name in (None, t["function"]["name"])]
+    allowed = [t["function"] for t in tools if choice.allows(t)]
     if fmt is GENERIC:
         functions = [{**f, "parameters": _without(f["parameters"], _DEFS)} for f in allowed]
         schema = reply_schema(functions, choice.mode == "required")
