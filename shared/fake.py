@@ -53,14 +53,18 @@ class FakeModel:
                  cover: float = 0.0, n_branches: int = 8,
                  eos_bias: float = 0.0, cost_s: tuple[float, float] = (0.0, 0.0),
                  name: str = "fake", clock: VirtualClock | None = None,
-                 chat_template: str | None = None, fim: bool = False, slots: int = 1) -> None:
+                 chat_template: str | None = None, fim: bool = False, slots: int = 1,
+                 thinks: bool = False) -> None:
         """`slots`: generations held side by side (`slot(i)`, `evaluate_parts`); one call
         over several of them costs what one call of all their tokens costs."""
         assert n_vocab >= len(ALPHABET) + 3
         self.name, self.n_vocab, self.n_ctx = name, n_vocab, n_ctx
         self.chat_template = chat_template  # only read for its tool-call markers
+        self.thinks = thinks  # whether its "template" has a thinking switch
         # fill-in-the-middle markers: the last three ids (text "~"), where asked for
         self.fim_tokens = (n_vocab - 3, n_vocab - 2, n_vocab - 1) if fim else None
+        self.fim_repo_tokens: tuple[int | None, int | None] = \
+            (n_vocab - 5, n_vocab - 4) if fim else (None, None)  # FIM_REP, FIM_SEP
         self.eos_token_ids = frozenset({EOS})
         self.salt, self.order, self.agree, self.agree_salt = salt, order, agree, agree_salt
         # where it disagrees, the share of contexts where the agree_salt model's token is
@@ -105,11 +109,16 @@ class FakeModel:
         return SPLIT_UTF8[extra] if extra < len(SPLIT_UTF8) else b"~"
 
     def format_chat(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> str:
-        """Tools as "tools: name, name"; a message's calls as "calls: name(arguments)"."""
+                    tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+        """Tools as "tools: name, name"; a message's calls as "calls: name(arguments)";
+        a thinking switch as "thinking: on|off" where the fake thinks."""
         head = "tools: " + ", ".join(t["function"]["name"] for t in tools) + "\n" if tools \
             else ""
-        return head + "".join(_fake_turn(m) for m in messages) + "assistant: "
+        if self.thinks and thinking is not None:
+            head += f"thinking: {'on' if thinking else 'off'}\n"
+        return head + "".join(_fake_turn(m) for m in messages) + \
+            ("assistant: " if add_generation_prompt else "")
 
     def fingerprint(self) -> str:
         return f"fake-{self.n_vocab}"

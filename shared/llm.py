@@ -22,8 +22,8 @@ from typing import Any
 import llama_cpp
 from llama_cpp import _logger as llama_logger
 from llama_cpp._internals import LlamaContext
-from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
+from shared.chat_template import ChatTemplate
 from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.llm_seqs import Batches, Sequences, SlotView, aborting
 from shared.llm_state import SlotStates
@@ -90,6 +90,9 @@ class LlamaModel(Sequences, Batches, SlotStates):
                int(llama_cpp.llama_vocab_fim_suf(self._vocab)),
                int(llama_cpp.llama_vocab_fim_mid(self._vocab)))
         self.fim_tokens = fim if min(fim) >= 0 else None  # (-1: the GGUF names none)
+        rep, sep = (int(llama_cpp.llama_vocab_fim_rep(self._vocab)),
+                    int(llama_cpp.llama_vocab_fim_sep(self._vocab)))
+        self.fim_repo_tokens = (rep if rep >= 0 else None, sep if sep >= 0 else None)
         self._chat = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
         self._polled = False
@@ -130,14 +133,19 @@ class LlamaModel(Sequences, Batches, SlotStates):
         return self._piece.raw[:max(n, 0)]
 
     def format_chat(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> str:
-        return render_chat(self._chat, messages, tools)
+                    tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+        return self._chat.render(messages, tools, add_generation_prompt, thinking)
 
-    def _chat_formatter(self) -> Jinja2ChatFormatter:
+    @property
+    def thinks(self) -> bool:
+        return self._chat.thinking_switch
+
+    def _chat_formatter(self) -> ChatTemplate:
         template = self.chat_template or _DEFAULT_TEMPLATE
         eos = self._text_of(self._llm.token_eos())
         bos = self._text_of(self._llm.token_bos())
-        return Jinja2ChatFormatter(template, eos_token=eos, bos_token=bos)
+        return ChatTemplate(template, bos=bos, eos=eos)
 
     def _text_of(self, token_id: int) -> str:
         if token_id < 0:
@@ -173,16 +181,6 @@ def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) ->
         lines.append(text.decode("utf-8", "replace"))
     elif not getattr(aborting, "now", False):
         llama_logger.llama_log_callback(level, text, user_data)
-
-
-def render_chat(formatter: Jinja2ChatFormatter, messages: list[dict[str, Any]],
-                tools: list[dict[str, Any]] | None = None) -> str:
-    """The prompt for `messages`; ValueError with the template's own message when it
-    refuses them (many raise on a role they do not know, or on roles out of turn)."""
-    try:
-        return formatter(messages=messages, tools=tools).prompt
-    except Exception as exc:  # a template is the model's code: any error is about the input
-        raise ValueError(str(exc) or type(exc).__name__) from None
 
 
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,

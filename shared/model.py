@@ -30,15 +30,24 @@ class Model(Protocol):
     cached: list[int]
     chat_template: str | None  # the GGUF's (lead/apis/tools.py reads its tool-call format)
     fim_tokens: tuple[int, int, int] | None  # fill-in-the-middle prefix, suffix, middle
+    # repo-level fill in the middle: FIM_REP (the project's name follows), FIM_SEP (a file's)
+    fim_repo_tokens: tuple[int | None, int | None]
 
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]: ...
 
     def token_bytes(self, token_id: int) -> bytes: ...
 
     def format_chat(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None,
+                    add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
         """The prompt text for messages (and tools, which the template renders); ValueError
-        when the chat template refuses them."""
+        when the chat template refuses them. `add_generation_prompt` False: the last
+        message's turn left open; `thinking`: the template's switch, where it has one."""
+        ...
+
+    @property
+    def thinks(self) -> bool:
+        """Whether the chat template switches the model's thinking on and off."""
         ...
 
     def fingerprint(self) -> str: ...

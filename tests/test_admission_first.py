@@ -43,11 +43,11 @@ class CountingModel(FakeModel):
         return super().tokenize(text, special, add_bos)
 
     def format_chat(self, messages: list[dict[str, Any]],
-                    tools: list[dict[str, Any]] | None = None) -> str:
+                    tools: list[dict[str, Any]] | None = None, **switches: Any) -> str:
         self._count("template")
         if not self.template_free.wait(30):
             raise RuntimeError("the test never let the template run")
-        return super().format_chat(messages, tools)
+        return super().format_chat(messages, tools, **switches)
 
     def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
         self._count("schema")

@@ -1,8 +1,8 @@
-"""The Responses API, Anthropic's Messages API and /infill over a fake target: shapes plain
-and streamed through the official SDKs (in one process), tool calls and their round trip,
-stop reasons, what each refuses (a 400 naming the field, in Anthropic's error shape on its
-path), the key as x-api-key; and tools on a template without a call format (the generic
-JSON format)."""
+"""The Responses API and Anthropic's Messages API over a fake target (/infill:
+tests/test_infill.py): shapes plain and streamed through the official SDKs (in one
+process), tool calls and their round trip, stop reasons, what each refuses (a 400 naming
+the field, in Anthropic's error shape on its path), the key as x-api-key; and tools on a
+template without a call format (the generic JSON format)."""
 
 from __future__ import annotations
 
@@ -139,13 +139,13 @@ def test_a_streamed_call_comes_as_a_function_call_item() -> None:
 
 @pytest.mark.parametrize(("extra", "param"), [
     ({"previous_response_id": "resp_1"}, "previous_response_id"),
-    ({"store": True}, "store"),
-    ({"tools": [{"type": "web_search"}]}, "tools[0].type"),
+    ({"background": True}, "background"),
+    ({"tools": [{"type": "local_computer"}]}, "tools[0].type"),
+    ({"tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}},
+     "tool_choice"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
      "input[0].content[0].type"),
-    ({"reasoning": {"effort": "low"}}, "reasoning"),
-    ({"include": ["file_search_call.results"]}, "include"),
-    ({"input": [{"type": "reasoning", "summary": []}]}, "input[0].type"),
+    ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
     ({"text": {"format": "json"}}, "text.format"),
     ({"text": {"format": 5}}, "text.format"),
 ])
@@ -155,6 +155,28 @@ def test_what_responses_does_not_serve_is_a_400_naming_it(extra: dict[str, Any],
         r = client.post("/v1/responses", json={"input": "hi", **extra})
         assert r.status_code == 400, r.text
         assert r.json()["error"]["param"] == param, r.json()
+
+
+@pytest.mark.parametrize("extra", [
+    {"store": True, "reasoning": {"effort": "low", "summary": "auto"}},
+    {"include": ["reasoning.encrypted_content", "file_search_call.results"]},
+    {"client_metadata": {"turn": "1"}, "prompt_cache_key": "k", "truncation": "auto",
+     "text": {"verbosity": "low"}, "no_such_field": 1},
+    {"tools": [{"type": "web_search", "external_web_access": False}]},
+    {"input": [{"type": "reasoning", "id": "rs_1", "summary": [], "content": None,
+                "encrypted_content": "eA=="},
+               {"type": "message", "id": "m1", "role": "user",
+                "content": [{"type": "input_text", "text": "hi"}]}]},
+])
+def test_what_changes_nothing_the_client_relies_on_is_accepted(extra: dict[str, Any]) -> None:
+    """Codex sends reasoning settings, encrypted-reasoning includes, its metadata and a
+    hosted web search with every request: the model thinks not and searches not, and
+    says so by writing neither."""
+    with TestClient(app_over(FakeModel())) as client:
+        r = client.post("/v1/responses", json={"input": "hi", "max_output_tokens": 3, **extra})
+        assert r.status_code == 200, r.text
+        assert {item["type"] for item in r.json()["output"]} == {"message"}
+        assert r.json()["usage"]["output_tokens_details"]["reasoning_tokens"] == 0
 
 
 # --- Anthropic's Messages API ---
@@ -259,31 +281,6 @@ def test_anthropic_errors_come_in_anthropic_s_shape_and_the_key_as_x_api_key() -
         assert "messages[0].content[0].type" in refused.json()["error"]["message"]
 
 
-# --- /infill, as llama.cpp's server takes it ---
-
-
-def test_infill_fills_between_prefix_and_suffix_as_llama_server_answers() -> None:
-    model = FakeModel(fim=True, eos_bias=-100.0)
-    with TestClient(app_over(model)) as client:
-        as_completion = client.post("/v1/completions", json={
-            "prompt": "def f(", "suffix": ")", "max_tokens": 8}).json()["choices"][0]["text"]
-        r = client.post("/infill", json={"input_prefix": "def f", "prompt": "(",
-                                         "input_suffix": ")", "n_predict": 8})
-        assert r.status_code == 200, r.text
-        whole = r.json()
-        assert whole["content"] == as_completion and whole["stop"] is True
-        assert whole["tokens_predicted"] == 8 and whole["stop_type"] == "limit"
-        with client.stream("POST", "/infill", json={"input_prefix": "def f(",
-                                                    "input_suffix": ")", "n_predict": 8,
-                                                    "stream": True}) as s:
-            events = list(sse_events(s))
-        assert "".join(e["content"] for e in events) == as_completion
-        assert events[-1]["stop"] is True and all(not e["stop"] for e in events[:-1])
-        extra = client.post("/infill", json={"input_prefix": "a", "input_extra": [
-            {"filename": "x", "text": "y"}]})
-        assert extra.status_code == 400 and extra.json()["error"]["param"] == "input_extra"
-
-
 # --- tools on a template without a call format ---
 
 
@@ -316,9 +313,10 @@ class PlainPieces(PieceModel):
         self.schema = schema
         return 'root ::= "x"'
 
-    def format_chat(self, messages: list[dict[str, Any]], tools: Any = None) -> str:
+    def format_chat(self, messages: list[dict[str, Any]], tools: Any = None,
+                    **switches: Any) -> str:
         self.prompts.append(json.dumps(messages))
-        return super().format_chat(messages, tools)
+        return super().format_chat(messages, tools, **switches)
 
 
 GENERIC_CALL = ['{"tool_call": {"name": "get_weather", ', '"arguments": {"city": "Paris"}}}']

@@ -204,13 +204,11 @@ BAD_BODIES = [
     ("no messages", {"messages": []}),
     ("wrong type", {"messages": [{"role": "user", "content": "x"}], "max_tokens": "many"}),
     ("negative max_tokens", chat_body(max_tokens=-1)),
-    ("huge max_tokens", chat_body(max_tokens=10**9)),
     ("bad role", {"messages": [{"role": "robot", "content": "x"}]}),
     ("negative temperature", chat_body(temperature=-0.5)),
     ("top_p zero", chat_body(top_p=0)),
     ("top_p over one", chat_body(top_p=1.5)),
     ("negative top_k", chat_body(top_k=-3)),
-    ("n > 1", chat_body(n=2)),
     ("stop wrong type", chat_body(stop=5)),
     # valid JSON (a "\ud800" escape: a lone surrogate) that no text encoding admits
     ("lone surrogate", r'{"messages": [{"role": "user", "content": "caf\ud800"}]}'),

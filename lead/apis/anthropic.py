@@ -2,11 +2,10 @@
 chat request, a reply turned into a message or its stream of events, errors in Anthropic's
 shape (`{"type": "error", "error": {"type", "message"}}`).
 
-Served: `system`, `messages` with text, `tool_use` and `tool_result` blocks, `max_tokens`,
-`stop_sequences`, `temperature`, `top_p`, `top_k`, `stream`, `tools` and `tool_choice`
-(auto, any, tool, none); the key may come as `x-api-key`. Not served, a 400 naming it:
-images and documents, thinking, server tools (web search ...), and fields lead does not
-know.
+Each field and what lead does with it: lead/apis/fields.py (MESSAGES). Claude Code's
+requests are served whole: its system message inside `messages` is rendered in place,
+its thinking, effort and context management are hints the model cannot take, and
+thinking blocks it sends back are skipped.
 """
 
 from __future__ import annotations
@@ -18,20 +17,28 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lead.apis import shapes
+from lead.apis import fields, shapes
 from lead.apis.renames import ORIGIN, Names, chat_request
 from lead.apis.toolreply import Deltas
 from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 
-HARMLESS = {"metadata", "service_tier", "container", "mcp_servers", "context_management"}
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 529: "overloaded_error"}
+# Blocks of earlier turns the model cannot read again: its thinking (this model writes
+# none; another's is signed for Anthropic's), server tools' calls and results lead never ran
+SKIPPED = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
+           "web_fetch_tool_result", "code_execution_tool_result",
+           "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
+           "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "container_upload"}
+# Server tools (Anthropic's API runs them, not the client): not offered to the model
+SERVER_TOOLS = ("web_search_", "web_fetch_", "code_execution_", "tool_search_tool_",
+                "mcp_toolset")
 
 
 class MessagesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # what else it holds: `refusal`
+    model_config = ConfigDict(extra="allow")  # what else it holds: lead/apis/fields.py
     model: str | None = None
     max_tokens: int = Field(ge=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
@@ -44,17 +51,29 @@ class MessagesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
+
+
+class CountRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a message without max_tokens."""
+
+    max_tokens: int = Field(1, ge=1)
 
 
 def refusal(body: MessagesRequest) -> shapes.FieldRefused | None:
-    """The 400 for the first field lead would otherwise have to ignore."""
-    for name, value in (body.model_extra or {}).items():
-        if value is not None and name not in HARMLESS:
-            return shapes.FieldRefused(name, f"{name}: unknown field; lead refuses what it "
-                                          "cannot honour")
-    if body.thinking and body.thinking.get("type") != "disabled":
-        return shapes.FieldRefused("thinking", "thinking: extended thinking is not served")
+    """The 400 for the first field whose absence of service would change the reply."""
+    try:
+        fields.judge(fields.MESSAGES, body.model_extra or {}, "/v1/messages")
+    except fields.Refused as exc:
+        return shapes.FieldRefused(exc.param, f"{exc.param}: {exc.rule.why}")
     return None
+
+
+def thinking(body: MessagesRequest) -> bool | None:
+    """A thinking switch's setting (None: the template's default)."""
+    kind = (body.thinking or {}).get("type")
+    return None if kind is None else kind != "disabled"
 
 
 def to_chat(body: MessagesRequest) -> tuple[shapes.ChatRequest, Names]:
@@ -64,32 +83,59 @@ def to_chat(body: MessagesRequest) -> tuple[shapes.ChatRequest, Names]:
     messages = ([{"role": "system", "content": system, ORIGIN: {"": "system"}}]
                 if system else []) + \
         [m for i, message in enumerate(body.messages) for m in _turn(i, message)]
-    fields: dict[str, Any] = {
+    switch = thinking(body)
+    fields_: dict[str, Any] = {
         "messages": messages, "max_tokens": body.max_tokens, "stop": body.stop_sequences,
         "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
-        "stream": body.stream}
-    names = {"stop": "stop_sequences", "tool_choice.function": "tool_choice"}
+        "stream": body.stream, "response_format": _format(body),
+        "chat_template_kwargs": None if switch is None else {"enable_thinking": switch}}
+    names = {"stop": "stop_sequences", "tool_choice.function": "tool_choice",
+             "response_format": _format_field(body),
+             "response_format.json_schema": _format_field(body)}
+    offered = [(i, t) for i, t in enumerate(body.tools or []) if not _server_tool(i, t)]
     if body.tools is not None:
-        fields["tools"] = [_tool(i, t) for i, t in enumerate(body.tools)]
-        names.update(_tool_names(len(body.tools)))
+        fields_["tools"] = [_tool(i, t) for i, t in offered]
+        names.update(_tool_names([i for i, _ in offered]))
     if body.tool_choice is not None:
-        fields["tool_choice"] = _tool_choice(body.tool_choice)
-    return chat_request({k: v for k, v in fields.items() if v is not None}, names)
+        fields_["tool_choice"] = _tool_choice(body.tool_choice, body.tools or [])
+    return chat_request({k: v for k, v in fields_.items() if v is not None}, names)
 
 
-def _tool_names(n: int) -> Names:
-    return {chat: client for i in range(n) for chat, client in (
-        (f"tools[{i}].function", f"tools[{i}]"),
-        (f"tools[{i}].function.parameters", f"tools[{i}].input_schema"))}
+def _format(body: MessagesRequest) -> dict[str, Any] | None:
+    """output_config.format (or the beta's output_format): the reply follows a schema."""
+    fmt = (body.output_config or {}).get("format") or body.output_format
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema":
+        return None
+    return {"type": "json_schema", "json_schema": {"name": "output", "strict": True,
+                                                   "schema": fmt.get("schema") or {}}}
+
+
+def _format_field(body: MessagesRequest) -> str:
+    return "output_format" if body.output_format else "output_config.format"
+
+
+def _server_tool(i: int, tool: Any) -> bool:
+    kind = tool.get("type", "custom") if isinstance(tool, dict) else None
+    return isinstance(kind, str) and kind.startswith(SERVER_TOOLS)
+
+
+def _tool_names(given: list[int]) -> Names:
+    """The chat tools' paths -> the request's (server tools left out, the rest in order)."""
+    return {chat: client for k, i in enumerate(given) for chat, client in (
+        (f"tools[{k}].function", f"tools[{i}]"),
+        (f"tools[{k}].function.parameters", f"tools[{i}].input_schema"))}
 
 
 def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     """One Anthropic message as chat messages: a user's tool results come first, as tool
     messages; an assistant's tool uses are its calls."""
     role, content = message.get("role"), message.get("content")
-    if role not in ("user", "assistant"):
-        raise shapes.FieldRefused(f"messages[{i}].role", f"messages[{i}].role: user or "
-                                                      "assistant")
+    if role not in ("user", "assistant", "system"):  # system: the mid-conversation beta's
+        raise shapes.FieldRefused(f"messages[{i}].role", f"messages[{i}].role: user, "
+                                                      "assistant or system")
+    if role == "system":
+        return [{"role": "system", "content": _blocks_text(f"messages[{i}].content", content),
+                 ORIGIN: {"": f"messages[{i}]"}}]
     origin = {"": f"messages[{i}]"}
     if isinstance(content, str):
         return [{"role": role, "content": content, ORIGIN: origin}]
@@ -123,9 +169,10 @@ def _take_block(where: str, block: Any, texts: list[str], calls: list[dict[str, 
         results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                         "content": f"error: {text}" if block.get("is_error") else text,
                         ORIGIN: {"": where, ".tool_call_id": f"{where}.tool_use_id"}})
-    else:
+    elif kind not in SKIPPED:
         raise shapes.FieldRefused(f"{where}.type", f"{where}.type: {kind!r} blocks are not "
-                                                "served (text, tool_use, tool_result are)")
+                                                "served: the model reads text (text, "
+                                                "tool_use, tool_result blocks)")
 
 
 def _blocks_text(where: str, value: Any) -> str:
@@ -146,15 +193,20 @@ def _tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
             "input_schema" not in tool:
         raise shapes.FieldRefused(f"tools[{i}]", f"tools[{i}]: only client tools "
                                               "({name, description, input_schema}) are "
-                                              "served, not server tools")
+                                              "served; Anthropic-defined tools (bash, "
+                                              "text_editor ...) need their input_schema")
     function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
     if tool.get("description") is not None:
         function["description"] = tool["description"]
     return {"type": "function", "function": function}
 
 
-def _tool_choice(choice: dict[str, Any]) -> Any:
+def _tool_choice(choice: dict[str, Any], tools: list[Any]) -> Any:
     kind = choice.get("type")
+    server = {t.get("name") for i, t in enumerate(tools) if _server_tool(i, t)}
+    if kind == "tool" and choice.get("name") in server:
+        raise shapes.FieldRefused("tool_choice.name", f"tool_choice.name: lead has no server "
+                                                      f"tool {choice.get('name')!r} to force")
     if kind == "tool":
         return {"type": "function", "function": {"name": choice.get("name")}}
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
@@ -185,9 +237,15 @@ def stop_reason(session: Session, called: bool) -> str:
 
 
 def usage(s: Session) -> dict[str, int]:
-    return {"input_tokens": s.n_prompt, "output_tokens": s.n_generated,
-            "cache_read_input_tokens": max(s.n_prompt - s.prompt_evaluated - 1, 0),
+    """Anthropic's convention: `input_tokens` are those not read from the cache (clients
+    add the three to know the prompt's size)."""
+    return {**prompt_usage(s), "output_tokens": s.n_generated,
             "drafted_tokens": s.drafted, "accepted_tokens": s.accepted}
+
+
+def prompt_usage(s: Session) -> dict[str, int]:
+    return {"input_tokens": s.n_prompt - s.n_cached, "cache_creation_input_tokens": 0,
+            "cache_read_input_tokens": s.n_cached}
 
 
 def tool_use(call: dict[str, Any]) -> dict[str, Any]:
@@ -218,10 +276,11 @@ class MessageShape:
         return self.message(blocks, session, bool(calls))
 
     async def events(self, emissions: AsyncIterator[Emission], plan: ToolPlan | None,
-                     n_prompt: int) -> AsyncIterator[str]:
-        """message_start, each block's start, deltas and stop, message_delta, message_stop."""
+                     prompt: Session) -> AsyncIterator[str]:
+        """message_start, each block's start, deltas and stop, message_delta, message_stop.
+        `prompt`: the session, its prompt evaluated."""
         writer = BlockWriter()
-        started = {**self.message([], None), "usage": {"input_tokens": n_prompt,
+        started = {**self.message([], None), "usage": {**prompt_usage(prompt),
                                                         "output_tokens": 0}}
         yield writer.event("message_start", message=started)
         yield writer.event("ping")
@@ -282,6 +341,6 @@ class BlockWriter:
     def closing(self, session: Session, called: bool) -> list[str]:
         delta = {"stop_reason": stop_reason(session, called),
                  "stop_sequence": session.stop_sequence}
-        used = {k: v for k, v in usage(session).items() if k != "input_tokens"}
+        used = usage(session)
         return [*self._close(), self.event("message_delta", delta=delta, usage=used),
                 self.event("message_stop")]

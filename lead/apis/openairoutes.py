@@ -15,6 +15,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from lead.apis import shapes, toolreply
+from lead.apis.choices import choice_requests, merged
 from lead.apis.prepare import Prepared, prepare_chat, prepare_completion
 from lead.apis.tools import ToolPlan
 from lead.decode.admission import Place, QueueFull
@@ -39,6 +40,7 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
     @router.post("/v1/chat/completions", response_model=None)
     async def chat(body: shapes.ChatRequest, request: Request) -> Response:
         shapes.check_served(body)
+        check_choices(engine, body.n)
         shape = shapes.ReplyShape(chat=True, token_bytes=model.token_bytes,
                                logprobs=body.top_logprobs_wanted() is not None)
         prepare = partial(prepare_chat, model, max_tokens, body)
@@ -47,9 +49,9 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
     @router.post("/v1/completions", response_model=None)
     async def completions(body: shapes.CompletionRequest, request: Request) -> Response:
         shapes.check_served(body)
-        logprobs = None if body.logprobs is None else \
-            shapes.CompletionLogprobs(body.prompt, model.token_bytes)
-        shape = shapes.ReplyShape(chat=False, token_bytes=model.token_bytes, completion=logprobs)
+        check_choices(engine, body.n)
+        shape = shapes.ReplyShape(chat=False, token_bytes=model.token_bytes,
+                                  prompt=None if body.logprobs is None else body.prompt)
         prepare = partial(prepare_completion, model, max_tokens, body)
         return await _reply(engine, workers, request, body, shape, prepare)
 
@@ -61,15 +63,16 @@ Streamed = Callable[[AsyncGenerator[Emission, None], Emission, Prepared], Respon
 
 
 async def reply(engine: Engine, workers: Threads, request: Request, stream: bool,
-                prepare: Callable[[], Prepared], whole: Whole, streamed: Streamed
-                ) -> Response:
-    """A request's place in line (429 before any work), its preparation off the event loop,
-    its turn; then its reply, whole or streamed, in its API's shape."""
-    place = _reserve(engine)  # 429 before any template, tokens or grammar
+                prepare: Callable[[], Prepared], whole: Whole, streamed: Streamed,
+                n: int = 1) -> Response:
+    """A request's places in line (429 before any work; one per choice), its preparation
+    off the event loop, its turn; then its reply, whole or streamed, in its API's shape."""
+    places = _reserve(engine, n)  # 429 before any template, tokens or grammar
     try:
-        started = await unless_gone(request.receive, _start(engine, workers, place, prepare))
+        started = await unless_gone(request.receive, _start(engine, workers, places, prepare))
     finally:
-        place.leave()  # gone, refused or failed before its turn: the place is free again
+        for place in places:  # gone, refused or failed before its turn: free again
+            place.leave()
     if started is None:
         return Response(status_code=499)  # the client left while it waited: nobody reads it
     gen, first, prepared = started
@@ -90,38 +93,62 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
     def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                  prepared: Prepared) -> Response:
         return StreamedReply(gen, first, partial(sse, name, rid=rid, shape=shape,
-                                                 deltas=toolreply.Deltas(prepared.plan)))
+                                                 plan=prepared.plan, n=body.n))
     return await reply(engine, workers, request, body.stream, prepare,
-                       partial(_whole, name, rid, shape), streamed)
+                       partial(_whole, name, rid, shape), streamed, body.n)
 
 
 def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emission],
            plan: ToolPlan | None) -> JSONResponse:
-    """A reply not streamed, from all of its emissions."""
-    text = "".join(e.text for e in emissions)
-    session = emissions[-1].session
-    assert session is not None, "the last emission carries the session"
-    entries = [lp for e in emissions for lp in e.logprobs]
-    choice = shape.choice(text, session.finish_reason, entries)
-    if plan is not None:
-        choice = toolreply.with_calls(choice, plan, text)
-    return JSONResponse({**shapes.envelope(shape.kind, rid, model), "choices": [choice],
-                         "usage": usage(session)})
+    """A reply not streamed, from all of its emissions (each choice's)."""
+    choices, sessions = [], []
+    for i, own in sorted(by_choice(emissions).items()):
+        text = "".join(e.text for e in own)
+        session = own[-1].session
+        assert session is not None, "the last emission carries the session"
+        entries = [lp for e in own for lp in e.logprobs]
+        choice = shape.choice(text, session.finish_reason, entries, index=i)
+        choices.append(toolreply.with_calls(choice, plan, text) if plan is not None else choice)
+        sessions.append(session)
+    return JSONResponse({**shapes.envelope(shape.kind, rid, model), "choices": choices,
+                         "usage": usage(*sessions)})
 
 
-def _reserve(engine: Engine) -> Place:
+def by_choice(emissions: list[Emission]) -> dict[int, list[Emission]]:
+    out: dict[int, list[Emission]] = {}
+    for e in emissions:
+        out.setdefault(e.choice, []).append(e)
+    return out
+
+
+def _reserve(engine: Engine, n: int) -> list[Place]:
+    places: list[Place] = []
     try:
-        return engine.reserve()
+        for _ in range(n):
+            places.append(engine.reserve())
     except QueueFull:
+        for place in places:
+            place.leave()
         raise HTTPException(429, "lead is busy: the queue is full; retry shortly",
                             headers={"Retry-After": "1"}) from None
+    return places
 
 
-async def _start(engine: Engine, workers: Threads, place: Place,
+def check_choices(engine: Engine, n: int) -> None:
+    """A 400 for more choices than lead can hold in line at once."""
+    most = engine.admission.parallel + engine.admission.max_queue
+    if n > most:
+        raise shapes.FieldRefused("n", f"n: at most {most} choices (lead's --parallel and "
+                                       "--max-queue together)")
+
+
+async def _start(engine: Engine, workers: Threads, places: list[Place],
                  prepare: Callable[[], Prepared]) -> Started:
     """Prepare the request off the event loop, then wait for its turn and its first text."""
     prepared = await workers.run(prepare)
-    gen = engine.generate(prepared.req, place)
+    gens = [engine.generate(req, place) for req, place in
+            zip(choice_requests(prepared.req, len(places)), places, strict=True)]
+    gen = gens[0] if len(gens) == 1 else merged(gens)
     try:
         return gen, await anext(gen), prepared
     except BaseException:

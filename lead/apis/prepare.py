@@ -22,13 +22,18 @@ class Prepared:
 
 
 def prepare_chat(model: Model, default_max_tokens: int, body: shapes.ChatRequest) -> Prepared:
+    plan, prompt_ids = chat_ids(model, body)
+    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan)
+
+
+def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, list[int]]:
+    """The request's tool plan and its prompt's tokens (what a count of them counts)."""
     try:
         plan, prompt = toolreply.chat_prompt(model, body)
     except ValueError as exc:  # the model's template refuses these messages
         raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
                                               f"{exc}") from None
-    prompt_ids = model.tokenize(prompt, special=True, add_bos=False)
-    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan)
+    return plan, model.tokenize(prompt, special=True, add_bos=False)
 
 
 def prepare_completion(model: Model, default_max_tokens: int,
@@ -57,13 +62,10 @@ def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonReques
     if not prompt_ids:
         raise shapes.FieldRefused(field, f"{field}: the prompt is empty")
     if len(prompt_ids) >= n_ctx:
-        raise shapes.FieldRefused(field, f"{field}: the prompt is {len(prompt_ids)} tokens; "
-                                         f"the context holds {n_ctx} (start lead with a "
-                                         "larger --ctx-size)")
+        raise shapes.ContextExceeded(field, len(prompt_ids), n_ctx)
+    # A max_tokens past what the context holds is no error (llama-server's way; agents ask
+    # for 32k): the reply ends where the context does, finish_reason "length".
     wanted = body.wanted_tokens()
-    if wanted is not None and wanted > n_ctx:
-        raise shapes.FieldRefused("max_tokens", f"max_tokens: {wanted} exceeds the context "
-                                              f"size {n_ctx}")
     outside = [t for t in body.logit_bias or {} if t >= model.n_vocab]
     if outside:
         raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "

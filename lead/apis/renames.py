@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from lead.apis.shapes import ChatRequest, FieldRefused
+from lead.apis.shapes import ChatRequest, ContextExceeded, FieldRefused
 
 Names = dict[str, str]
 T = TypeVar("T")
@@ -55,10 +55,12 @@ def renamed(path: str, names: Names) -> str:
 def refused_as(exc: FieldRefused, names: Names) -> FieldRefused:
     """The same refusal in the client's names (its message leads with its field)."""
     param = renamed(exc.param, names)
+    if isinstance(exc, ContextExceeded):
+        return ContextExceeded(param, exc.n_prompt, exc.n_ctx)
     message = str(exc.detail)
     if message.startswith(exc.param):
         message = param + message[len(exc.param):]
-    return FieldRefused(param, message)
+    return FieldRefused(param, message, exc.code)
 
 
 def renaming(names: Names, call: Callable[[], T]) -> Callable[[], T]:

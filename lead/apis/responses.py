@@ -1,12 +1,9 @@
 """OpenAI's Responses API (POST /v1/responses) over lead's chat: a request turned into a
 chat request, a reply turned into a response object or its stream of events.
 
-Served: `input` as text or items (messages with text parts, `function_call` and
-`function_call_output` items), `instructions`, `max_output_tokens`, `temperature`,
-`top_p`, `text.format` (text, json_object, json_schema), function `tools` and
-`tool_choice`, `stream`, logprobs through `include` and `top_logprobs`. Not served, a 400
-naming it: stored responses (`store: true`, `previous_response_id`, `conversation`),
-built-in tools, reasoning, background runs, images and files.
+Each field and what lead does with it: lead/apis/fields.py (RESPONSES). Codex CLI's
+requests are served whole: its namespaced tools are functions, its hosted web search is
+not offered, its reasoning settings and items are hints the model cannot take.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from lead.apis import shapes
+from lead.apis import fields, shapes
 from lead.apis.renames import ORIGIN, Names, chat_request
 from lead.apis.toolreply import Deltas
 from lead.apis.tools import ToolPlan
@@ -31,21 +28,19 @@ ROLES = ("user", "assistant", "system", "developer")
 NAMES = {"max_tokens": "max_output_tokens", "response_format.json_schema": "text.format",
          "response_format": "text.format", "tool_choice.function": "tool_choice",
          "logprobs": "include", "messages": "input"}
-HARMLESS = {"metadata", "user", "service_tier", "safety_identifier", "prompt_cache_key"}
-UNSERVED = {
-    "previous_response_id": "stored responses are not served: send the whole conversation "
-                            "as input",
-    "conversation": "stored conversations are not served: send the whole conversation as "
-                    "input",
-    "reasoning": "reasoning is not served",
-    "background": "background responses are not served",
-    "prompt": "prompt templates are not served",
-    "max_tool_calls": "max_tool_calls is not served",
-}
+# Items of earlier turns that say nothing the model can read again: its reasoning (the
+# model here writes none; another's is encrypted), hosted tools' calls lead never ran
+SKIPPED = {"reasoning", "web_search_call", "file_search_call", "code_interpreter_call",
+           "image_generation_call", "compaction", "compaction_summary"}
+# Tools the API hosts (it runs them, not the client): lead has none, so the model is not
+# offered them; a tool_choice forcing one is refused
+HOSTED = {"web_search", "web_search_preview", "file_search", "code_interpreter",
+          "image_generation", "computer_use_preview", "mcp", "local_shell", "shell",
+          "apply_patch"}
 
 
 class ResponsesRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # what else it holds: `refusal`
+    model_config = ConfigDict(extra="allow")  # what else it holds: lead/apis/fields.py
     model: str | None = None
     input: shapes.Text | list[dict[str, Any]]
     instructions: shapes.Text | None = None
@@ -56,28 +51,17 @@ class ResponsesRequest(BaseModel):
     text: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: bool | None = None
-    store: bool | None = None
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    truncation: str | None = None
+    reasoning: dict[str, Any] | None = None
 
 
 def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
-    """The 400 for the first field lead would otherwise have to ignore."""
-    for name, value in (body.model_extra or {}).items():
-        if value is None or name in HARMLESS:
-            continue
-        reason = UNSERVED.get(name, "unknown field; lead refuses what it cannot honour")
-        return shapes.FieldRefused(name, f"{name}: {reason}")
-    if body.store:
-        return shapes.FieldRefused("store", "store: responses are not stored here (send "
-                                         "store: false, or leave it out)")
-    if body.truncation not in (None, "disabled"):
-        return shapes.FieldRefused("truncation", "truncation: only \"disabled\" is served")
-    unknown = [i for i in body.include or [] if i != LOGPROBS]
-    if unknown:
-        return shapes.FieldRefused("include", f"include: {unknown[0]!r} is not served")
+    """The 400 for the first field whose absence of service would change the reply."""
+    try:
+        fields.judge(fields.RESPONSES, body.model_extra or {}, "/v1/responses")
+    except fields.Refused as exc:
+        return shapes.openai_refusal(exc)
     fmt = (body.text or {}).get("format")
     if fmt is not None and not isinstance(fmt, dict):
         return shapes.FieldRefused("text.format", "text.format: an object, e.g. "
@@ -85,24 +69,98 @@ def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
     return None
 
 
-def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names]:
-    """The chat request this response is decoded as, and where its fields came from (a
-    400 naming the field at fault, as this request writes it)."""
+def thinking(body: ResponsesRequest) -> bool | None:
+    """A thinking switch's setting from `reasoning.effort` (None: the template's default)."""
+    effort = (body.reasoning or {}).get("effort")
+    return None if effort is None else effort != "none"
+
+
+def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names, Tools]:
+    """The chat request this response is decoded as, where its fields came from (a 400
+    naming the field at fault, as this request writes it), and its tools' own kinds."""
     messages = ([{"role": "system", "content": body.instructions,
                   ORIGIN: {"": "instructions"}}] if body.instructions else []) + \
         _messages(body.input)
     logprobs = LOGPROBS in (body.include or []) or bool(body.top_logprobs)
-    fields = {"messages": messages, "max_tokens": body.max_output_tokens,
-              "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
-              "response_format": _format(body.text), "logprobs": logprobs or None,
-              "top_logprobs": body.top_logprobs if logprobs else None}
+    effort = thinking(body)
+    fields_ = {"messages": messages, "max_tokens": body.max_output_tokens,
+               "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
+               "response_format": _format(body.text), "logprobs": logprobs or None,
+               "top_logprobs": body.top_logprobs if logprobs else None,
+               "reasoning_effort": None if effort is None else ("low" if effort else "none")}
+    tools = Tools.of(body.tools or [])
+    names = {**NAMES, **tools.names}
     if body.tools is not None:
-        fields["tools"] = [_tool(i, t) for i, t in enumerate(body.tools)]
+        fields_["tools"] = tools.chat
     if body.tool_choice is not None:
-        fields["tool_choice"] = _tool_choice(body.tool_choice)
-    names = {**NAMES, **{f"tools[{i}].function": f"tools[{i}]"
-                         for i in range(len(body.tools or []))}}
-    return chat_request({k: v for k, v in fields.items() if v is not None}, names)
+        fields_["tool_choice"] = _tool_choice(body.tool_choice)
+    chat, names = chat_request({k: v for k, v in fields_.items() if v is not None}, names)
+    return chat, names, tools
+
+
+class Tools:
+    """A request's tools as chat's function tools: functions (in a namespace too) as they
+    are, a custom tool as a function of one string (`input`); hosted tools left out."""
+
+    def __init__(self) -> None:
+        self.chat: list[dict[str, Any]] = []
+        self.names: Names = {}  # chat path -> the request's
+        self.kinds: dict[str, dict[str, Any]] = {}  # a function's name -> its item's fields
+
+    @classmethod
+    def of(cls, given: list[Any]) -> Tools:
+        tools = cls()
+        for i, tool in enumerate(given):
+            tools._add(f"tools[{i}]", tool)
+        return tools
+
+    def _add(self, where: str, tool: Any, namespace: str | None = None) -> None:
+        kind = tool.get("type") if isinstance(tool, dict) else None
+        if kind == "namespace" and namespace is None and isinstance(tool.get("tools"), list):
+            for j, inner in enumerate(tool["tools"]):
+                self._add(f"{where}.tools[{j}]", inner, str(tool.get("name", "")))
+        elif kind in ("function", "custom"):
+            self.names[f"tools[{len(self.chat)}].function"] = where
+            self.chat.append(_function(where, tool) if kind == "function" else _custom(tool))
+            self.kinds[str(tool.get("name"))] = {"custom": kind == "custom",
+                                                 "namespace": namespace}
+        elif kind not in HOSTED:
+            raise shapes.FieldRefused(f"{where}.type", f"{where}.type: {kind!r} tools are not "
+                                                       "served (function, custom, namespace "
+                                                       "are; hosted tools are skipped)")
+
+    def item(self, call: dict[str, Any], status: str) -> dict[str, Any]:
+        """A call's output item: a function call, or a custom tool's call with its input."""
+        name, arguments = call["function"]["name"], call["function"]["arguments"]
+        kind = self.kinds.get(name, {})
+        if kind.get("custom"):
+            return {"type": "custom_tool_call", "id": new_id("ctc"), "call_id": call["id"],
+                    "name": name, "input": _custom_input(arguments), "status": status}
+        item = {"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
+                "name": name, "arguments": arguments, "status": status}
+        return {**item, "namespace": kind["namespace"]} if kind.get("namespace") else item
+
+
+def _function(where: str, tool: dict[str, Any]) -> dict[str, Any]:
+    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
+    return {"type": "function", "function": function}
+
+
+def _custom(tool: dict[str, Any]) -> dict[str, Any]:
+    """A custom tool (free text in) as a function of one string: its format's grammar, if
+    any, is described to the model, not enforced."""
+    return {"type": "function", "function": {
+        "name": tool.get("name"), "description": tool.get("description") or "",
+        "parameters": {"type": "object", "properties": {"input": {"type": "string"}},
+                       "required": ["input"]}}}
+
+
+def _custom_input(arguments: str) -> str:
+    try:
+        value = json.loads(arguments or "{}").get("input", "")
+    except (ValueError, AttributeError):
+        return arguments
+    return value if isinstance(value, str) else json.dumps(value)
 
 
 def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -114,17 +172,18 @@ def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
         if kind == "message":
             out.append({"role": _role(i, item), "content": _text(f"input[{i}]", item),
                         ORIGIN: {"": f"input[{i}]"}})
-        elif kind == "function_call":
+        elif kind in ("function_call", "custom_tool_call"):
             _add_call(out, i, item)
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             out.append({"role": "tool", "tool_call_id": item.get("call_id"),
                         "content": _text(f"input[{i}]", item, "output"),
                         ORIGIN: {"": f"input[{i}]", ".content": f"input[{i}].output",
                                  ".tool_call_id": f"input[{i}].call_id"}})
-        else:
+        elif kind not in SKIPPED:
             raise shapes.FieldRefused(f"input[{i}].type", f"input[{i}].type: {kind!r} items are "
-                                                      "not served (messages, function_call, "
-                                                      "function_call_output are)")
+                                                      "not served (messages, function and "
+                                                      "custom tool calls and their outputs "
+                                                      "are)")
     return out
 
 
@@ -152,10 +211,13 @@ def _text(where: str, item: dict[str, Any], key: str = "content") -> str:
 
 
 def _add_call(out: list[dict[str, Any]], i: int, item: dict[str, Any]) -> None:
-    """A call of the model's, into the assistant message before it (calls in a row: one)."""
+    """A call of the model's, into the assistant message before it (calls in a row: one);
+    a custom tool's input as its one argument."""
     where = f"input[{i}]"
+    arguments = item.get("arguments", "{}") if item.get("type") == "function_call" else \
+        json.dumps({"input": item.get("input", "")})
     call = {"id": item.get("call_id"), "type": "function",
-            "function": {"name": item.get("name"), "arguments": item.get("arguments", "{}")},
+            "function": {"name": item.get("name"), "arguments": arguments},
             ORIGIN: {"": where, ".id": f"{where}.call_id", ".function": where}}
     if out and out[-1]["role"] == "assistant" and "tool_calls" in out[-1]:
         out[-1]["tool_calls"].append(call)
@@ -164,18 +226,15 @@ def _add_call(out: list[dict[str, Any]], i: int, item: dict[str, Any]) -> None:
                     ORIGIN: {"": where}})
 
 
-def _tool(i: int, tool: dict[str, Any]) -> dict[str, Any]:
-    if not isinstance(tool, dict) or tool.get("type") != "function":
-        kind = tool.get("type") if isinstance(tool, dict) else None
-        raise shapes.FieldRefused(f"tools[{i}].type", f"tools[{i}].type: only function tools "
-                                                   f"are served, not built-in {kind!r}")
-    function = {k: tool[k] for k in ("name", "description", "parameters") if k in tool}
-    return {"type": "function", "function": function}
-
-
 def _tool_choice(choice: Any) -> Any:
-    if isinstance(choice, dict) and choice.get("type") == "function":
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind in ("function", "custom"):
         return {"type": "function", "function": {"name": choice.get("name")}}
+    if kind in HOSTED:
+        raise shapes.FieldRefused("tool_choice", f"tool_choice: lead has no {kind} tool to "
+                                                 "force")
+    if kind == "allowed_tools":  # a subset the model may call: all are offered, as a hint
+        return choice.get("mode", "auto")
     return choice  # "auto", "none", "required"; anything else tools.py refuses
 
 
@@ -200,9 +259,9 @@ class ResponseShape:
     """One reply as a response object (whole) or events (streamed)."""
 
     def __init__(self, body: ResponsesRequest, model: str, rid: str,
-                 token_bytes: shapes.TokenBytes) -> None:
+                 token_bytes: shapes.TokenBytes, tools: Tools | None = None) -> None:
         self.body, self.model, self.rid = body, model, rid
-        self.token_bytes = token_bytes
+        self.token_bytes, self.tools = token_bytes, tools or Tools()
         self.created = int(time.time())
 
     def response(self, status: str, output: list[dict[str, Any]],
@@ -227,7 +286,7 @@ class ResponseShape:
         entries = [lp for e in emissions for lp in e.logprobs]
         output = [self.message(new_id("msg"), content, self._logprobs(entries))] \
             if content else []
-        output += [function_call(call, "completed") for call in calls]
+        output += [self.tools.item(call, "completed") for call in calls]
         return self.response(status_of(session), output, session)
 
     def message(self, item_id: str, text: str, logprobs: list[Any] | None = None,
@@ -268,12 +327,6 @@ class ResponseShape:
             yield text
 
 
-def function_call(call: dict[str, Any], status: str) -> dict[str, Any]:
-    return {"type": "function_call", "id": new_id("fc"), "call_id": call["id"],
-            "name": call["function"]["name"], "arguments": call["function"]["arguments"],
-            "status": status}
-
-
 def status_of(session: Session) -> str:
     return "incomplete" if session.finish_reason == "length" else "completed"
 
@@ -281,8 +334,7 @@ def status_of(session: Session) -> str:
 def usage(s: Session) -> dict[str, Any]:
     return {"input_tokens": s.n_prompt, "output_tokens": s.n_generated,
             "total_tokens": s.n_prompt + s.n_generated,
-            "input_tokens_details": {"cached_tokens": max(s.n_prompt - s.prompt_evaluated - 1,
-                                                          0)},
+            "input_tokens_details": {"cached_tokens": s.n_cached},
             "output_tokens_details": {"reasoning_tokens": 0},
             "drafted_tokens": s.drafted, "accepted_tokens": s.accepted}
 
@@ -349,14 +401,17 @@ class EventWriter:
                 self.event("response.output_item.done", output_index=index, item=done)]
 
     def _call(self, call: dict[str, Any]) -> list[str]:
-        index, item = len(self.output), function_call(call, "completed")
-        opened = {**item, "arguments": "", "status": "in_progress"}
+        index, item = len(self.output), self.shape.tools.item(call, "completed")
+        key, events = ("input", "response.custom_tool_call_input") \
+            if item["type"] == "custom_tool_call" else \
+            ("arguments", "response.function_call_arguments")
+        opened = {**item, key: "", "status": "in_progress"}
         self.output.append(item)
         return [self.event("response.output_item.added", output_index=index, item=opened),
-                self.event("response.function_call_arguments.delta", item_id=item["id"],
-                           output_index=index, delta=item["arguments"]),
-                self.event("response.function_call_arguments.done", item_id=item["id"],
-                           output_index=index, arguments=item["arguments"]),
+                self.event(f"{events}.delta", item_id=item["id"], output_index=index,
+                           delta=item[key]),
+                self.event(f"{events}.done", item_id=item["id"], output_index=index,
+                           **{key: item[key]}),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, session: Session) -> list[str]:

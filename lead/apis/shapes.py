@@ -1,7 +1,7 @@
-"""OpenAI-compatible request and response shapes (the subset duo serves).
+"""OpenAI-compatible request and response shapes.
 
-Every request field is honoured (declared below), harmless by definition (HARMLESS,
-with the values it may take), or refused with a 400 that names it (`check_served`).
+The fields lead serves are declared below; what it does with each other field the API
+has is in lead/apis/fields.py (`check_served`).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from fastapi import HTTPException
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
 
+from lead.apis import fields
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from shared.protocol import LogitBias, OpenAIPenalty, RepeatLastN, RepeatPenalty, SamplingParams
 
@@ -72,9 +73,12 @@ class JsonSchemaFormat(BaseModel):
 
 
 class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+    # llama-server's json_object with a schema (instructor's JSON_SCHEMA mode sends it):
+    # enforced as far as the grammar can, as llama-server does
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
 
     @property
     def structured(self) -> bool:
@@ -85,6 +89,7 @@ class CommonRequest(BaseModel):
     # Fields not declared here are kept in model_extra for check_served to judge.
     model_config = ConfigDict(extra="allow")
     model: str | None = None
+    n: int = Field(1, ge=1, le=128)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -101,6 +106,7 @@ class CommonRequest(BaseModel):
     logit_bias: LogitBias | None = None
     response_format: ResponseFormat | None = None
     grammar: str | None = None  # GBNF, as llama.cpp's server takes it; "" is none
+    json_schema: dict[str, Any] | None = None  # llama-server's: a schema, as json_object's
 
     @field_validator("stop")
     @classmethod
@@ -136,6 +142,16 @@ class ChatRequest(CommonRequest):
     top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     tools: Any = None  # checked in lead/apis/tools.py, which names the field at fault
     tool_choice: Any = None
+    chat_template_kwargs: dict[str, Any] | None = None  # llama-server's
+    reasoning_effort: str | None = None
+
+    @property
+    def thinking(self) -> bool | None:
+        """The template's thinking switch, where the request sets it (None: its default)."""
+        switch = (self.chat_template_kwargs or {}).get("enable_thinking")
+        if isinstance(switch, bool):
+            return switch
+        return None if self.reasoning_effort is None else self.reasoning_effort != "none"
 
     def top_logprobs_wanted(self) -> int | None:
         if self.top_logprobs and not self.logprobs:  # 0 alone asks for nothing: harmless
@@ -153,86 +169,75 @@ class CompletionRequest(CommonRequest):
 
 
 class FieldRefused(HTTPException):
-    """A 400 naming the request field (`param`, as OpenAI's errors do)."""
+    """A 400 naming the request field (`param`, as OpenAI's errors do), and OpenAI's
+    `code` where it has one that clients look for."""
 
-    def __init__(self, param: str, message: str) -> None:
+    code: str | None = None
+
+    def __init__(self, param: str, message: str, code: str | None = None) -> None:
         super().__init__(400, message)
         self.param = param
+        if code is not None:
+            self.code = code
 
 
-def _any(_: Any) -> bool:
-    return True
+class ContextExceeded(FieldRefused):
+    """A prompt the context cannot hold, in the words each API uses (clients look for
+    them: OpenAI's code, Anthropic's "prompt is too long", on which agents compact)."""
 
+    code = "context_length_exceeded"
 
-# Fields that change nothing here by definition, with the values each may take.
-HARMLESS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    "user": (_any, "any"),
-    "metadata": (_any, "any"),
-    "store": (_any, "any"),
-    "service_tier": (_any, "any"),
-    "stream_options": (_any, "any: usage always comes in the last chunk"),
-    "parallel_tool_calls": (_any, "any: a reply may hold several calls"),
-    "n": (lambda v: v == 1, "1"),
-    "best_of": (lambda v: v == 1, "1"),
-    "echo": (lambda v: v is False, "false"),
-    "modalities": (lambda v: v == ["text"], '["text"]'),
-}
+    def __init__(self, param: str, n_prompt: int, n_ctx: int) -> None:
+        super().__init__(param, f"This model's maximum context length is {n_ctx} tokens. "
+                                f"However, your {param} resulted in {n_prompt} tokens. Please "
+                                "reduce the length of the messages (or start lead with a "
+                                "larger --ctx-size).")
+        self.n_prompt, self.n_ctx = n_prompt, n_ctx
 
-# Why fields that clients send are refused (any other unknown field is refused too).
-UNSERVED: dict[str, str] = {
-    "n": "one choice per request is served (n: 1)",
-    "best_of": "one choice per request is served (best_of: 1)",
-    "echo": "echoing the prompt is not served",
-    "tools": "tools are served by /v1/chat/completions",
-    "tool_choice": "tools are served by /v1/chat/completions",
-    "functions": "function calling is not served",
-    "function_call": "function calling is not served",
-    "json_schema": 'give it as response_format: {"type": "json_schema", "json_schema": '
-                   '{"name": ..., "schema": ...}}',
-    "audio": "audio is not served",
-    "modalities": "only text is served",
-    "prediction": "predicted outputs are not served",
-}
+    def anthropic_message(self) -> str:
+        return f"prompt is too long: {self.n_prompt} tokens > {self.n_ctx - 1} maximum"
 
 
 def check_served(body: CommonRequest) -> None:
-    """Raise FieldRefused for the first field lead would otherwise have to ignore. A
-    field set to null counts as absent: many clients send their unset options so."""
-    for name, value in (body.model_extra or {}).items():
-        _check_field(name, value)
+    """Raise FieldRefused for the first field whose absence of service would silently
+    change the reply (lead/apis/fields.py); fields lead ignores are logged."""
+    chat = isinstance(body, ChatRequest)
+    try:
+        fields.judge(fields.CHAT if chat else fields.COMPLETIONS, body.model_extra or {},
+                     "/v1/chat/completions" if chat else "/v1/completions")
+    except fields.Refused as exc:
+        raise openai_refusal(exc) from None
     for i, message in enumerate(getattr(body, "messages", [])):
-        for name, value in (message.model_extra or {}).items():
-            if value not in (None, []):  # clients echo a reply back with these empty
-                raise _refusal(f"messages[{i}].{name}", name)
         parts = message.content if isinstance(message.content, list) else []
         for j, part in enumerate(parts):
             if part.type != "text":
                 where = f"messages[{i}].content[{j}].type"
-                raise FieldRefused(where, f"{where}: only text parts are served, not "
-                                          f"{part.type!r}")
+                raise FieldRefused(where, f"Unsupported value: '{where}' does not support "
+                                          f"{part.type!r} with this model: it reads text "
+                                          "only.", "unsupported_value")
 
 
-def _check_field(name: str, value: Any) -> None:
-    allowed, _ = HARMLESS.get(name, (None, ""))
-    if value is None or (allowed is not None and allowed(value)):
-        return
-    raise _refusal(name, name)
-
-
-def _refusal(param: str, name: str) -> FieldRefused:
-    if name in UNSERVED:
-        return FieldRefused(param, f"{param}: {UNSERVED[name]}")
-    return FieldRefused(param, f"{param}: unknown field; lead refuses what it cannot honour")
+def openai_refusal(exc: fields.Refused) -> FieldRefused:
+    """OpenAI's own words for a parameter or a value a model does not support."""
+    if exc.rule.harmless is not None:
+        return FieldRefused(exc.param, f"Unsupported value: '{exc.param}' does not support "
+                                       f"{exc.value!r} with this model ({exc.rule.why}).",
+                            "unsupported_value")
+    return FieldRefused(exc.param, f"Unsupported parameter: '{exc.param}' is not supported "
+                                   f"with this model ({exc.rule.why}).",
+                        "unsupported_parameter")
 
 
 def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
-def usage(prompt: int, completion: int, drafted: int, accepted: int) -> dict[str, int]:
+def usage(prompt: int, completion: int, drafted: int, accepted: int, cached: int = 0
+          ) -> dict[str, Any]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion, "drafted_tokens": drafted,
-            "accepted_tokens": accepted}
+            "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": cached},
+            "drafted_tokens": drafted, "accepted_tokens": accepted}
 
 
 def envelope(kind: str, rid: str, model: str) -> dict[str, Any]:
@@ -244,9 +249,9 @@ def chat_choice(text: str, finish: str | None, delta: bool, first: bool = False,
     if not delta:
         return {"index": 0, "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs, "finish_reason": finish}
-    body: dict[str, Any] = {"content": text} if text else {}
-    if first:
-        body["role"] = "assistant"
+    body: dict[str, Any] = {"content": text} if text or first else {}
+    if first:  # OpenAI's first chunk: {"role": "assistant", "content": ""}
+        body = {"role": "assistant", **body}
     return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
 
 
@@ -297,26 +302,31 @@ class CompletionLogprobs:
 
 
 class ReplyShape:
-    """One reply's OpenAI shapes: chat or completion, with logprobs if asked."""
+    """One reply's OpenAI shapes: chat or completion, with logprobs if asked; a choice's
+    shapes by its index (`n`). `prompt`: a completion's, whose logprobs are asked for."""
 
     def __init__(self, chat: bool, token_bytes: TokenBytes, logprobs: bool = False,
-                 completion: CompletionLogprobs | None = None) -> None:
-        self.chat, self.token_bytes = chat, token_bytes
-        self.logprobs, self.completion = logprobs or completion is not None, completion
+                 prompt: str | None = None) -> None:
+        self.chat, self.token_bytes, self.prompt = chat, token_bytes, prompt
+        self.logprobs = logprobs or prompt is not None
         self.kind = "chat.completion" if chat else "text_completion"
+        self._completions: dict[int, CompletionLogprobs] = {}  # each choice's offsets
 
     def choice(self, text: str, finish: str | None, entries: list[TokenLogprob] | None,
-               delta: bool = False, opening: bool = False) -> dict[str, Any]:
-        logprobs = self._logprobs(entries)
+               delta: bool = False, opening: bool = False, index: int = 0) -> dict[str, Any]:
+        logprobs = self._logprobs(entries, index)
         if self.chat:
-            return chat_choice(text, finish, delta, opening, logprobs)
-        return text_choice(text, finish, logprobs)
+            return {**chat_choice(text, finish, delta, opening, logprobs), "index": index}
+        return {**text_choice(text, finish, logprobs), "index": index}
 
-    def _logprobs(self, entries: list[TokenLogprob] | None) -> dict[str, Any] | None:
+    def _logprobs(self, entries: list[TokenLogprob] | None, index: int
+                  ) -> dict[str, Any] | None:
         if entries is None or not self.logprobs:
             return None
-        if self.completion is not None:
-            return self.completion.of(entries)
+        if self.prompt is not None:
+            if index not in self._completions:
+                self._completions[index] = CompletionLogprobs(self.prompt, self.token_bytes)
+            return self._completions[index].of(entries)
         return chat_logprobs(entries, self.token_bytes)
 
 

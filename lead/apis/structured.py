@@ -13,7 +13,7 @@ settings; the state made here is lead's own.
 
 from __future__ import annotations
 
-from lead.apis.shapes import CommonRequest, FieldRefused
+from lead.apis.shapes import CommonRequest, FieldRefused, ResponseFormat
 from shared.constraint import Constraint
 from shared.grammar_bounds import check_gbnf
 from shared.model import Model
@@ -26,6 +26,11 @@ def grammar_of(body: CommonRequest, model: Model,
     """(GBNF text, the field it came from), or None for a free reply. `forced`: the
     grammar of a call that tool_choice forces (lead/apis/toolreply.py)."""
     fmt = body.response_format
+    if body.json_schema is not None:  # llama-server's field: json_object with its schema
+        if fmt is not None and fmt.structured:
+            raise FieldRefused("json_schema", "json_schema: give either json_schema or a "
+                                              "structured response_format, not both")
+        fmt = ResponseFormat(type="json_object", schema=body.json_schema)
     structured = fmt is not None and fmt.structured
     if forced is not None:
         if body.grammar or structured:
@@ -47,12 +52,15 @@ def grammar_of(body: CommonRequest, model: Model,
         raise FieldRefused("response_format", "response_format: type json_schema needs "
                                               "json_schema: {name, schema}")
     spec = fmt.json_schema
-    schema = spec.schema_ if spec is not None else JSON_OBJECT
-    try:  # strict unless the request says false: then keywords it cannot enforce are ignored
-        return model.schema_grammar(schema, spec is None or spec.strict is not False), \
-            "response_format"
+    schema = spec.schema_ if spec is not None else fmt.schema_ or JSON_OBJECT
+    # strict unless the request says false (then keywords it cannot enforce are ignored),
+    # or gives llama-server's json_object with a schema, which that server enforces so
+    strict = spec.strict is not False if spec is not None else fmt.schema_ is None
+    param = "response_format" if body.json_schema is None else "json_schema"
+    try:
+        return model.schema_grammar(schema, strict), param
     except ValueError as exc:
-        raise FieldRefused("response_format", f"response_format: {exc}") from None
+        raise FieldRefused(param, f"{param}: {exc}") from None
 
 
 def constraint_of(body: CommonRequest, model: Model,

@@ -130,6 +130,11 @@ class ToolStream:
         self._pending = self._pending[len(out):]
 
     def _close_found(self, deltas: list[Delta]) -> bool:
+        if not self._opening and not could_be_call(self._pending):
+            # A reply that opens like a bare call but is not one (JSON shown to the user, a
+            # fenced example) streams as content from here, not held until its end.
+            self._pending, self._inside, self._space = self._space + self._pending, False, ""
+            return True
         closing = self.fmt.closing
         end = self._pending.find(closing) if closing else -1
         if closing is None or end < 0:
@@ -157,6 +162,31 @@ class ToolStream:
         if text:
             deltas.append({"content": text})
             self._fresh = False
+
+
+CALL_KEYS = ("name", "function", "type", "arguments", "parameters", "id")
+
+
+def could_be_call(text: str) -> bool:
+    """Whether a bare call's text so far can still be calls: optionally fenced, a JSON
+    object (or a list of them) whose first key is one a call has."""
+    text = text.lstrip()
+    if FENCE.startswith(text):
+        return True
+    text = text.removeprefix(FENCE).lstrip().lstrip("[").lstrip()
+    if not text:
+        return True
+    if not text.startswith("{"):
+        return False
+    key = text[1:].lstrip()
+    if not key:
+        return True
+    if not key.startswith('"'):
+        return False
+    end = key.find('"', 1)
+    if end < 0:
+        return any(k.startswith(key[1:]) for k in CALL_KEYS)
+    return key[1:end] in CALL_KEYS
 
 
 def _partial_len(text: str, marker: str) -> int:

@@ -5,12 +5,14 @@ streamed as deltas."""
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from lead.apis.generictools import generic_messages
 from lead.apis.shapes import ChatRequest, FieldRefused
 from lead.apis.toolparse import Delta, ToolStream, finish_reason
 from lead.apis.tools import ToolPlan, ToolsError, plan_tools, template_messages, wrap_gbnf
+from shared.chat_template import continued
 from shared.model import Model
 
 
@@ -24,7 +26,64 @@ def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
         raise FieldRefused(exc.param, str(exc)) from None
     if plan.generic:
         messages = generic_messages(messages, plan.tools, plan.choice.mode == "required")
-    return plan, model.format_chat(messages, plan.template_tools())
+    render = partial(_render, model, plan.template_tools(),
+                     body.thinking if model.thinks else None)
+    try:
+        return plan, render(messages)
+    except ValueError:  # many templates take a system message only first
+        folded = folded_system(messages)
+        if folded == messages:
+            raise
+        return plan, render(folded)
+
+
+def _render(model: Model, tools: list[dict[str, Any]] | None, thinking: bool | None,
+            messages: list[dict[str, Any]]) -> str:
+    prefill = prefilled(messages)
+    if not prefill:
+        return model.format_chat(messages, tools, thinking=thinking)
+    # the reply continues the assistant's last message (llama-server's prefill)
+    rendered = model.format_chat(messages, tools, add_generation_prompt=False,
+                                 thinking=thinking)
+    prompt = continued(rendered, prefill)
+    if prompt is not None:
+        return prompt
+    return model.format_chat(messages[:-1], tools, thinking=thinking) + prefill
+
+
+def prefilled(messages: list[dict[str, Any]]) -> str:
+    """The text of an assistant's message that ends the conversation (no calls): the
+    start of the reply, which the reply continues; "" where there is none."""
+    last = messages[-1] if messages else {}
+    if last.get("role") != "assistant" or last.get("tool_calls"):
+        return ""
+    return last.get("content") or ""
+
+
+def folded_system(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with each system message after its start folded into the user
+    message next to it (the next, else the one before), as a <system-reminder> the way
+    Claude Code folds its own: the start, and so the cached prefix, stays as it was."""
+    head = 0
+    while head < len(messages) and messages[head]["role"] == "system":
+        head += 1
+    out = messages[:head]
+    pending: list[str] = []
+    for message in messages[head:]:
+        if message["role"] == "system":
+            pending.append(f"<system-reminder>\n{message['content']}\n</system-reminder>")
+        elif message["role"] == "user" and pending:
+            out.append({**message, "content": "\n\n".join([*pending, message["content"]])})
+            pending = []
+        else:
+            out.append(message)
+    users = [i for i, m in enumerate(out) if m["role"] == "user"]
+    if pending and not users:
+        return messages  # nowhere to fold them
+    if pending:
+        last = out[users[-1]]
+        out[users[-1]] = {**last, "content": "\n\n".join([last["content"], *pending])}
+    return out
 
 
 def forced_grammar(plan: ToolPlan, model: Model) -> str | None:

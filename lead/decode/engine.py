@@ -90,6 +90,10 @@ class Engine:
         """The session started last (running or not)."""
         return self.feed.session
 
+    def running(self, sid: str) -> Session | None:
+        """The session `sid` if its generation is under way."""
+        return next((r.session for r in self.runs if r.session.id == sid), None)
+
     @property
     def busy(self) -> bool:
         return bool(self.runs)

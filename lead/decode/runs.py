@@ -29,7 +29,7 @@ class Run:
     _out: asyncio.Queue[Emission | BaseException] = field(default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
-        self.text = TextStream(self.req.stop)
+        self.text = self.req.text() if self.req.text is not None else TextStream(self.req.stop)
 
     @property
     def decoding(self) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -11,6 +13,9 @@ from lead.decode.verify import Verdict
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob
 from shared.protocol import SamplingParams
+
+if TYPE_CHECKING:
+    from lead.apis.textstream import TextStream
 
 
 @dataclass
@@ -21,6 +26,9 @@ class GenRequest:
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs; n: each token's and the n likeliest
     constraint: Constraint | None = None  # the grammar (params.grammar) at the reply's start
+    # the reply's text as its tokens are decided (None: a TextStream of `stop`); an API's
+    # own ends the reply by rules of its own too (/infill's: lead/apis/infill.py)
+    text: Callable[[], TextStream] | None = None
 
 
 @dataclass
@@ -32,6 +40,7 @@ class Emission:
     back: str = ""  # the back whose draft gave its accepted tokens
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
     sid: str = ""  # the session it belongs to
+    choice: int = 0  # the request's choice it belongs to (OpenAI's n: lead/apis/choices.py)
 
 
 def merged(emissions: list[Emission]) -> list[Emission]:
@@ -76,6 +85,12 @@ class Session:
     @property
     def n_generated(self) -> int:
         return len(self.tokens) - self.n_prompt
+
+    @property
+    def n_cached(self) -> int:
+        """Prompt tokens found in the cache, not evaluated (the last is always evaluated:
+        the first step feeds it)."""
+        return max(self.n_prompt - self.prompt_evaluated - 1, 0)
 
 
 @dataclass

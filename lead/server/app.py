@@ -1,8 +1,8 @@
 """create_app(settings, target=None): the lead's HTTP surface.
 
 OpenAI-compatible chat/completions (lead/apis/openairoutes.py; streamed replies delivered
-by lead/server/delivery.py), the Responses, Messages and /infill APIs
-(lead/apis/agentroutes.py), the back protocol under /duo (lead/server/backroutes.py),
+by lead/server/delivery.py), the Responses and Messages APIs (lead/apis/agentroutes.py),
+/infill (lead/apis/infill.py), the back protocol under /duo (lead/server/backroutes.py),
 /metrics (lead/server/prometheus.py), /health, and a web page at /
 (lead/server/webroutes.py), all behind one gate (lead/server/gate.py: Host check, body
 size, keys). Tests inject a fake target; production loads GGUF.
@@ -16,9 +16,11 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
+from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from lead.apis.agentroutes import agent_router
+from lead.apis.infill import infill_router
 from lead.apis.openairoutes import openai_router
 from lead.decode.engine import Engine
 from lead.server.backroutes import back_router
@@ -26,6 +28,7 @@ from lead.server.errors import install_error_handlers
 from lead.server.gate import Gate
 from lead.server.keys import Keys
 from lead.server.prometheus import exposition
+from lead.server.requestlog import RequestLog
 from lead.server.settings import LeadSettings, parse_costs
 from lead.server.webroutes import mount_web
 from shared.model import Model
@@ -38,6 +41,18 @@ PREPARE_THREADS = 2  # requests prepared at once (templates, tokens, grammars), 
 def lead_placement(settings: LeadSettings) -> Placement:
     return choose_lead(settings.cpus, settings.threads, allowed_cpus(),
                        on_gpu=settings.n_gpu_layers < 0)
+
+
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+
+
+def cors_options(origins: str) -> dict[str, Any]:
+    """CORSMiddleware's options for --cors-origins: 'local', '*', '' or a list."""
+    listed = [o.strip().rstrip("/") for o in origins.split(",") if o.strip()]
+    local = "local" in listed
+    listed = [o for o in listed if o != "local"]
+    return {"allow_origins": listed, "allow_origin_regex": LOCAL_ORIGINS if local else None,
+            "allow_methods": ["*"], "allow_headers": ["*"], "max_age": 600}
 
 
 def create_app(settings: LeadSettings, target: Model | None = None,
@@ -72,8 +87,12 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     install_error_handlers(app)
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
+    # outside the gate: a browser's preflight carries no key
+    app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    app.add_middleware(RequestLog)
     app.include_router(openai_router(engine, settings.max_tokens, workers))
     app.include_router(agent_router(engine, settings.max_tokens, workers))
+    app.include_router(infill_router(engine, settings.max_tokens, workers))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,

@@ -23,6 +23,7 @@ from starlette.types import Receive, Scope, Send
 
 from lead.apis import shapes, toolreply
 from lead.apis.toolparse import Delta
+from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 from lead.server.wire import Stall, wire_of
 
@@ -159,17 +160,19 @@ async def until_disconnect(receive: Receive) -> None:
 
 
 async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
-              shape: shapes.ReplyShape, deltas: toolreply.Deltas | None = None
+              shape: shapes.ReplyShape, plan: ToolPlan | None = None, n: int = 1
               ) -> AsyncIterator[str]:
-    """An OpenAI reply's events: a chunk per emission, then the finish and [DONE]."""
+    """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
+    with the last, then [DONE]. `n`: the choices, each parsed for tool calls on its own."""
     head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
-    deltas = deltas or toolreply.Deltas(None)  # None: the text is all content
+    deltas = [toolreply.Deltas(plan) for _ in range(n)]
+    sessions: dict[int, Session] = {}
 
-    def event(e: Emission | None, part: Delta | None = None, finish: str | None = None,
-              opening: bool = False, **extra: Any) -> str:
+    def event(i: int, e: Emission | None, part: Delta | None = None,
+              finish: str | None = None, opening: bool = False, **extra: Any) -> str:
         part = part or {}
         choice = shape.choice(part.get("content", ""), finish, e.logprobs if e else None,
-                              delta=True, opening=opening)
+                              delta=True, opening=opening, index=i)
         if "tool_calls" in part:
             choice["delta"]["tool_calls"] = part["tool_calls"]
         duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
@@ -180,20 +183,23 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
         return f"data: {json.dumps(payload)}\n\n"
 
     if shape.chat:
-        yield event(None, opening=True)
-    last = None
+        for i in range(n):
+            yield event(i, None, opening=True)
     async for e in emissions:
+        i = e.choice
         if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
-            parts = deltas.push(e.text)
-            yield event(e, parts[0] if parts else None)
+            parts = deltas[i].push(e.text)
+            yield event(i, e, parts[0] if parts else None)
             for part in parts[1:]:
-                yield event(None, part)
-        last = e
-    for part in deltas.finish():
-        yield event(None, part)
-    session = last.session if last is not None else None
-    assert session is not None, "the last emission carries the session"
-    yield event(None, finish=deltas.finish_reason(session.finish_reason), usage=usage(session))
+                yield event(i, None, part)
+        if e.session is None:
+            continue
+        for part in deltas[i].finish():
+            yield event(i, None, part)
+        sessions[i] = e.session
+        last = {"usage": usage(*sessions.values())} if len(sessions) == n else {}
+        yield event(i, None, finish=deltas[i].finish_reason(e.session.finish_reason), **last)
+    assert len(sessions) == n, "each choice's last emission carries its session"
     yield "data: [DONE]\n\n"
 
 
@@ -203,5 +209,9 @@ async def chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator
         yield e
 
 
-def usage(s: Session) -> dict[str, int]:
-    return shapes.usage(s.n_prompt, s.n_generated, s.drafted, s.accepted)
+def usage(*sessions: Session) -> dict[str, Any]:
+    """A reply's usage: its prompt once, every choice's tokens."""
+    first = sessions[0]
+    return shapes.usage(first.n_prompt, sum(s.n_generated for s in sessions),
+                        sum(s.drafted for s in sessions), sum(s.accepted for s in sessions),
+                        first.n_cached)

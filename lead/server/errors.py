@@ -15,13 +15,14 @@ KINDS = {401: "authentication_error", 403: "permission_error"}  # OpenAI's error
 
 
 def error_response(path: str, status: int, message: str, param: str | None = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
+                   headers: dict[str, str] | None = None, code: str | None = None
+                   ) -> JSONResponse:
     if path.startswith(ANTHROPIC_PATH):
         return JSONResponse(anthropic.error_body(status, message), status_code=status,
                             headers=headers)
     kind = KINDS.get(status, "invalid_request_error")
-    return JSONResponse(shapes.error_body(message, kind, param=param), status_code=status,
-                        headers=headers)
+    return JSONResponse(shapes.error_body(message, kind, code=code, param=param),
+                        status_code=status, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -44,8 +45,13 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(request.url.path, exc.status_code, str(exc.detail),
-                              getattr(exc, "param", None), getattr(exc, "headers", None))
+        message = str(exc.detail)
+        if isinstance(exc, shapes.ContextExceeded) and request.url.path.startswith(
+                ANTHROPIC_PATH):
+            message = exc.anthropic_message()
+        return error_response(request.url.path, exc.status_code, message,
+                              getattr(exc, "param", None), getattr(exc, "headers", None),
+                              getattr(exc, "code", None))
 
 
 def _not_an_object(request: Request, error: dict) -> str:

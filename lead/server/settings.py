@@ -104,6 +104,12 @@ class LeadSettings(DeviceChecks):
     max_grammar_s: float = Field(1.0, gt=0, description="most seconds of grammar work per "
                                  "token a constrained reply may take; one over it ends there "
                                  "(finish_reason length) with a warning")
+    cors_origins: str = Field("local", description="web pages (origins) whose scripts may "
+                              "call lead from a browser, comma-separated, e.g. "
+                              "https://chat.example.com: 'local' (pages served from this "
+                              "machine: localhost, 127.0.0.1, [::1], any port), '*' (any "
+                              "page: anyone whose browser can reach lead can use it), or '' "
+                              "(none). A key, where lead has one, is needed all the same")
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
     max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
                               "to a back, seconds")
