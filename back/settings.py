@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.context import check_context
 from shared.devicesettings import DeviceChecks
 from shared.httpclient import check_lead
 from shared.placement import parse_cpus
@@ -41,8 +42,9 @@ class BackSettings(DeviceChecks):
                                                     "on a CPU, where it made long verify "
                                                     "batches 7-50 % "
                                                     "dearer at 1-2k tokens of context")
-    ctx_size: int = Field(4096, ge=64, description="draft model context size in tokens, "
-                          "per session drafted for")
+    ctx_size: int = Field(0, ge=0, description="draft model context size in tokens, per "
+                          "session drafted for (0: as lead chooses its own: 32768, or less "
+                          "where the model or memory allow less)")
     slots: int = Field(4, ge=1, le=64, description="lead's sessions drafted for at once, "
                        "their next guesses in one model call (lead's --parallel, 4 by "
                        "default; more are not followed)")
@@ -73,6 +75,11 @@ class BackSettings(DeviceChecks):
         """Refused here, an address no retry could reach is a one-line error at startup."""
         check_lead(value)
         return value
+
+    @field_validator("ctx_size")
+    @classmethod
+    def _context(cls, value: int) -> int:
+        return check_context(value)
 
     @field_validator("cpus")
     @classmethod

@@ -24,6 +24,8 @@ from llama_cpp import _logger as llama_logger
 from llama_cpp._internals import LlamaContext
 
 from shared.chat_template import ChatTemplate
+from shared.context import SMALLEST, gib, kv_bytes_per_token, physical_memory
+from shared.context import choose as choose_context
 from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.llm_seqs import Batches, Sequences, SlotView, aborting
 from shared.llm_state import SlotStates
@@ -48,18 +50,19 @@ class LlamaModel(Sequences, Batches, SlotStates):
     generations with `branches` branch sequences each (shared/llm_seqs.py). As a Model it is
     slot 0; `slot(i)` is slot i."""
 
-    def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
+    def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,
                  n_batch: int = 512, tensor_split: list[float] | None = None,
                  branches: int = 0, flash_attn: bool = True, slots: int = 1) -> None:
-        """`n_ctx`: the most tokens one slot holds (the cache holds n_ctx per slot);
+        """`n_ctx`: the most tokens one slot holds (the cache holds n_ctx per slot; 0: as an
+        agent's prompt needs, where the model and memory allow: shared/context.py);
         `branches`: branch sequences beside each slot's main one (`fork`, `evaluate_many`)."""
         threads = threads or os.cpu_count() or 1
         try:
             self._llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch,
-                n_threads=threads, n_threads_batch=threads, n_gpu_layers=n_gpu_layers,
-                tensor_split=tensor_split, logits_all=False, verbose=False,
-                flash_attn=flash_attn)
+                model_path=str(path), n_ctx=n_ctx or SMALLEST, n_batch=n_batch,
+                n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
+                n_gpu_layers=n_gpu_layers, tensor_split=tensor_split, logits_all=False,
+                verbose=False, flash_attn=flash_attn)
         except (ValueError, RuntimeError) as exc:
             raise ModelError(f"cannot load {path}: {exc} ({_load_hint(exc, n_ctx)})") from None
         self.name = path.stem
@@ -67,8 +70,13 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self.can_fork = self.n_branches > 0
         self.n_slots = max(slots, 1)
         n_roles = self.n_slots * (1 + self.n_branches)
-        if n_roles > 1:
-            self._more_sequences(n_roles, self._llm.n_ctx() * self.n_slots)
+        wanted = n_ctx or self._chosen_context()
+        if n_roles > 1 or wanted != self._llm.n_ctx():
+            try:
+                self._more_sequences(n_roles, wanted * self.n_slots)
+            except (ValueError, RuntimeError) as exc:
+                raise ModelError(f"cannot load {path}: {exc} "
+                                 f"({_load_hint(exc, wanted)})") from None
         self._ctx = self._llm.ctx
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -99,6 +107,16 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
         self._evaluating_thread: int | None = None  # see _check_thread
         llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
+
+    def _chosen_context(self) -> int:
+        """--ctx-size 0: what an agent's prompt needs, as the model and memory allow."""
+        meta, memory = self._llm.metadata, physical_memory()
+        chosen = choose_context(meta, self.n_slots, memory)
+        log.info("%s: a generation holds %d tokens (%s; --ctx-size to change): %s of KV "
+                 "cache for %d slot%s", self.name, chosen.n_ctx, chosen.why,
+                 gib(chosen.n_ctx * self.n_slots * kv_bytes_per_token(meta)), self.n_slots,
+                 "" if self.n_slots == 1 else "s")
+        return chosen.n_ctx
 
     def _more_sequences(self, n_seq: int, n_ctx: int) -> None:
         """Replace Llama's context (made for one sequence) with one for `n_seq` sharing one
@@ -183,7 +201,7 @@ def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) ->
         llama_logger.llama_log_callback(level, text, user_data)
 
 
-def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 4096,
+def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,
                n_batch: int = 512, rpc: str | None = None,
                tensor_split: str | None = None, branches: int = 0,
                flash_attn: str = "auto", slots: int = 1) -> LlamaModel:

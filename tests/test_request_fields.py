@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from lead.apis import fields
 from lead.server.app import create_app
-from shared.chat_template import ChatTemplate
+from shared.chat_template import ChatTemplate, continued
 from shared.fake import FakeModel
 from tests.conftest import chat_body, make_settings
 
@@ -227,3 +227,25 @@ def test_a_template_refusing_the_messages_is_a_400_with_its_message(strict: Test
 def test_a_gguf_templates_errors_become_value_errors(template: str, fragment: str) -> None:
     with pytest.raises(ValueError, match=fragment):
         ChatTemplate(template).render([{"role": "system", "content": "x"}])
+
+
+def test_a_template_s_thinking_switch_is_rendered_as_the_request_sets_it() -> None:
+    template = ChatTemplate("{% if enable_thinking is defined and not enable_thinking %}"
+                            "<think></think>{% endif %}{{ messages[0].content }}"
+                            "{% if add_generation_prompt %}>{% endif %}")
+    said = [{"role": "user", "content": "x"}]
+    assert template.thinking_switch
+    assert template.render(said, thinking=False) == "<think></think>x>"
+    assert template.render(said, thinking=True) == template.render(said) == "x>"
+    assert template.render(said, add_generation_prompt=False) == "x"
+    assert not ChatTemplate("{{ messages[0].content }}").thinking_switch
+
+
+@pytest.mark.parametrize(("rendered", "text", "prompt"), [
+    ("<|im_start|>assistant\n1, 2,<|im_end|>\n", "1, 2,", "<|im_start|>assistant\n1, 2,"),
+    ("A: 1, 2,</s>", "1, 2, ", "A: 1, 2,"),  # a template that strips the text's ends
+    ("A: hi</s>", "bye", None),  # not rendered as given
+])
+def test_a_prefill_continues_right_after_the_assistant_s_text(rendered: str, text: str,
+                                                              prompt: str | None) -> None:
+    assert continued(rendered, text) == prompt

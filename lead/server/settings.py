@@ -8,6 +8,7 @@ from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from shared.cli import ApiKey
+from shared.context import check_context
 from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
 
@@ -52,8 +53,11 @@ class LeadSettings(DeviceChecks):
                                                     "on a CPU, where it made long verify "
                                                     "batches 7-50 % "
                                                     "dearer at 1-2k tokens of context")
-    ctx_size: int = Field(4096, ge=64, description="context size of one generation in tokens "
-                          "(the KV cache holds --parallel times as many)")
+    ctx_size: int = Field(0, ge=0, description="tokens one generation holds, prompt and "
+                          "reply (the KV cache holds --parallel times as many); 0: 32768, "
+                          "enough for a coding agent's prompt, or less where the model was "
+                          "trained for less or the cache would take over a quarter of "
+                          "memory (lead logs what it chose)")
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
     ngram: bool = Field(True, description="lead's own drafts, model-free: what followed the "
@@ -119,6 +123,11 @@ class LeadSettings(DeviceChecks):
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
 
+
+    @field_validator("ctx_size")
+    @classmethod
+    def _context(cls, value: int) -> int:
+        return check_context(value)
 
     @field_validator("verify_cost")
     @classmethod
