@@ -39,10 +39,11 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                      prepared: Prepared) -> Response:
             return StreamedReply(gen, first,
-                                 lambda emissions: shape.events(emissions, prepared.plan))
+                                 lambda emissions: shape.events(emissions, prepared))
         return await reply(engine, workers, request, body.stream,
                            renaming(names, partial(prepare_chat, model, max_tokens, chat)),
-                           lambda emissions, plan: JSONResponse(shape.whole(emissions, plan)),
+                           lambda emissions, prepared: JSONResponse(shape.whole(emissions,
+                                                                                prepared)),
                            streamed)
 
     @router.post("/v1/messages", response_model=None)
@@ -58,9 +59,10 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
             session = first.session or engine.running(first.sid)
             assert session is not None, "a reply under way has its session"
             return StreamedReply(gen, first, lambda emissions: shape.events(
-                emissions, prepared.plan, session))
+                emissions, prepared, session))
         return await reply(engine, workers, request, body.stream, prepare,
-                           lambda emissions, plan: JSONResponse(shape.whole(emissions, plan)),
+                           lambda emissions, prepared: JSONResponse(shape.whole(emissions,
+                                                                                prepared)),
                            streamed)
 
     @router.post("/v1/messages/count_tokens")
@@ -70,7 +72,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         if (refused := anthropic.refusal(body)) is not None:
             raise refused
         chat, names = anthropic.to_chat(body)
-        _, ids = await workers.run(renaming(names, partial(chat_ids, model, chat)))
+        _, _, ids = await workers.run(renaming(names, partial(chat_ids, model, chat)))
         return {"input_tokens": len(ids)}
 
     return router

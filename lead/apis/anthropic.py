@@ -18,9 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import fields, shapes
+from lead.apis.prepare import Prepared
 from lead.apis.renames import ORIGIN, Names, chat_request
-from lead.apis.toolreply import Deltas
-from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
@@ -266,16 +265,16 @@ class MessageShape:
                 "usage": usage(session) if session else {"input_tokens": 0,
                                                          "output_tokens": 0}}
 
-    def whole(self, emissions: list[Emission], plan: ToolPlan | None) -> dict[str, Any]:
+    def whole(self, emissions: list[Emission], prepared: Prepared) -> dict[str, Any]:
         session = emissions[-1].session
         assert session is not None, "the last emission carries the session"
-        text = "".join(e.text for e in emissions)
-        content, calls = plan.parse(text) if plan is not None else (text, [])
-        blocks = [{"type": "text", "text": content}] if content else []
-        blocks += [tool_use(call) for call in calls]
-        return self.message(blocks, session, bool(calls))
+        parts = prepared.parts("".join(e.text for e in emissions))
+        blocks = [thinking_block(parts.reasoning)] if parts.reasoning else []
+        blocks += [{"type": "text", "text": parts.content}] if parts.content else []
+        blocks += [tool_use(call) for call in parts.calls]
+        return self.message(blocks, session, bool(parts.calls))
 
-    async def events(self, emissions: AsyncIterator[Emission], plan: ToolPlan | None,
+    async def events(self, emissions: AsyncIterator[Emission], prepared: Prepared,
                      prompt: Session) -> AsyncIterator[str]:
         """message_start, each block's start, deltas and stop, message_delta, message_stop.
         `prompt`: the session, its prompt evaluated."""
@@ -284,7 +283,7 @@ class MessageShape:
                                                         "output_tokens": 0}}
         yield writer.event("message_start", message=started)
         yield writer.event("ping")
-        deltas, last, called = Deltas(plan), None, False
+        deltas, last, called = prepared.deltas(), None, False
         async for e in emissions:
             for part in deltas.push(e.text):
                 called = called or "tool_calls" in part
@@ -301,12 +300,22 @@ class MessageShape:
             yield text
 
 
+def thinking_block(text: str) -> dict[str, Any]:
+    """A thinking model's reasoning (unsigned: lead skips thinking blocks sent back)."""
+    return {"type": "thinking", "thinking": text, "signature": ""}
+
+
+# A streamed part's block: its kind, the block that opens it, its delta's type and key
+BLOCKS = {"content": ("text", {"type": "text", "text": ""}, "text_delta", "text"),
+          "reasoning": ("thinking", thinking_block(""), "thinking_delta", "thinking")}
+
+
 class BlockWriter:
     """The Messages stream's events: content blocks opened, filled and closed in order."""
 
     def __init__(self) -> None:
         self.index = -1
-        self.text_open = False
+        self.open: str | None = None  # the kind of the block being filled (text, thinking)
 
     @staticmethod
     def event(kind: str, **fields: Any) -> str:
@@ -314,11 +323,13 @@ class BlockWriter:
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     def delta(self, part: dict[str, Any]) -> list[str]:
-        if "content" in part:
-            out = [] if self.text_open else self._open({"type": "text", "text": ""})
-            self.text_open = True
+        key = next((k for k in BLOCKS if k in part), None)
+        if key is not None:
+            kind, block, delta_type, field = BLOCKS[key]
+            out = [] if self.open == kind else self._close() + self._open(block)
+            self.open = kind
             return out + [self.event("content_block_delta", index=self.index,
-                                     delta={"type": "text_delta", "text": part["content"]})]
+                                     delta={"type": delta_type, field: part[key]})]
         out = self._close()
         for call in part.get("tool_calls", []):
             block = tool_use(call)
@@ -333,9 +344,9 @@ class BlockWriter:
         return [self.event("content_block_start", index=self.index, content_block=block)]
 
     def _close(self, force: bool = False) -> list[str]:
-        if not (self.text_open or force):
+        if not (self.open or force):
             return []
-        self.text_open = False
+        self.open = None
         return [self.event("content_block_stop", index=self.index)]
 
     def closing(self, session: Session, called: bool) -> list[str]:

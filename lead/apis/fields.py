@@ -90,8 +90,9 @@ CHAT = {
     "tools": served("function tools, through the model's own chat template"),
     "tool_choice": served("auto, none, required, a named function (a grammar forces it)"),
     "parallel_tool_calls": accepted("a reply may hold several calls; false is a hint"),
-    "reasoning_effort": accepted("a hint; on a model whose template switches thinking, "
-                                 "\"none\" turns it off"),
+    "reasoning_effort": served("a template with a thinking switch (Qwen3's) gets it: "
+                               "\"none\" off, else on; the reasoning comes as "
+                               "reasoning_content. Elsewhere a hint the model cannot take"),
     "chat_template_kwargs": served("llama-server's: enable_thinking for templates that "
                                    "have it; other keys are ignored"),
     "verbosity": accepted("a hint the model cannot take"),
@@ -150,9 +151,9 @@ RESPONSES = {
                       "encrypted content ...) has nothing to include"),
     "top_logprobs": served("the n likeliest tokens at each position"),
     "parallel_tool_calls": accepted("a reply may hold several calls; false is a hint"),
-    "reasoning": accepted("effort and summary are hints: the model writes no reasoning "
-                          "items (on a template with a thinking switch, effort \"none\" "
-                          "turns it off)"),
+    "reasoning": served("a template with a thinking switch (Qwen3's) gets effort: "
+                        "\"none\" off, else on; the reasoning comes as a reasoning item. "
+                        "Elsewhere hints: the model writes no reasoning items"),
     "store": accepted("nothing is stored: there is nothing to fetch later"),
     "truncation": accepted("a conversation over the context is a 400 either way"),
     "metadata": accepted("metadata"),
@@ -183,8 +184,9 @@ MESSAGES = {
     "tools": served("client tools; server tools lead has none of (web search, web fetch, "
                     "code execution ...) are not offered to the model"),
     "tool_choice": served("auto, any, tool, none"),
-    "thinking": accepted("the model writes no thinking blocks (on a template with a "
-                         "thinking switch: enabled and adaptive turn it on, disabled off)"),
+    "thinking": served("a template with a thinking switch (Qwen3's) gets it: enabled and "
+                       "adaptive on, disabled off; the reasoning comes as a thinking block. "
+                       "Elsewhere a hint: the model writes no thinking blocks"),
     "output_config": served("format (a JSON schema the reply follows); effort is a hint"),
     "output_format": served("the reply follows this JSON schema (the beta's name)"),
     "context_management": accepted("nothing is cleared: the conversation is read as sent"),

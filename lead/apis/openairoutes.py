@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, Response
 from lead.apis import shapes, toolreply
 from lead.apis.choices import choice_requests, merged
 from lead.apis.prepare import Prepared, prepare_chat, prepare_completion
-from lead.apis.tools import ToolPlan
 from lead.decode.admission import Place, QueueFull
 from lead.decode.engine import Engine
 from lead.decode.session import Emission
@@ -58,7 +57,7 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
     return router
 
 
-Whole = Callable[[list[Emission], ToolPlan | None], Response]  # a reply not streamed
+Whole = Callable[[list[Emission], Prepared], Response]  # a reply not streamed
 Streamed = Callable[[AsyncGenerator[Emission, None], Emission, Prepared], Response]
 
 
@@ -81,7 +80,7 @@ async def reply(engine: Engine, workers: Threads, request: Request, stream: bool
     emissions = await unless_gone(request.receive, _rest(first, gen))
     if emissions is None:
         return Response(status_code=499)
-    return whole(emissions, prepared.plan)
+    return whole(emissions, prepared)
 
 
 async def _reply(engine: Engine, workers: Threads, request: Request,
@@ -93,13 +92,13 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
     def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                  prepared: Prepared) -> Response:
         return StreamedReply(gen, first, partial(sse, name, rid=rid, shape=shape,
-                                                 plan=prepared.plan, n=body.n))
+                                                 prepared=prepared, n=body.n))
     return await reply(engine, workers, request, body.stream, prepare,
                        partial(_whole, name, rid, shape), streamed, body.n)
 
 
 def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emission],
-           plan: ToolPlan | None) -> JSONResponse:
+           prepared: Prepared) -> JSONResponse:
     """A reply not streamed, from all of its emissions (each choice's)."""
     choices, sessions = [], []
     for i, own in sorted(by_choice(emissions).items()):
@@ -108,7 +107,8 @@ def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emiss
         assert session is not None, "the last emission carries the session"
         entries = [lp for e in own for lp in e.logprobs]
         choice = shape.choice(text, session.finish_reason, entries, index=i)
-        choices.append(toolreply.with_calls(choice, plan, text) if plan is not None else choice)
+        chat = shape.chat and (prepared.plan is not None or prepared.thinks)
+        choices.append(toolreply.with_parts(choice, prepared.parts(text)) if chat else choice)
         sessions.append(session)
     return JSONResponse({**shapes.envelope(shape.kind, rid, model), "choices": choices,
                          "usage": usage(*sessions)})

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lead.apis import shapes, structured, toolreply
+from lead.apis.thinking import ThinkSplit, starts_inside
 from lead.apis.tools import ToolPlan
 from lead.decode.session import GenRequest
 from shared.model import Model
@@ -19,21 +20,36 @@ from shared.model import Model
 class Prepared:
     req: GenRequest
     plan: ToolPlan | None = None  # a chat request's tools
+    thinks: bool = False  # the reply may open with reasoning (a thinking model's)
+    inside: bool = False  # the prompt opened the reasoning: the reply starts in it
+
+    def deltas(self) -> toolreply.Deltas:
+        """A streamed reply's parser."""
+        return toolreply.Deltas(self.plan, self._think())
+
+    def parts(self, text: str) -> toolreply.Parts:
+        """A whole reply's reasoning, content and calls."""
+        return toolreply.reply_parts(text, self.plan, self._think())
+
+    def _think(self) -> ThinkSplit | None:
+        return ThinkSplit(self.inside) if self.thinks else None
 
 
 def prepare_chat(model: Model, default_max_tokens: int, body: shapes.ChatRequest) -> Prepared:
-    plan, prompt_ids = chat_ids(model, body)
-    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan)
+    plan, prompt, prompt_ids = chat_ids(model, body)
+    thinks = model.thinks and body.thinking is not False
+    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan,
+                    thinks, thinks and starts_inside(prompt))
 
 
-def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, list[int]]:
-    """The request's tool plan and its prompt's tokens (what a count of them counts)."""
+def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str, list[int]]:
+    """The request's tool plan, its prompt and its tokens (what a count of them counts)."""
     try:
         plan, prompt = toolreply.chat_prompt(model, body)
     except ValueError as exc:  # the model's template refuses these messages
         raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
                                               f"{exc}") from None
-    return plan, model.tokenize(prompt, special=True, add_bos=False)
+    return plan, prompt, model.tokenize(prompt, special=True, add_bos=False)
 
 
 def prepare_completion(model: Model, default_max_tokens: int,

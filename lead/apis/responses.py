@@ -17,9 +17,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import fields, shapes
+from lead.apis.prepare import Prepared
 from lead.apis.renames import ORIGIN, Names, chat_request
-from lead.apis.toolreply import Deltas
-from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 
 LOGPROBS = "message.output_text.logprobs"
@@ -278,15 +277,15 @@ class ResponseShape:
                 "metadata": (body.model_extra or {}).get("metadata") or {},
                 "usage": usage(session) if session is not None else None}
 
-    def whole(self, emissions: list[Emission], plan: ToolPlan | None) -> dict[str, Any]:
+    def whole(self, emissions: list[Emission], prepared: Prepared) -> dict[str, Any]:
         session = emissions[-1].session
         assert session is not None, "the last emission carries the session"
-        text = "".join(e.text for e in emissions)
-        content, calls = plan.parse(text) if plan is not None else (text, [])
+        parts = prepared.parts("".join(e.text for e in emissions))
         entries = [lp for e in emissions for lp in e.logprobs]
-        output = [self.message(new_id("msg"), content, self._logprobs(entries))] \
-            if content else []
-        output += [self.tools.item(call, "completed") for call in calls]
+        output = [reasoning_item(new_id("rs"), parts.reasoning)] if parts.reasoning else []
+        output += [self.message(new_id("msg"), parts.content, self._logprobs(entries))] \
+            if parts.content else []
+        output += [self.tools.item(call, "completed") for call in parts.calls]
         return self.response(status_of(session), output, session)
 
     def message(self, item_id: str, text: str, logprobs: list[Any] | None = None,
@@ -306,13 +305,13 @@ class ResponseShape:
             return None
         return shapes.chat_logprobs(entries, self.token_bytes)["content"]
 
-    async def events(self, emissions: AsyncIterator[Emission], plan: ToolPlan | None
+    async def events(self, emissions: AsyncIterator[Emission], prepared: Prepared
                      ) -> AsyncIterator[str]:
         """The stream: created, each item opened, its deltas, closed, then completed."""
         writer = EventWriter(self)
         for text in writer.opening():
             yield text
-        deltas, last = Deltas(plan), None
+        deltas, last = prepared.deltas(), None
         async for e in emissions:
             for part in deltas.push(e.text):
                 for text in writer.delta(part, e.logprobs if "content" in part else []):
@@ -325,6 +324,12 @@ class ResponseShape:
         assert session is not None, "the last emission carries the session"
         for text in writer.closing(session):
             yield text
+
+
+def reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    """A thinking model's reasoning, as its text (nothing is encrypted here)."""
+    return {"type": "reasoning", "id": item_id, "status": status, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}] if text else []}
 
 
 def status_of(session: Session) -> str:
@@ -348,6 +353,7 @@ class EventWriter:
         self.open: dict[str, Any] | None = None  # the message item being written
         self.text = ""
         self.logprobs: list[Any] = []
+        self.thought: dict[str, Any] | None = None  # the reasoning item being written
 
     def event(self, kind: str, **fields: Any) -> str:
         self.seq += 1
@@ -360,12 +366,39 @@ class EventWriter:
                 self.event("response.in_progress", response=started)]
 
     def delta(self, part: dict[str, Any], logprobs: list[Any]) -> list[str]:
+        if "reasoning" in part:
+            return self._reason(part["reasoning"])
+        out = self._close_reasoning()
         if "content" in part:
-            return self._text(part["content"], logprobs)
-        out = self._close_message()
+            return out + self._text(part["content"], logprobs)
+        out += self._close_message()
         for call in part.get("tool_calls", []):
             out += self._call(call)
         return out
+
+    def _reason(self, text: str) -> list[str]:
+        out: list[str] = []
+        if self.thought is None:
+            out += self._close_message()
+            self.thought = reasoning_item(new_id("rs"), "", "in_progress")
+            out.append(self.event("response.output_item.added", output_index=len(self.output),
+                                  item=self.thought))
+        self.thought["content"] = [{"type": "reasoning_text", "text": (
+            self.thought["content"][0]["text"] if self.thought["content"] else "") + text}]
+        out.append(self.event("response.reasoning_text.delta", item_id=self.thought["id"],
+                              output_index=len(self.output), content_index=0, delta=text))
+        return out
+
+    def _close_reasoning(self) -> list[str]:
+        if self.thought is None:
+            return []
+        done, index = {**self.thought, "status": "completed"}, len(self.output)
+        self.output.append(done)
+        self.thought = None
+        text = done["content"][0]["text"] if done["content"] else ""
+        return [self.event("response.reasoning_text.done", item_id=done["id"],
+                           output_index=index, content_index=0, text=text),
+                self.event("response.output_item.done", output_index=index, item=done)]
 
     def _text(self, text: str, logprobs: list[Any]) -> list[str]:
         out = [] if self.open is not None else self._open_message()
@@ -415,7 +448,7 @@ class EventWriter:
                 self.event("response.output_item.done", output_index=index, item=item)]
 
     def closing(self, session: Session) -> list[str]:
-        out = self._close_message()
+        out = self._close_reasoning() + self._close_message()
         status = status_of(session)
         done = self.shape.response(status, self.output, session)
         kind = "response.completed" if status == "completed" else "response.incomplete"

@@ -5,11 +5,13 @@ streamed as deltas."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from lead.apis.generictools import generic_messages
 from lead.apis.shapes import ChatRequest, FieldRefused
+from lead.apis.thinking import ThinkSplit
 from lead.apis.toolparse import Delta, ToolStream, finish_reason
 from lead.apis.tools import ToolPlan, ToolsError, plan_tools, template_messages, wrap_gbnf
 from shared.chat_template import continued
@@ -111,32 +113,63 @@ def _unconvertible(plan: ToolPlan, model: Model) -> tuple[str, str] | None:
     return None
 
 
-def with_calls(choice: dict[str, Any], plan: ToolPlan, text: str) -> dict[str, Any]:
-    """A plain reply's choice with the calls its text holds (OpenAI's message.tool_calls,
-    finish_reason "tool_calls"); where it holds none, its content as the parser gives it
-    (a generic-format answer unwrapped, as the same reply streams)."""
-    content, calls = plan.parse(text)
-    if not calls:
-        return {**choice, "message": {**choice["message"], "content": content}}
-    message = {**choice["message"], "content": content, "tool_calls": calls}
-    return {**choice, "message": message,
+@dataclass(frozen=True)
+class Parts:
+    """A finished reply's reasoning (a thinking model's), content and calls."""
+
+    reasoning: str
+    content: str | None
+    calls: list[dict[str, Any]]
+
+
+def reply_parts(text: str, plan: ToolPlan | None, think: ThinkSplit | None) -> Parts:
+    """A whole reply parsed as its stream is: the reasoning split out, then the calls."""
+    reasoning = ""
+    if think is not None:
+        parts = think.push(text) + think.finish()
+        reasoning = "".join(p.get("reasoning", "") for p in parts)
+        text = "".join(p.get("content", "") for p in parts)
+    content, calls = plan.parse(text) if plan is not None else (text, [])
+    return Parts(reasoning, content, calls)
+
+
+def with_parts(choice: dict[str, Any], parts: Parts) -> dict[str, Any]:
+    """A plain reply's choice with its content as parsed, the calls it holds (OpenAI's
+    message.tool_calls, finish_reason "tool_calls") and its reasoning, if any (as
+    llama-server's reasoning_content)."""
+    message = {**choice["message"], "content": parts.content}
+    if parts.reasoning:
+        message["reasoning_content"] = parts.reasoning
+    if not parts.calls:
+        return {**choice, "message": message}
+    return {**choice, "message": {**message, "tool_calls": parts.calls},
             "finish_reason": finish_reason(choice["finish_reason"], True)}
 
 
 class Deltas:
     """A streamed reply's text as chunk deltas: content as it comes, or, with tools,
-    content and whole calls as the parser releases them."""
+    content and whole calls as the parser releases them; a thinking model's reasoning
+    split out first (`{"reasoning": ...}`)."""
 
-    def __init__(self, plan: ToolPlan | None) -> None:
+    def __init__(self, plan: ToolPlan | None, think: ThinkSplit | None = None) -> None:
         self.stream: ToolStream | None = plan.stream() if plan is not None else None
+        self.think = think
 
     def push(self, text: str) -> list[Delta]:
-        if self.stream is None:
-            return [{"content": text}] if text else []
-        return self.stream.push(text)
+        return self._answer(self.think.push(text) if self.think else [{"content": text}])
 
     def finish(self) -> list[Delta]:
-        return self.stream.finish() if self.stream is not None else []
+        out = self._answer(self.think.finish()) if self.think else []
+        return out + (self.stream.finish() if self.stream is not None else [])
+
+    def _answer(self, parts: list[Delta]) -> list[Delta]:
+        out: list[Delta] = []
+        for part in parts:
+            if "reasoning" in part or self.stream is None:
+                out += [part] if next(iter(part.values())) else []
+            else:
+                out += self.stream.push(part["content"])
+        return out
 
     def finish_reason(self, finish: str | None) -> str | None:
         return self.stream.finish_reason(finish) if self.stream is not None else finish

@@ -22,8 +22,8 @@ from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from lead.apis import shapes, toolreply
+from lead.apis.prepare import Prepared
 from lead.apis.toolparse import Delta
-from lead.apis.tools import ToolPlan
 from lead.decode.session import Emission, Session
 from lead.server.wire import Stall, wire_of
 
@@ -160,12 +160,13 @@ async def until_disconnect(receive: Receive) -> None:
 
 
 async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
-              shape: shapes.ReplyShape, plan: ToolPlan | None = None, n: int = 1
+              shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1
               ) -> AsyncIterator[str]:
     """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
-    with the last, then [DONE]. `n`: the choices, each parsed for tool calls on its own."""
+    with the last, then [DONE]. `n`: the choices, each parsed (tool calls, reasoning) on
+    its own."""
     head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
-    deltas = [toolreply.Deltas(plan) for _ in range(n)]
+    deltas = [prepared.deltas() if prepared else toolreply.Deltas(None) for _ in range(n)]
     sessions: dict[int, Session] = {}
 
     def event(i: int, e: Emission | None, part: Delta | None = None,
@@ -175,6 +176,8 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
                               delta=True, opening=opening, index=i)
         if "tool_calls" in part:
             choice["delta"]["tool_calls"] = part["tool_calls"]
+        if "reasoning" in part:  # a thinking model's, as llama-server sends it
+            choice["delta"]["reasoning_content"] = part["reasoning"]
         duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
                                "accepted": e.n_from_draft if e else 0}
         if e and e.n_from_draft:
