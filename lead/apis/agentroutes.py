@@ -13,7 +13,7 @@ from functools import partial
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from lead.apis import anthropic, responses
+from lead.apis import anthropic, anthropicreply, responsereply, responses
 from lead.apis.openairoutes import reply
 from lead.apis.prepare import Prepared, chat_ids, prepare_chat
 from lead.apis.renames import renaming
@@ -33,7 +33,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         if (refused := responses.refusal(body)) is not None:
             raise refused
         chat, names, tools = responses.to_chat(body)
-        shape = responses.ResponseShape(body, model.name, responses.new_id("resp"),
+        shape = responsereply.ResponseShape(body, model.name, responses.new_id("resp"),
                                         model.token_bytes, tools)
 
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
@@ -51,7 +51,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         if (refused := anthropic.refusal(body)) is not None:
             raise refused
         chat, names = anthropic.to_chat(body)
-        shape = anthropic.MessageShape(model.name, anthropic.new_id("msg"))
+        shape = anthropicreply.MessageShape(model.name, anthropicreply.new_id("msg"))
         prepare = renaming(names, partial(prepare_chat, model, max_tokens, chat))
 
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
