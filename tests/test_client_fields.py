@@ -309,3 +309,9 @@ def test_a_template_without_the_switch_gets_no_such_variable() -> None:
     with TestClient(app_over(model)) as c:
         c.post(MESSAGES, json=message(thinking={"type": "adaptive"}))
     assert "thinking:" not in model.rendered[-1]
+
+
+def test_a_clients_preconnect_head_is_answered(client: TestClient) -> None:
+    """Claude Code's first request is HEAD / (its runtime's preconnect)."""
+    r = client.head("/")
+    assert r.status_code == 200 and r.content == b""

@@ -37,7 +37,7 @@ def mount_web(app: FastAPI, engine: Engine) -> None:
 def _router(engine: Engine) -> APIRouter:
     router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
 
-    @router.get("/")
+    @router.api_route("/", methods=["GET", "HEAD"])  # HEAD: clients' preconnect (Claude Code)
     async def page() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers=PAGE_HEADERS)
 
