@@ -315,3 +315,15 @@ def test_a_clients_preconnect_head_is_answered(client: TestClient) -> None:
     """Claude Code's first request is HEAD / (its runtime's preconnect)."""
     r = client.head("/")
     assert r.status_code == 200 and r.content == b""
+
+
+@pytest.mark.parametrize("max_tokens", [1, 5])
+def test_a_streamed_message_that_ends_at_its_first_token_starts_with_its_usage(
+        max_tokens: int) -> None:
+    """Its generation has ended before the stream starts (a 500 once)."""
+    with TestClient(app_over(FakeModel(eos_bias=100.0))) as c:
+        r = c.post(MESSAGES, json=message(max_tokens=max_tokens, stream=True))
+    assert r.status_code == 200, r.text
+    start = next(line for line in r.text.splitlines() if '"message_start"' in line)
+    n_prompt = len("user: what is up\nassistant: ")
+    assert f'"input_tokens": {n_prompt},' in start, start

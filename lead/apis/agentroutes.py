@@ -56,7 +56,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
 
         def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
                      prepared: Prepared) -> Response:
-            session = first.session or engine.running(first.sid)
+            session = first.session or engine.session_of(first.sid)
             assert session is not None, "a reply under way has its session"
             return StreamedReply(gen, first, lambda emissions: shape.events(
                 emissions, prepared, session))

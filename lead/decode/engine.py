@@ -82,6 +82,7 @@ class Engine:
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
+        self._held: dict[str, Session] = {}  # sessions whose generators are open
         self._loop: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
 
@@ -90,9 +91,9 @@ class Engine:
         """The session started last (running or not)."""
         return self.feed.session
 
-    def running(self, sid: str) -> Session | None:
-        """The session `sid` if its generation is under way."""
-        return next((r.session for r in self.runs if r.session.id == sid), None)
+    def session_of(self, sid: str) -> Session | None:
+        """The session `sid` while its reader holds its generation (ended or not)."""
+        return self._held.get(sid)
 
     @property
     def busy(self) -> bool:
@@ -117,10 +118,12 @@ class Engine:
         place = place or self.reserve()
         async with place.turn():
             run = self._add(req)
+            self._held[run.session.id] = run.session
             try:
                 async for emission in run.emissions():
                     yield emission
             finally:
+                del self._held[run.session.id]
                 if not run.ended:  # its reader left: it ends now, its slot free for the
                     self._end(run)  # next step (the one under way, if any, is dropped)
 
