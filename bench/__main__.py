@@ -5,7 +5,8 @@ lead alone, with and without its own n-gram drafts; lead + back (draft model); l
 (n-gram); llama-cpp-python's prompt-lookup decoding; a synchronous draft-model loop;
 llama.cpp's llama-server plain, with --spec-default and with a draft model (where the
 binary is found). `--workload edit` asks for whole source files back, each with one
-change, instead of the bench prompts. Then the analytic bound from
+change, instead of the bench prompts; `--workload prompt` times a recorded agent's long
+prompt instead (bench/promptbench.py). Then the analytic bound from
 the measured verify costs and acceptance, and a draft-length sweep (PNG + JSON).
 `--sim` measures the protocol itself with simulated models of chosen cost instead;
 `--advise` answers in a minute or two whether duo would be faster on this machine.
@@ -19,7 +20,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 from back.settings import BackSettings
-from bench import configs, llamaserver, prompts, report
+from bench import configs, llamaserver, promptbench, prompts, report
 from bench.advise import ADVISE_PROMPTS
 from bench.coverage import MEASURED_COVER
 from bench.cpuwatch import LoadWatch, caveat
@@ -89,15 +90,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--back-cpus", help="back's --cpus (default: from --placement)")
     p.add_argument("--lead-ngl", type=int, default=0, help="lead's --n-gpu-layers")
     p.add_argument("--back-ngl", type=int, default=0, help="back's --n-gpu-layers")
-    p.add_argument("--workload", choices=tuple(prompts.WORKLOADS), default="bench",
-                   help="bench: bench/prompts.json (code, explanations, short edits); edit: "
-                   "bench/edits.json, whole source files in nine languages, one change each, "
-                   "the whole file asked back")
+    p.add_argument("--workload", choices=(*prompts.WORKLOADS, promptbench.WORKLOAD),
+                   default="bench", help="bench: bench/prompts.json (code, explanations, "
+                   "short edits); edit: bench/edits.json, whole source files in nine "
+                   "languages, one change each, the whole file asked back; prompt: time to "
+                   "first token of a recorded agent's 7k-token request (bench/agent.json), "
+                   "cold, the same again and the next turn, lead with its defaults beside "
+                   "llama-server, each started afresh")
     p.add_argument("--llama-server", metavar="PATH", help="llama.cpp's llama-server, run "
                    "plain, --spec-default and with the draft model beside the others "
                    "(default: llama-server on PATH, else skipped; '' to skip)")
     p.add_argument("--tokens", type=int, help="tokens decoded per prompt (default: 64; "
-                   f"--quick: 24; --workload edit: {prompts.EDIT_TOKENS}, the longest file)")
+                   f"--quick: 24; --workload edit: {prompts.EDIT_TOKENS}, the longest file; "
+                   f"--workload prompt: {promptbench.TOKENS})")
     p.add_argument("--prompts", type=int, help="use N prompts of the workload (default: "
                    "all, in file order; --advise: 4, taken from each kind in turn)")
     p.add_argument("--repeat", type=int, default=1,
@@ -148,6 +153,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                 "--sim-agree a share in [0, 1]")
     if a.advise and a.sim:
         p.error("--advise measures real models; it does not take --sim")
+    if a.workload == promptbench.WORKLOAD and (a.sim or a.advise):
+        p.error("--workload prompt measures real servers by itself: not with --sim or --advise")
     if a.sync_k < 1:
         p.error("--sync-k must be at least 1")
     for flags in a.lead_variant:
@@ -165,7 +172,10 @@ def _fill_defaults(a: argparse.Namespace) -> None:
     """Defaults that depend on the mode; what the user set explicitly stays."""
     if a.quick:
         a.target = a.draft = "smollm2-135m"
-    edit = a.workload == "edit"
+    edit, prompt = a.workload == "edit", a.workload == promptbench.WORKLOAD
+    if prompt:  # one request, a few tokens of reply; no sweep
+        a.prompts, a.tokens = a.prompts or 1, a.tokens or promptbench.TOKENS
+        a.sweep = "" if a.sweep is None else a.sweep
     if a.sweep_prompts is None:
         a.sweep_prompts = 1 if a.quick else 3
     if a.prompts is None:
@@ -334,10 +344,13 @@ def main(argv: list[str] | None = None) -> None:
             advise(a, progress)
             return
         writable(out)  # before the run, not after it
-        data = run_sim(a) if a.sim else run_models(a)
-    except (ModelError, AdviseError, ProcExited, OutError) as exc:
+        if a.workload == promptbench.WORKLOAD:
+            data = promptbench.run(a, progress)
+        else:
+            data = run_sim(a) if a.sim else run_models(a)
+    except (ModelError, AdviseError, ProcExited, OutError, promptbench.Refused) as exc:
         sys.exit(f"python -m bench: error: {exc}")
-    show(a, data, out)
+    (promptbench.show if a.workload == promptbench.WORKLOAD else show)(a, data, out)
 
 
 def show(a: argparse.Namespace, data: dict, out: Path) -> None:

@@ -76,10 +76,12 @@ def advice_line(binary: Path | None) -> str:
             "(--workload edit for whole-file edits) measures it beside duo")
 
 
-def server_args(model: Path, threads: int, ngl: int, extra: list[str], ctx: int = LEAD_CTX
-                ) -> list[str]:
-    """llama-server's flags: lead's model, threads and context, a free port chosen later."""
-    return ["-m", str(model), "--host", "127.0.0.1", "-t", str(threads), "-c", str(ctx),
+def server_args(model: Path, threads: int, ngl: int, extra: list[str],
+                ctx: int | None = LEAD_CTX) -> list[str]:
+    """llama-server's flags: lead's model, threads and context (None: its own), a free port
+    chosen later."""
+    sized = ["-c", str(ctx)] if ctx is not None else []
+    return ["-m", str(model), "--host", "127.0.0.1", "-t", str(threads), *sized,
             "-ngl", str(ngl), *extra]
 
 
@@ -128,10 +130,11 @@ def via_server(config: str, url: str, index: int, text: str, n: int) -> Result:
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=900) as r:
         if r.status_code != 200:
             raise RuntimeError(f"llama-server answered {r.status_code}: {r.read()[:300]!r}")
-        return result_of(config, index, _stamped(r), t0)
+        return result_of(config, index, stamped(r), t0)
 
 
-def _stamped(response: httpx.Response) -> Iterator[tuple[float, dict]]:
+def stamped(response: httpx.Response) -> Iterator[tuple[float, dict]]:
+    """Each event of a stream with the time it arrived."""
     for event in sse_events(response):
         yield time.perf_counter(), event
 

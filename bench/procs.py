@@ -110,13 +110,16 @@ class Proc:
 class Lead(Proc):
     def __init__(self, model: str = "smollm2-135m", *extra: str,
                  env: dict[str, str] | None = None, cpus: str | None = None,
-                 cwd: Path = ROOT) -> None:
-        """`cwd`: the checkout whose lead runs (another commit's, for an A/B)."""
+                 cwd: Path = ROOT, sized: bool = True) -> None:
+        """`cwd`: the checkout whose lead runs (another commit's, for an A/B); `sized`: one
+        thread and LEAD_CTX tokens before `extra` (False: lead's own defaults, as a user
+        starts it)."""
         self.port = free_port()
+        sizes = ["--threads", "1", "--ctx-size", str(LEAD_CTX)] if sized else []
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
-                          str(self.port), "--threads", "1", "--ctx-size", str(LEAD_CTX), *extra],
-                         env, "lead", cpus, cwd)
-        self.url = self.wait_serving("lead", self.port, 120)
+                          str(self.port), *sizes, *extra], env, "lead", cpus, cwd)
+        self.url = self.wait_serving("lead", self.port, 300)  # a ceiling for hangs: a busy
+        # machine's startup pricing took 45 s, a 32k context's cache 6 s more
 
 
 class Back(Proc):

@@ -114,3 +114,18 @@ def test_every_edit_is_a_whole_file_the_default_reply_length_covers() -> None:
         target.close()
     assert min(sizes.values()) >= 300, sizes
     assert max(sizes.values()) + 64 <= prompts.EDIT_TOKENS, sizes  # room for the change
+
+
+def test_the_agent_prompt_is_about_7k_tokens_of_the_default_target() -> None:
+    from bench import promptbench
+    from shared.llm import LlamaModel
+    from shared.presets import resolve_model
+
+    prompt = promptbench.load()
+    target = LlamaModel(resolve_model("qwen2.5-coder-1.5b"), threads=1, n_ctx=512)
+    try:  # the default target's own tokenizer and chat template, tools rendered
+        text = target.format_chat(prompt["messages"], prompt["tools"])
+        tokens = len(target.tokenize(text, special=True, add_bos=False))
+    finally:
+        target.close()
+    assert 6_500 <= tokens <= 7_500, tokens  # 7,204 when recorded
