@@ -191,6 +191,17 @@ def test_what_can_still_be_a_bare_call(text: str, can: bool) -> None:
     assert could_be_call(text) is can
 
 
+@pytest.mark.parametrize(("text", "can"), [
+    ('{"name"', True), ('{"name": ', True), ('{"name": "get_w', True),
+    ('{"name": "get_weather"', True), ('```json\n{"name": "get_weather", "argu', True),
+    ('{"name": "Alice"', False), ('{"name": "get_weatherman"', False),
+    ('{"name": "get_x', False), ('{"name": 5', False),
+])
+def test_a_bare_call_s_name_must_be_a_tool_s(text: str, can: bool) -> None:
+    """JSON shown to the user ({"name": "Alice", ...}) streams once its name is no tool's."""
+    assert could_be_call(text, ["get_weather"]) is can
+
+
 def test_json_that_is_no_call_streams_as_it_comes() -> None:
     stream = ToolStream(HERMES, ["get_weather"])
     assert stream.push('{"') == []  # may still be a call

@@ -11,6 +11,7 @@ proves malformed; malformed call text is released as content.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
@@ -130,7 +131,7 @@ class ToolStream:
         self._pending = self._pending[len(out):]
 
     def _close_found(self, deltas: list[Delta]) -> bool:
-        if not self._opening and not could_be_call(self._pending):
+        if not self._opening and not could_be_call(self._pending, self.names):
             # A reply that opens like a bare call but is not one (JSON shown to the user, a
             # fenced example) streams as content from here, not held until its end.
             self._pending, self._inside, self._space = self._space + self._pending, False, ""
@@ -165,11 +166,13 @@ class ToolStream:
 
 
 CALL_KEYS = ("name", "function", "type", "arguments", "parameters", "id")
+_NAME_VALUE = re.compile(r'\s*:\s*"([^"\\]*)("?)')
 
 
-def could_be_call(text: str) -> bool:
+def could_be_call(text: str, names: Collection[str] = ()) -> bool:
     """Whether a bare call's text so far can still be calls: optionally fenced, a JSON
-    object (or a list of them) whose first key is one a call has."""
+    object (or a list of them) whose first key is one a call has, and whose "name", if
+    that comes first, names one of `names` (any, where none are given)."""
     text = text.lstrip()
     if FENCE.startswith(text):
         return True
@@ -186,7 +189,18 @@ def could_be_call(text: str) -> bool:
     end = key.find('"', 1)
     if end < 0:
         return any(k.startswith(key[1:]) for k in CALL_KEYS)
-    return key[1:end] in CALL_KEYS
+    if key[1:end] != "name" or not names:
+        return key[1:end] in CALL_KEYS
+    return _could_name(key[end + 1:], names)
+
+
+def _could_name(rest: str, names: Collection[str]) -> bool:
+    """Whether the text after a call's "name" key can still name one of `names`."""
+    value = _NAME_VALUE.match(rest)
+    if value is None:  # no string yet: only a colon and spaces may have come
+        return not rest.strip().strip(":").strip()
+    said, closed = value.group(1), value.group(2) == '"'
+    return said in names if closed else any(n.startswith(said) for n in names)
 
 
 def _partial_len(text: str, marker: str) -> int:
