@@ -12,6 +12,7 @@ allow 10 levels of nesting, 5,000 properties and 1,000 enum values; a 128 KiB sc
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from typing import Any
@@ -132,3 +133,33 @@ def _check_pattern(pattern: str, path: str) -> None:
             if bound > MAX_PATTERN_REPEAT:
                 raise ValueError(f"{path}: the repetition {match.group()}: {bound} is over "
                                  f"the limit of {MAX_PATTERN_REPEAT}")
+
+
+def within_bounds(schema: Any) -> Any:
+    """A schema that is only a hint (a tool's parameters) as a grammar may hold it: each
+    count, pair and pattern over a bound left out, so the reply may be looser than asked
+    but the request is never refused for it; any object where the whole is still over one
+    (too deep, too large)."""
+    relaxed = copy.deepcopy(schema)
+    for _, node in subschemas(relaxed, "schema"):
+        _relax(node)
+    try:
+        check_schema(relaxed)
+    except ValueError:
+        return {"type": "object"}
+    return relaxed
+
+
+def _relax(node: dict[str, Any]) -> None:
+    for key in [k for k in _SCHEMA_COUNTS if k in node]:
+        value = node[key]
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_REPEAT:
+            del node[key]
+    for low, high in _SCHEMA_PAIRS:
+        if low in node and high in node and node[low] > node[high]:
+            del node[low], node[high]
+    if isinstance(pattern := node.get("pattern"), str):
+        try:
+            _check_pattern(pattern, "pattern")
+        except ValueError:
+            del node["pattern"]

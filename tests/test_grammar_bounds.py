@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 
 from back.drafter import ModelDrafter
 from lead.apis.toolparse import HERMES
-from lead.apis.tools import ToolChoice, ToolsError, call_grammar, check_tools
+from lead.apis.tools import ToolChoice, call_grammar, check_tools
 from lead.server.app import create_app
 from shared import grammar_bounds as gb
 from shared import schema_bounds as sb
@@ -316,29 +316,34 @@ def test_a_mebibyte_grammar_and_a_deep_schema_are_refused_with_a_4xx(
     assert client.post("/v1/chat/completions", json=chat_body(max_tokens=4)).status_code == 200
 
 
-def test_a_forced_call_over_a_bound_is_a_400_naming_the_tool() -> None:
-    model = FakeModel(eos_bias=-100.0, chat_template="{{ '<tool_call>' }}")
-    tools = [{"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "maxLength": 10**6}}}}}]
-    client = TestClient(create_app(make_settings(max_tokens=8), model))
-    body = chat_body(max_tokens=4, tools=tools)
-    assert client.post("/v1/chat/completions", json=body).status_code == 200  # not forced
-    r = client.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
-    assert r.status_code == 400, r.text
-    assert r.json()["error"]["param"] == "tools[0].function.parameters"
-    assert "maxLength: 1000000 is over the limit of 2000" in r.json()["error"]["message"]
-
-
-def test_a_forced_calls_parameters_are_bounded_and_named() -> None:
+def test_a_forced_calls_parameters_keep_what_is_within_bounds() -> None:
+    """A tool's parameters are a hint: Claude Code's Workflow tool asks for a 512 KiB
+    string, which no grammar may hold; the call is served, that bound left out
+    (tests/test_client_fixtures.py posts Claude Code's own request)."""
     tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"s": {"type": "string", "maxLength": 60000}}}}}
+        "type": "object", "properties": {"s": {"type": "string", "maxLength": 60000,
+                                               "minLength": 2}}}}}
     tools = check_tools([{"type": "function", "function": {"name": "g"}}, tool])
-    assert call_grammar(HERMES, tools, ToolChoice("required", "g")) is not None
-    with pytest.raises(ToolsError) as caught:
-        call_grammar(HERMES, tools, ToolChoice("required"))
-    assert caught.value.param == "tools[1].function.parameters"
-    assert str(caught.value) == "tools[1].function.parameters: properties.s.maxLength: " \
-                                "60000 is over the limit of 2000"
+    grammar = call_grammar(HERMES, tools, ToolChoice("required", "f"))
+    assert grammar is not None
+    assert grammar.schema["properties"]["arguments"]["properties"]["s"] == \
+        {"type": "string", "minLength": 2}
+
+
+@pytest.mark.parametrize(("schema", "relaxed"), [
+    ({"type": "string", "maxLength": 10**6}, {"type": "string"}),
+    ({"type": "string", "minLength": 5, "maxLength": 3}, {"type": "string"}),
+    ({"type": "array", "minItems": -1, "maxItems": 4}, {"type": "array", "maxItems": 4}),
+    ({"type": "string", "pattern": "^a{1,500}$"}, {"type": "string"}),
+    ({"type": "string", "pattern": "^a{1,5}$"}, {"type": "string", "pattern": "^a{1,5}$"}),
+    ({"$defs": {"s": {"type": "string", "maxLength": 9999}}, "$ref": "#/$defs/s"},
+     {"$defs": {"s": {"type": "string"}}, "$ref": "#/$defs/s"}),
+    ({"type": "object", "description": "x" * (200 * 1024)}, {"type": "object"}),  # too large
+])
+def test_a_hint_s_schema_is_brought_within_bounds(schema: dict, relaxed: dict) -> None:
+    given = json.dumps(schema)
+    assert sb.within_bounds(schema) == relaxed
+    assert json.dumps(schema) == given  # the request's own schema is left as it came
 
 
 # --- a back ---

@@ -26,7 +26,7 @@ from lead.apis.toolparse import (
     ToolStream,
     parse_reply,
 )
-from shared.schema_bounds import check_schema
+from shared.schema_bounds import within_bounds
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 
@@ -193,10 +193,9 @@ def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
     generic format, every reply's (a call, or under "auto" an answer)."""
     if choice.mode != "required" and fmt is not GENERIC:
         return None
-    for i, tool in enumerate(tools):
-        if choice.allows(tool):
-            _check_parameters(f"tools[{i}].function.parameters", tool["function"]["parameters"])
-    allowed = [t["function"] for t in tools if choice.allows(t)]
+    # parameters are a hint: what is over a grammar's bounds is left out, not refused
+    allowed = [{**t["function"], "parameters": within_bounds(t["function"]["parameters"])}
+               for t in tools if choice.allows(t)]
     if fmt is GENERIC:
         functions = [{**f, "parameters": _without(f["parameters"], _DEFS)} for f in allowed]
         schema = reply_schema(functions, choice.mode == "required")
@@ -206,15 +205,6 @@ def call_grammar(fmt: CallFormat, tools: Sequence[dict[str, Any]],
     one = options[0] if len(options) == 1 else {"anyOf": options}
     schema = {"type": "array", "items": one, "minItems": 1} if fmt.array else one
     return CallGrammar(fmt.prefix, {**schema, **_hoisted_defs(allowed)}, fmt.suffix)
-
-
-def _check_parameters(where: str, parameters: dict[str, Any]) -> None:
-    """A forced call's grammar is converted from its parameters: the schema bounds apply
-    (shared/schema_bounds.py), named here by the tool's field."""
-    try:
-        check_schema(parameters, where)
-    except ValueError as exc:
-        raise ToolsError(where, str(exc).removeprefix(where).lstrip(".: ")) from None
 
 
 _DEFS = ("$defs", "definitions")  # where "#/$defs/X" refs point: the schema's root
