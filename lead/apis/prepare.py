@@ -91,5 +91,5 @@ def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonReques
     constrained = structured.constraint_of(body, model, forced)
     if constrained is not None:
         params = params.model_copy(update={"grammar": constrained[0]})
-    return GenRequest(prompt_ids, wanted or default_max_tokens, params, body.stops(),
+    return GenRequest(prompt_ids, wanted or default_max_tokens or n_ctx, params, body.stops(),
                       body.top_logprobs_wanted(), constrained[1] if constrained else None)

@@ -96,7 +96,10 @@ class LeadSettings(DeviceChecks):
                            "used go first (0: off). As llama-server's --cache-ram")
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running "
                            "ones; more get 429")
-    max_tokens: int = Field(1024, ge=1, description="default max_tokens of a request")
+    max_tokens: int = Field(0, ge=0, description="max_tokens of a request that gives none "
+                            "(0: up to the context's end, as llama-server and the official "
+                            "APIs do: agents such as Codex send none, and take a reply cut "
+                            "short for a failure)")
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
     back_key: ApiKey = Field(None, description="the key that makes a back trusted: its draft "
                              "probabilities count (exact rejection sampling); a back without it "
