@@ -31,7 +31,7 @@ SKIPPED = {"reasoning", "web_search_call", "file_search_call", "code_interpreter
 # offered them; a tool_choice forcing one is refused
 HOSTED = {"web_search", "web_search_preview", "file_search", "code_interpreter",
           "image_generation", "computer_use_preview", "mcp", "local_shell", "shell",
-          "apply_patch"}
+          "apply_patch", "tool_search"}  # tool_search: Codex's, for its catalog's models
 
 
 class ResponsesRequest(BaseModel):
