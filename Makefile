@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models browser run test test-fast test-process lint bench advise bench-structured clean
+.PHONY: install models browser clients run test test-fast test-process lint bench advise bench-structured clean
 
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
@@ -54,10 +54,17 @@ browser:
 	    echo "could not install chromium: the browser tests will skip"; \
 	  else echo "no /usr/bin/chromium (apt-get install chromium as root): the browser tests will skip"; fi; }
 
+# The coding agents tests/test_clients.py runs against lead (Claude Code, Codex CLI,
+# opencode, qwen-code, aider), pinned, in ~/.cache/duo/clients (DUO_CLIENTS): npm's in
+# one folder, aider in a venv of its own. Without Node 20, npm or a registry: one line,
+# and those tests skip.
+clients:
+	@PYTHON=$(PYTHON) scripts/clients.sh
+
 run: models  ## lead + back on the default pair, then the chat REPL (GPU=cuda: target on it)
 	TARGET=$(TARGET) DRAFT=$(DRAFT) PY=$(PY) GPU=$(GPU) scripts/run.sh
 
-test: models browser  ## everything: unit, in-process, PTY chat and real-model tiers
+test: models browser clients  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest
 
 test-fast: install  ## the unit tier: one process, fake models (about a minute)
@@ -80,3 +87,13 @@ bench-structured: models  ## duo on JSON-schema prompts: back under the grammar 
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+
+# The GPU check (docs/gpu.md): what a lent device lacks, packed into .device/ (under the
+# device call's 64 MiB with the working tree), and the check rehearsed here end to end
+# with DEVICE=cpu and small shapes (compiles llama.cpp: not part of `make test`).
+.PHONY: device-pack device-rehearsal
+device-pack: install
+	$(PY) -m device.pack
+
+device-rehearsal: device-pack
+	scripts/device-rehearsal.sh
