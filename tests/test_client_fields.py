@@ -5,6 +5,7 @@ per-request log line."""
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from typing import Any
 
@@ -338,3 +339,33 @@ def test_a_streamed_message_that_ends_at_its_first_token_starts_with_its_usage(
     start = next(line for line in r.text.splitlines() if '"message_start"' in line)
     n_prompt = len("user: what is up\nassistant: ")
     assert f'"input_tokens": {n_prompt},' in start, start
+
+
+# --- a long wait for the first token ---
+
+
+class SlowPrompt(FakeModel):
+    """A prompt that takes a while to read (an agent's 20k tokens on a CPU take minutes)."""
+
+    def _append(self, cached: Any, tokens: Any, n_logits: int, abort: Any = None) -> Any:
+        if len(tokens) > 4:
+            time.sleep(1.0)  # the model's own time, not the test's synchronisation
+        return super()._append(cached, tokens, n_logits, abort)
+
+
+@pytest.mark.parametrize("path", [CHAT, MESSAGES, "/v1/responses"])
+def test_a_stream_waiting_for_its_first_token_is_kept_alive(
+        path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients give up on a stream silent for 300 s (Claude Code, Codex): while a reply
+    waits for its turn and its prompt, comment lines keep it alive, and SDKs skip them."""
+    monkeypatch.setattr("lead.server.delivery.KEEPALIVE_S", 0.05)
+    body = {"input": "hello there", "max_output_tokens": 3} if path.endswith("responses") \
+        else {"model": "any", "max_tokens": 3, "messages": [{"role": "user",
+                                                             "content": "hello there"}]}
+    with TestClient(app_over(SlowPrompt())) as c:
+        text = c.post(path, json={**body, "stream": True}).text
+    lines = [line for line in text.splitlines() if line]
+    said = next(i for i, line in enumerate(lines) if not line.startswith(":"))
+    assert said >= 1 and lines[0].startswith(": waiting for the first token"), text[:300]
+    assert not any(line.startswith(":") for line in lines[said:])  # only before the first
+    assert any(end in lines[-1] for end in ("[DONE]", "message_stop", "response.incomplete"))

@@ -2,23 +2,23 @@
 (POST /v1/responses) and Anthropic's Messages (POST /v1/messages); llama.cpp's server's
 fill in the middle (POST /infill) is lead/apis/infill.py. Each turns its request into a chat
 request, which rides the same engine as every other (drafts verified, a place in line
-first), and its reply into its own shapes (lead/apis/responses.py, lead/apis/anthropic.py).
+first), and its reply into its own shapes (lead/apis/responsereply.py,
+lead/apis/anthropicreply.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator
+from collections.abc import Callable
 from functools import partial
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from lead.apis import anthropic, anthropicreply, responsereply, responses
-from lead.apis.openairoutes import reply
+from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Prepared, chat_ids, prepare_chat
 from lead.apis.renames import renaming
 from lead.decode.engine import Engine
-from lead.decode.session import Emission
 from lead.server.delivery import StreamedReply
 from shared.modelthread import Threads
 
@@ -36,10 +36,10 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         shape = responsereply.ResponseShape(body, model.name, responses.new_id("resp"),
                                         model.token_bytes, tools)
 
-        def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
-                     prepared: Prepared) -> Response:
-            return StreamedReply(gen, first,
-                                 lambda emissions: shape.events(emissions, prepared))
+        def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
+                     ) -> Response:
+            return StreamedReply(gen, lambda emissions: shape.events(emissions, prepared),
+                                 release)
         return await reply(engine, workers, request, body.stream,
                            renaming(names, partial(prepare_chat, model, max_tokens, chat)),
                            lambda emissions, prepared: JSONResponse(shape.whole(emissions,
@@ -54,12 +54,10 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
         shape = anthropicreply.MessageShape(model.name, anthropicreply.new_id("msg"))
         prepare = renaming(names, partial(prepare_chat, model, max_tokens, chat))
 
-        def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
-                     prepared: Prepared) -> Response:
-            session = first.session or engine.session_of(first.sid)
-            assert session is not None, "a reply under way has its session"
-            return StreamedReply(gen, first, lambda emissions: shape.events(
-                emissions, prepared, session))
+        def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
+                     ) -> Response:
+            return StreamedReply(gen, lambda emissions: shape.events(emissions, prepared),
+                                 release)
         return await reply(engine, workers, request, body.stream, prepare,
                            lambda emissions, prepared: JSONResponse(shape.whole(emissions,
                                                                                 prepared)),

@@ -10,6 +10,7 @@ from typing import Any
 
 from lead.apis.prepare import Prepared
 from lead.decode.session import Emission, Session
+from lead.server.delivery import chain
 
 
 def new_id(prefix: str) -> str:
@@ -63,17 +64,20 @@ class MessageShape:
         blocks += [tool_use(call) for call in parts.calls]
         return self.message(blocks, session, bool(parts.calls))
 
-    async def events(self, emissions: AsyncIterator[Emission], prepared: Prepared,
-                     prompt: Session) -> AsyncIterator[str]:
-        """message_start, each block's start, deltas and stop, message_delta, message_stop.
-        `prompt`: the session, its prompt evaluated."""
+    async def events(self, emissions: AsyncIterator[Emission], prepared: Prepared
+                     ) -> AsyncIterator[str]:
+        """message_start (its prompt's usage: the first emission's), each block's start,
+        deltas and stop, message_delta, message_stop."""
         writer = BlockWriter()
+        first = await anext(aiter(emissions))
+        prompt = first.prompt or first.session
+        assert prompt is not None, "a generation's first emission carries its session"
         started = {**self.message([], None), "usage": {**prompt_usage(prompt),
                                                         "output_tokens": 0}}
         yield writer.event("message_start", message=started)
         yield writer.event("ping")
         deltas, last, called = prepared.deltas(), None, False
-        async for e in emissions:
+        async for e in chain(first, emissions):
             for part in deltas.push(e.text):
                 called = called or "tool_calls" in part
                 for text in writer.delta(part):

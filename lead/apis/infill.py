@@ -14,7 +14,7 @@ own limits (`n_indent`, `t_max_predict_ms`); the reply is llama.cpp's, with its 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from functools import partial
 from typing import Any
@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import fields, shapes
-from lead.apis.openairoutes import reply
+from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Prepared, gen_request
 from lead.apis.renames import renaming, validated
 from lead.apis.textstream import TextStream
@@ -110,9 +110,9 @@ def infill_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
         prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, max_tokens,
                                                  engine.batch, engine.clock, body, completion))
 
-        def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
-                     prepared: Prepared) -> Response:
-            return StreamedReply(gen, first, shape.events)
+        def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
+                     ) -> Response:
+            return StreamedReply(gen, shape.events, release)
         return await reply(engine, workers, request, body.stream, prepare,
                            lambda emissions, _: JSONResponse(shape.whole(emissions)), streamed)
 

@@ -23,7 +23,7 @@ from lead.decode.session import Emission
 from lead.server.delivery import StreamedReply, sse, unless_gone, usage
 from shared.modelthread import Threads
 
-Started = tuple[AsyncGenerator[Emission, None], Emission, Prepared]
+Generation = AsyncGenerator[Emission, None]
 
 
 def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
@@ -58,26 +58,36 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
 
 
 Whole = Callable[[list[Emission], Prepared], Response]  # a reply not streamed
-Streamed = Callable[[AsyncGenerator[Emission, None], Emission, Prepared], Response]
+# a streamed reply: its generation, not started, and what frees its places if never taken
+Streamed = Callable[[Generation, Prepared, Callable[[], None]], Response]
 
 
 async def reply(engine: Engine, workers: Threads, request: Request, stream: bool,
                 prepare: Callable[[], Prepared], whole: Whole, streamed: Streamed,
                 n: int = 1) -> Response:
     """A request's places in line (429 before any work; one per choice), its preparation
-    off the event loop, its turn; then its reply, whole or streamed, in its API's shape."""
+    off the event loop; then its reply, whole or streamed (from before its turn: the
+    stream keeps the client waiting), in its API's shape."""
     places = _reserve(engine, n)  # 429 before any template, tokens or grammar
-    try:
-        started = await unless_gone(request.receive, _start(engine, workers, places, prepare))
-    finally:
-        for place in places:  # gone, refused or failed before its turn: free again
+
+    def release() -> None:  # gone, refused or failed before its turn: free again
+        for place in places:
             place.leave()
-    if started is None:
+    try:
+        prepared = await unless_gone(request.receive, workers.run(prepare))
+    except BaseException:
+        release()
+        raise
+    if prepared is None:
+        release()
         return Response(status_code=499)  # the client left while it waited: nobody reads it
-    gen, first, prepared = started
+    gen = _generation(engine, prepared, places)
     if stream:
-        return streamed(gen, first, prepared)
-    emissions = await unless_gone(request.receive, _rest(first, gen))
+        return streamed(gen, prepared, release)
+    try:
+        emissions = await unless_gone(request.receive, _all(gen))
+    finally:
+        release()
     if emissions is None:
         return Response(status_code=499)
     return whole(emissions, prepared)
@@ -89,10 +99,10 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
     rid = shapes.new_id("chatcmpl" if shape.chat else "cmpl")
     name = engine.model.name
 
-    def streamed(gen: AsyncGenerator[Emission, None], first: Emission,
-                 prepared: Prepared) -> Response:
-        return StreamedReply(gen, first, partial(sse, name, rid=rid, shape=shape,
-                                                 prepared=prepared, n=body.n))
+    def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
+                 ) -> Response:
+        return StreamedReply(gen, partial(sse, name, rid=rid, shape=shape, prepared=prepared,
+                                          n=body.n), release)
     return await reply(engine, workers, request, body.stream, prepare,
                        partial(_whole, name, rid, shape), streamed, body.n)
 
@@ -142,22 +152,16 @@ def check_choices(engine: Engine, n: int) -> None:
                                        "--max-queue together)")
 
 
-async def _start(engine: Engine, workers: Threads, places: list[Place],
-                 prepare: Callable[[], Prepared]) -> Started:
-    """Prepare the request off the event loop, then wait for its turn and its first text."""
-    prepared = await workers.run(prepare)
+def _generation(engine: Engine, prepared: Prepared, places: list[Place]) -> Generation:
+    """The request's generation (each choice's, merged), not started: it waits for its
+    turn in its places when first read."""
     gens = [engine.generate(req, place) for req, place in
             zip(choice_requests(prepared.req, len(places)), places, strict=True)]
-    gen = gens[0] if len(gens) == 1 else merged(gens)
-    try:
-        return gen, await anext(gen), prepared
-    except BaseException:
-        await gen.aclose()  # cancelled while queued or in its prompt: the generation ends
-        raise
+    return gens[0] if len(gens) == 1 else merged(gens)
 
 
-async def _rest(first: Emission, gen: AsyncGenerator[Emission, None]) -> list[Emission]:
+async def _all(gen: Generation) -> list[Emission]:
     try:
-        return [first, *[e async for e in gen]]
+        return [e async for e in gen]
     finally:
-        await gen.aclose()  # the client left mid-reply: its generation ends here
+        await gen.aclose()  # cancelled while queued, in its prompt or mid-reply: it ends here

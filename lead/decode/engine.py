@@ -20,6 +20,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import replace
 
 from lead.decode.admission import Admission, Place, QueueFull
 from lead.decode.calibration import Calibration
@@ -82,7 +83,6 @@ class Engine:
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
-        self._held: dict[str, Session] = {}  # sessions whose generators are open
         self._loop: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
 
@@ -90,10 +90,6 @@ class Engine:
     def session(self) -> Session | None:
         """The session started last (running or not)."""
         return self.feed.session
-
-    def session_of(self, sid: str) -> Session | None:
-        """The session `sid` while its reader holds its generation (ended or not)."""
-        return self._held.get(sid)
 
     @property
     def busy(self) -> bool:
@@ -118,12 +114,12 @@ class Engine:
         place = place or self.reserve()
         async with place.turn():
             run = self._add(req)
-            self._held[run.session.id] = run.session
+            prompt: Session | None = run.session  # told with the first emission
             try:
                 async for emission in run.emissions():
-                    yield emission
+                    yield replace(emission, prompt=prompt) if prompt else emission
+                    prompt = None
             finally:
-                del self._held[run.session.id]
                 if not run.ended:  # its reader left: it ends now, its slot free for the
                     self._end(run)  # next step (the one under way, if any, is dropped)
 

@@ -41,6 +41,7 @@ class Emission:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
     sid: str = ""  # the session it belongs to
     choice: int = 0  # the request's choice it belongs to (OpenAI's n: lead/apis/choices.py)
+    prompt: Session | None = None  # set on a generation's first: its prompt is read by then
 
 
 def merged(emissions: list[Emission]) -> list[Emission]:

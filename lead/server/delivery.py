@@ -44,9 +44,11 @@ class Outbox:
         self._news = asyncio.Event()
         self._closed = False
         self._error: BaseException | None = None
+        self.sid = ""  # the session its emissions belong to (the first's, for the log)
 
     def put(self, emission: Emission) -> None:
         self._items.append(emission)
+        self.sid = self.sid or emission.sid
         self._news.set()
 
     def close(self, error: BaseException | None = None) -> None:
@@ -55,6 +57,17 @@ class Outbox:
 
     def tokens(self) -> int:
         return sum(e.n_tokens for e in self._items)
+
+    async def wait(self, timeout: float) -> bool:
+        """Whether an emission (or the end) is here within `timeout` seconds."""
+        if self._items or self._closed:
+            return True
+        self._news.clear()
+        try:
+            await asyncio.wait_for(self._news.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     async def __aiter__(self) -> AsyncIterator[Emission]:
         while True:
@@ -91,16 +104,24 @@ async def decode_into(gen: AsyncGenerator[Emission, None], outbox: Outbox) -> No
 Events = Callable[[AsyncIterator[Emission]], AsyncIterator[str]]  # an API's stream format
 
 
+KEEPALIVE_S = 10.0  # a comment line this often while a reply waits for its first token
+KEEPALIVE = b": waiting for the first token (in line, or the prompt being read)\n\n"
+
+
 class StreamedReply(Response):
     """The reply as an ASGI response: decoding in a task of its own, sending here the
-    server-sent events `events` makes of its emissions (`first`, then the rest)."""
+    server-sent events `events` makes of its emissions. Its headers go out at once, and a
+    comment line every KEEPALIVE_S while the reply waits for its turn and its prompt: an
+    agent's first prompt takes minutes on a CPU, and clients give up on a silent stream
+    (Claude Code and Codex after 300 s). `release`: what frees its places in line, if
+    decoding never takes them."""
 
-    def __init__(self, gen: AsyncGenerator[Emission, None], first: Emission,
-                 events: Events) -> None:
+    def __init__(self, gen: AsyncGenerator[Emission, None], events: Events,
+                 release: Callable[[], None] = lambda: None) -> None:
         # Response's own __init__ would give it a body, and so a Content-Length of 0.
         self.status_code, self.media_type, self.background = 200, "text/event-stream", None
         self.init_headers({"Cache-Control": "no-cache"})
-        self.gen, self.first, self.events = gen, first, events
+        self.gen, self.events, self.release = gen, events, release
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         outbox = Outbox()
@@ -115,12 +136,15 @@ class StreamedReply(Response):
                 wire.on_stall = None
             decoding.cancel()  # the client left (or was cut off): the generation ends now
             await asyncio.gather(decoding, return_exceptions=True)
+            self.release()
 
     async def _send_all(self, send: Send, outbox: Outbox) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
+        while not await outbox.wait(KEEPALIVE_S):
+            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
         try:
-            async for text in self.events(chain(self.first, outbox)):
+            async for text in self.events(aiter(outbox)):
                 await send({"type": "http.response.body", "body": text.encode(),
                             "more_body": True})
         except ReplyCut:
@@ -128,7 +152,7 @@ class StreamedReply(Response):
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     def _stalled(self, decoding: asyncio.Task[None], outbox: Outbox, stall: Stall) -> None:
-        sid, done = self.first.sid or "?", decoding.done()
+        sid, done = outbox.sid or "?", decoding.done()
         log.warning("%s: client %s read nothing for %.1f s; %d bytes and %d tokens unsent: "
                     "%s", sid, stall.client, stall.silent_s, stall.unsent, outbox.tokens(),
                     "connection closed" if done else "generation cancelled")
