@@ -103,14 +103,17 @@ def test_messages_tool_round_trip_through_the_anthropic_sdk(pair: Lead, stream: 
 
 def test_an_editors_fill_in_the_middle_request_is_drafted_for(pair: Lead) -> None:
     """As llama.vim asks llama.cpp's server: the text before the cursor, the line typed so
-    far, the text after; the body of a function, ended by the model."""
+    far (its indentation as `n_indent`), the text after; the body of a function, ended where
+    a line is indented less. (The instruct model goes on past the middle, writing the suffix
+    again and a comment, on llama-server b11434 too: the plugin's n_indent is what ends it.)"""
     r = httpx.post(f"{pair.url}/infill", timeout=120, json={
-        "input_prefix": "def fib(n):\n", "prompt": "    ",
+        "input_prefix": "def fib(n):\n", "prompt": "    ", "n_indent": 4,
         "input_suffix": "\n\nprint(fib(10))\n", "n_predict": 80, "temperature": 0})
     assert r.status_code == 200, r.text
     got = r.json()
-    assert "return" in got["content"] and "print(fib(10))" not in got["content"], got
-    assert got["stop_type"] == "eos" and got["drafted_tokens"] > 0, got
+    assert "return" in got["content"] and "print" not in got["content"], got
+    assert got["stop_type"] == "limit" and got["tokens_predicted"] < 80, got
+    assert got["drafted_tokens"] > 0, got
 
 
 def test_tools_on_a_model_whose_template_has_no_call_format() -> None:

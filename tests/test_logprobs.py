@@ -266,6 +266,6 @@ def test_real_logprobs_with_a_back_match_logprobs_without(real_lead: object) -> 
 @pytest.mark.real
 def test_real_lead_refuses_a_field_it_does_not_serve(real_lead: object) -> None:
     url = real_lead.url  # type: ignore[attr-defined]
-    r = real_chat(url, max_tokens=3, n=2)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    r = real_chat(url, max_tokens=3, audio={"voice": "alloy", "format": "wav"})
+    assert r.status_code == 400 and r.json()["error"]["param"] == "audio", r.text
     assert real_chat(url, max_tokens=3, developer_note=None, user="me").status_code == 200
