@@ -1,6 +1,7 @@
 """python -m device.check STEP: the steps of scripts/device-check.sh that run in Python.
 
-generate: the plan's GGUFs; serve: python -m device.serve on the plan's placement; price:
+generate: the plan's GGUFs; serve: python -m device.serve on the plan's placement; diagnose
+(where serve failed): python -m device.diagnose; price:
 python -m device.measure per price run; predict: device/predict.py and bench --sim per
 placement; report: results.json and summary.md. Each step reads what the ones before it left
 in WORK/results and stops by --deadline (seconds since the epoch), keeping what it has.
@@ -85,6 +86,14 @@ def serve(a: argparse.Namespace, plan: Plan) -> int:
     return subprocess.run(cmd, timeout=max(budget, 1)).returncode
 
 
+def diagnose(a: argparse.Namespace, plan: Plan) -> int:
+    """Run where serve failed: device/diagnose.py's probes on the serve check's target."""
+    cmd = [sys.executable, "-m", "device.diagnose", "--model",
+           str(model_path(a, plan.serve_shape)), "--ngl", str(plan.ngl), "--work", a.work,
+           "--deadline", str(a.deadline), "--out", str(results(a) / "diagnose.json")]
+    return subprocess.run(cmd, timeout=max(left(a), 1)).returncode
+
+
 def price(a: argparse.Namespace, plan: Plan) -> int:
     runs, failed = {}, 0
     folder = results(a) / "prices"
@@ -166,7 +175,7 @@ def report(a: argparse.Namespace, plan: Plan) -> int:
     from device.report import markdown
 
     data = {name: read(a, name) for name in ("device", "build", "generate", "serve",
-                                              "prices", "predict")}
+                                              "diagnose", "prices", "predict")}
     steps_file = results(a) / "steps.jsonl"
     data["steps"] = [json.loads(line) for line in steps_file.read_text().splitlines()
                      ] if steps_file.exists() else []
@@ -179,8 +188,8 @@ def report(a: argparse.Namespace, plan: Plan) -> int:
     return 0
 
 
-STEPS = {"generate": generate, "serve": serve, "price": price, "predict": predict,
-         "report": report}
+STEPS = {"generate": generate, "serve": serve, "diagnose": diagnose, "price": price,
+         "predict": predict, "report": report}
 
 
 def main(argv: list[str] | None = None) -> None:

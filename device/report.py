@@ -50,6 +50,20 @@ def serve(data: dict) -> list[str]:
     return lines
 
 
+def diagnosis(data: dict) -> list[str]:
+    """Where serve failed: each probe's outcome, and the native trace of the first crash."""
+    probes = data.get("diagnose", {}).get("probes", [])
+    if not probes:
+        return []
+    lines = ["## Why lead did not serve: probes", "", "| probe | outcome | seconds |",
+             "|---|---|---|"]
+    lines += [f"| {p['name']} | {p['status']} | {p['seconds']} |" for p in probes]
+    crashed = next((p for p in probes if p["trace"]), None)
+    if crashed is not None:
+        lines += ["", f"Native trace ({crashed['name']}):", "", "```", *crashed["trace"], "```"]
+    return [*lines, ""]
+
+
 def prices(data: dict) -> list[str]:
     runs = data.get("prices", {})
     tables = {label: medians(r["samples"]) for label, r in runs.items() if r.get("rounds")}
@@ -93,7 +107,7 @@ def predictions(data: dict) -> list[str]:
 def markdown(data: dict) -> str:
     kind = data.get("device_kind", "?")
     parts = [f"# duo device check ({kind})", "", *device(data), "", "## Steps", "",
-             *steps(data), "", "## Serve", "", *serve(data), "",
+             *steps(data), "", "## Serve", "", *serve(data), "", *diagnosis(data),
              "## Prices (seconds per evaluation of b tokens: b=1 in ms, larger b over it)", "",
              *prices(data), "", "## Predicted decode speed, tok/s", "", *predictions(data), ""]
     return "\n".join(parts)

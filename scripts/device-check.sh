@@ -5,7 +5,8 @@
 #   DEVICE=cpu PY=... scripts/device-check.sh   # the rehearsal (make device-rehearsal)
 #
 # Steps, one line each: probe, install (the pack's wheels and Python files), unpack (the
-# llama.cpp source), build (the models generated beside it), serve, price, predict, report.
+# llama.cpp source), build (the models generated beside it), serve (diagnose where it
+# fails), price, predict, report.
 # Each runs under a limit cut to what is left of BUDGET seconds; a step that fails or runs
 # out of time is recorded and the next goes on; report always runs.
 set -u
@@ -136,7 +137,8 @@ wait "$GEN"
 rc=$?
 record generate "$(status_of $rc)" "$(( $(date +%s) - t_gen ))" "$GEN_LIMIT" "$rc" \
   "$(last_line "$WORK/logs/generate.log")"
-step serve "${SERVE_LIMIT:-90}" check serve
+step serve "${SERVE_LIMIT:-90}" check serve ||
+  step diagnose "${DIAGNOSE_LIMIT:-150}" check diagnose  # why not: one process per probe
 step price "${PRICE_LIMIT:-170}" check price
 step predict "${PREDICT_LIMIT:-60}" check predict
 step report 30 check report
