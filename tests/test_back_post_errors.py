@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from lead.decode.metrics import Metrics
 from lead.drafts.feed import BackFeed
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
-from lead.server.metrics import Metrics
 from shared.fake import FakeModel
 from tests.conftest import async_wait_until, make_settings
 from tests.test_link import session

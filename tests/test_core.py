@@ -7,7 +7,7 @@ import pytest
 
 from back.drafter import ModelDrafter
 from back.ngram import ngram_draft
-from lead.apis.textstream import TextStream
+from lead.decode.textstream import TextStream
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.limits import RateLimiter
 from lead.drafts.registry import BackRegistry

@@ -10,6 +10,7 @@ import pytest
 
 from lead.decode.admission import Admission, QueueFull
 from lead.decode.decoder import Decoder, Job, Step
+from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.session import Emission, Session, StepResult, merged
 from lead.decode.verify import Verdict
@@ -18,7 +19,6 @@ from lead.drafts.feed import BackFeed, wakes
 from lead.drafts.limits import PostLimiter
 from lead.drafts.offers import OfferLedger
 from lead.policy.cost import CostModel
-from lead.server.metrics import Metrics
 from shared.fake import EOS, FakeModel, VirtualClock
 from shared.logprobs import TokenLogprob
 from shared.modelthread import ModelThread

@@ -25,6 +25,7 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
 from lead.decode.engine import Engine, GenRequest
+from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.decode.verify import verify
 from lead.drafts.board import Candidate, DraftBoard
@@ -36,7 +37,6 @@ from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.backroutes import back_router
 from lead.server.keys import Keys
-from lead.server.metrics import Metrics
 from lead.server.prometheus import exposition
 from shared.fake import FakeModel
 from shared.placement import LeadPlace

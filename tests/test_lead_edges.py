@@ -8,12 +8,12 @@ import asyncio
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from lead.apis.textstream import TextStream
 from lead.decode.engine import Engine
+from lead.decode.metrics import Metrics
 from lead.decode.session import Emission
+from lead.decode.textstream import TextStream
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.server.delivery import Outbox, ReplyCut
-from lead.server.metrics import Metrics
 from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
 from lead.server.wire import StallWatch
 from shared.fake import FakeModel

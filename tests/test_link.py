@@ -19,12 +19,12 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.links import NEWS_S, PollLink, StreamLink
 from back.worker import Worker
+from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.drafts.feed import BackFeed
 from lead.drafts.link import Link
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
-from lead.server.metrics import Metrics
 from shared.fake import FakeModel, VirtualClock
 from shared.protocol import Hello, SamplingParams, SessionState, Update
 from tests.conftest import async_wait_until, make_settings

@@ -1,4 +1,4 @@
-"""The live panel's data (lead/server/live.py), its stream GET /duo/live, the page's routes, and
+"""The live panel's data (lead/decode/live.py), its stream GET /duo/live, the page's routes, and
 what the chat stream tells the page about drafts (the back of each accepted token)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from lead.apis import shapes
+from lead.decode.live import LiveNews, ReplyRecord, reply_record, snapshot
+from lead.decode.metrics import Metrics
 from lead.decode.session import Emission, Session
 from lead.drafts.registry import BackRecord, BackRegistry
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.delivery import chain
 from lead.server.delivery import sse as _sse
-from lead.server.live import LiveNews, ReplyRecord, reply_record, snapshot
-from lead.server.metrics import Metrics
 from lead.server.webroutes import live_events
 from shared.fake import FakeModel
 from shared.httpclient import sse_events

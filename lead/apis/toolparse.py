@@ -3,7 +3,7 @@
 One incremental parser serves both paths: a non-streamed reply is fed whole
 (`parse_reply`), so a streamed reply and a plain one agree by construction. Content is
 released at once except what might still open a call (a prefix of the marker, held as
-stop strings are held in lead/apis/textstream.py) and whitespace that would end up beside a
+stop strings are held in lead/decode/textstream.py) and whitespace that would end up beside a
 call. A call is emitted whole when it closes, so no call is ever emitted that later
 proves malformed; malformed call text is released as content.
 """

@@ -25,6 +25,8 @@ from dataclasses import replace
 from lead.decode.admission import Admission, Place, QueueFull
 from lead.decode.calibration import Calibration
 from lead.decode.decoder import Clock, Decoder, Job, Step
+from lead.decode.live import LiveNews
+from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
@@ -33,8 +35,6 @@ from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
-from lead.server.live import LiveNews
-from lead.server.metrics import Metrics
 from shared.branch import Branch
 from shared.model import Model, slots_of
 from shared.modelthread import ModelThread

@@ -9,8 +9,8 @@ import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from lead.apis.textstream import TextStream
 from lead.decode.session import Emission, GenRequest, Session
+from lead.decode.textstream import TextStream
 from lead.drafts.board import DraftBoard
 from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN

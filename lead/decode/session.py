@@ -15,7 +15,7 @@ from shared.logprobs import TokenLogprob
 from shared.protocol import SamplingParams
 
 if TYPE_CHECKING:
-    from lead.apis.textstream import TextStream
+    from lead.decode.textstream import TextStream
 
 
 @dataclass

@@ -18,13 +18,13 @@ from collections import Counter, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.drafts.board import DraftBoard, post_candidates
 from lead.drafts.limits import PollSlots, RateLimiter
 from lead.drafts.rank import BackScores
 from lead.drafts.registry import BackRegistry
 from lead.policy.cost import CostModel
-from lead.server.metrics import Metrics
 from shared.bounded import Lru, ewma
 from shared.branch import Branch
 from shared.broadcast import Broadcast

@@ -19,11 +19,11 @@ from pydantic import TypeAdapter, ValidationError
 
 from lead.apis.renames import field_path, validation_message
 from lead.apis.shapes import FieldRefused
+from lead.decode.metrics import Metrics
 from lead.drafts.feed import BackFeed
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.drafts.link import Link
 from lead.server.keys import Keys
-from lead.server.metrics import Metrics
 from shared.branch import Branch
 from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
 from shared.sampling import Dist

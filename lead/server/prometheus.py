@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from lead.server.metrics import Metrics
+from lead.decode.metrics import Metrics
 
 PREFIX = "duo_"
 COUNTERS = (  # (Metrics field, exported name: duo_<name>_total, HELP)

@@ -2,7 +2,7 @@
 
 The page and its files are open, so that a browser can load them and then ask for the
 key; /duo/live, like every data endpoint, is behind the key. The feed is server-sent
-events: a snapshot (lead/server/live.py) whenever something it shows changes, a comment
+events: a snapshot (lead/decode/live.py) whenever something it shows changes, a comment
 otherwise every HEARTBEAT_S, so that proxies and the page see a live connection.
 """
 
@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from lead.decode.engine import Engine
-from lead.server.live import snapshot
+from lead.decode.live import snapshot
 
 WEB_DIR = Path(__file__).with_name("web")
 STATIC_PREFIX = "/web/"

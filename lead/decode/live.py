@@ -11,11 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.drafts.registry import BackRecord
 from lead.policy.cost import CostModel
 from lead.policy.prices import Prices
-from lead.server.metrics import Metrics
 from shared.broadcast import Broadcast
 
 REPLIES_KEPT = 60  # the rolling plot's width
