@@ -26,6 +26,8 @@ pytestmark = pytest.mark.real
 
 TARGET, DRAFT = "qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b"
 PROMPT = "Write a Python function that returns the n-th Fibonacci number, iteratively."
+NO_EOS = {"151643": -100, "151645": -100}  # the Qwen tokenizer's end tokens
+LONG_REPLY = 1500  # tokens: far more than a back needs to start, attach and draft
 
 
 def _installed(name: str) -> bool:
@@ -70,17 +72,24 @@ def test_pair_kill_back_mid_reply_reply_completes(lead: Lead) -> None:
 
 
 def test_pair_back_started_mid_reply_raises_accepted(lead: Lead) -> None:
+    """The reply goes on (its end tokens barred) until the joined back's drafts are
+    accepted, then the client hangs up: its length is a ceiling that catches a back that
+    never drafts, not a race with the back's start on a busy machine."""
     back, accepted_after_join, n = None, 0, 0
+    events = stream_chat(lead, "Explain what a Python generator is, with an example.",
+                         max_tokens=LONG_REPLY, logit_bias=NO_EOS)
     try:
-        for event in stream_chat(lead, "Explain what a Python generator is, with an example.",
-                                 max_tokens=160):
+        for event in events:
             n += event["duo"]["tokens"]
             if back is None and n >= 10:
                 back = Back(lead, DRAFT)  # joins while the reply is being generated
             elif back is not None:
                 accepted_after_join += event["duo"]["accepted"]
-        assert back is not None and accepted_after_join > 0
+                if accepted_after_join > 0:
+                    break
+        assert back is not None and accepted_after_join > 0, n
     finally:
+        events.close()  # hangs up: lead ends the generation
         if back:
             back.stop()
 
