@@ -86,15 +86,22 @@ def asked(browser: sync_api.Browser, page_url: str, lead_url: str,
         context.close()
 
 
-def test_a_page_on_an_origin_lead_allows_gets_the_reply(
-        browser: sync_api.Browser, page_url: str, tmp_path: Path) -> None:
-    lead = scripted_lead(tmp_path, [("", REPLY)])  # --cors-origins local: the default
+def page_asks_a_lead(browser: sync_api.Browser, page_url: str, tmp_path: Path,
+                     *flags: str) -> tuple[dict[str, Any], list[str], Path]:
+    """A scripted lead started with `flags`, asked by the page: what the page got, the
+    requests lead logged, and where lead records what was asked of its model."""
+    lead = scripted_lead(tmp_path, [("", REPLY)], *flags)
     try:
         logged = Logged(lead.lead)
         got = asked(browser, page_url, lead.url)
-        requests = [str(r) for r in logged.requests()]
+        return got, [str(r) for r in logged.requests()], lead.record
     finally:
         lead.lead.stop()
+
+
+def test_a_page_on_an_origin_lead_allows_gets_the_reply(
+        browser: sync_api.Browser, page_url: str, tmp_path: Path) -> None:
+    got, requests, _ = page_asks_a_lead(browser, page_url, tmp_path)  # the default: local
     assert got.get("status") == 200, got
     assert got["body"]["choices"][0]["message"]["content"] == REPLY
     assert requests == ["OPTIONS /v1/chat/completions 200", "POST /v1/chat/completions 200"]
@@ -102,16 +109,11 @@ def test_a_page_on_an_origin_lead_allows_gets_the_reply(
 
 def test_a_page_on_an_origin_lead_does_not_allow_is_refused(
         browser: sync_api.Browser, page_url: str, tmp_path: Path) -> None:
-    lead = scripted_lead(tmp_path, [("", REPLY)], "--cors-origins", "https://example.com")
-    try:
-        logged = Logged(lead.lead)
-        got = asked(browser, page_url, lead.url)
-        requests = [str(r) for r in logged.requests()]
-    finally:
-        lead.lead.stop()
+    got, requests, record = page_asks_a_lead(browser, page_url, tmp_path,
+                                             "--cors-origins", "https://example.com")
     assert "Failed to fetch" in got.get("thrown", ""), got  # the browser refused it
     assert requests == ["OPTIONS /v1/chat/completions 400"]  # its preflight: no POST came
-    assert not lead.record.exists()  # nothing was asked of the model
+    assert not record.exists()  # nothing was asked of the model
 
 
 def test_with_a_key_the_preflight_passes_without_it_and_the_call_needs_it(
