@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -292,28 +292,16 @@ def test_claude_code_finishes_a_turn(smol: Lead, place: Place) -> None:
     assert [r.path for r in requests] == ["/v1/messages"], requests
 
 
-def test_codex_finishes_a_turn(smol: Lead, place: Place) -> None:
+@pytest.mark.parametrize("client, path", [
+    (codex, "/v1/responses"), (opencode, "/v1/chat/completions"),
+    (qwen, "/v1/chat/completions")], ids=["codex", "opencode", "qwen-code"])
+def test_an_agent_finishes_a_turn(smol: Lead, place: Place, client: Callable[..., Ran],
+                                  path: str) -> None:
     logged = Logged(smol)
-    ran = codex(place, smol.url, "Say hi", lean=True)
+    ran = client(place, smol.url, "Say hi", lean=True)
     assert ran.rc == 0, ran
     requests = assert_all_answered(logged, ran)
-    assert {r.path for r in requests} == {"/v1/responses"}, requests
-
-
-def test_opencode_finishes_a_turn(smol: Lead, place: Place) -> None:
-    logged = Logged(smol)
-    ran = opencode(place, smol.url, "Say hi", lean=True)
-    assert ran.rc == 0, ran
-    requests = assert_all_answered(logged, ran)
-    assert {r.path for r in requests} == {"/v1/chat/completions"}, requests
-
-
-def test_qwen_code_finishes_a_turn(smol: Lead, place: Place) -> None:
-    logged = Logged(smol)
-    ran = qwen(place, smol.url, "Say hi", lean=True)
-    assert ran.rc == 0, ran
-    requests = assert_all_answered(logged, ran)
-    assert {r.path for r in requests} == {"/v1/chat/completions"}, requests
+    assert {r.path for r in requests} == {path}, requests
 
 
 def test_aider_finishes_a_turn(smol: Lead, place: Place) -> None:
