@@ -30,7 +30,7 @@ def build_worker(settings: BackSettings) -> Worker:
     fingerprint = n_vocab = model = None
     set_threads = None
     if settings.drafter == "ngram":
-        drafters = [NgramDrafter(settings.ngram_max) for _ in range(settings.slots)]
+        drafters = [NgramDrafter() for _ in range(settings.slots)]
     else:
         from shared.llm import load_model
 

@@ -2,7 +2,7 @@
 
 `catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead
 has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
-only what is missing is evaluated. `next_token` proposes one more token, drawn from
+only what is missing is evaluated. `grow` proposes one more token, drawn from
 the draft's logits adjusted by the request's penalties and bias as lead adjusts the
 target's (shared/penalties.py), then masked by the request's grammar in the state after
 the reply's tokens so far, lead's and its own (back/track.py), so that greedy
@@ -30,7 +30,6 @@ from back.branching import (
     rejection_odds,
     taken_by_lead,
 )
-from back.ngram import ngram_draft
 from back.track import Track
 from shared.bounded import Lru
 from shared.constraint import Constraint, best, masked
@@ -44,6 +43,7 @@ from shared.model import (
     common_prefix,
     sync_cache,
 )
+from shared.ngram import NgramIndex
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, is_greedy, sample
@@ -65,20 +65,42 @@ class Grown:
 
 
 class Drafter(Protocol):
+    """What the back's jobs (back/jobs.py) ask of every kind of drafter: hold lead's tokens,
+    grow the draft past them a guess per call (with branches where it `can_branch`), and
+    tell how each guess was drawn. `free`: a guess costs no model call, so a job drafts
+    as far ahead as it may at once."""
+
     local: list[int]
 
-    def catch_up(self, lead_tokens: Sequence[int]) -> int: ...
+    @property
+    def free(self) -> bool: ...
+
+    @property
+    def can_branch(self) -> bool: ...
 
     def fits(self, n_tokens: int) -> bool:
         """Whether it can hold this many of lead's tokens and draft past them."""
         ...
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
-                   ) -> tuple[int, Dist | None] | None:
-        """One more guess, or None: nothing to guess, or `abort` said stop midway.
-        `n_prompt`: how many of lead's tokens are the prompt (the penalties need it)."""
-        ...
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int: ...
+
+    def grow(self, params: SamplingParams, rng: np.random.Generator,
+             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
+             width: int = 0, depth: int = 0) -> Grown | None: ...
+
+    def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
+                     depth: int = 0) -> dict[int, list[int]] | None: ...
+
+    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
+                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
+                   chain: bool = True, width: int = 0) -> Grown: ...
+
+    def dist_at(self, pos: int) -> Dist | None: ...
+
+    def prob_at(self, pos: int) -> float | None: ...
+
+    @property
+    def branches(self) -> tuple[Sprout, ...]: ...
 
 
 def _runner_up(row: np.ndarray, state: Constraint | None, token: int) -> int | None:
@@ -116,6 +138,8 @@ class ModelDrafter:
     catching up is ready one draft step sooner, when lead most needs it, right after a
     rejection. Over a model that forks, `grow` also grows branches (back/branching.py) in the
     same call as the next guess."""
+
+    free = False  # a guess costs a model call
 
     def __init__(self, model: Model, batch: int = 512,
                  progress: Callable[[int, int], None] | None = None, blind: bool = False,
@@ -182,13 +206,6 @@ class ModelDrafter:
         for slot in slots:
             self._growing.pop(slot, None)
             cast(Forking, self.model).fork(slot, 0)  # its cells go back to the shared buffer
-
-    def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
-                   ) -> tuple[int, Dist | None] | None:
-        grown = self.grow(params, rng, abort, n_prompt)
-        return None if grown is None or grown.guess is None else \
-            (grown.guess, self._picks[len(self.local) - 1].dist)
 
     def grow(self, params: SamplingParams, rng: np.random.Generator,
              abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
@@ -356,24 +373,47 @@ class ModelDrafter:
 
 
 class NgramDrafter:
-    def __init__(self, n_max: int = 4) -> None:
-        self.n_max = n_max
+    """Prompt lookup, as lead's own drafts (shared/ngram.py): what followed the longest
+    earlier match of lead's tokens' end, copied a guess at a time."""
+
+    free, can_branch, branches = True, False, ()
+
+    def __init__(self) -> None:
+        self.index = NgramIndex()  # over lead's tokens only: a wrong guess re-indexes nothing
         self.local: list[int] = []
 
     def fits(self, n_tokens: int) -> bool:
         return True
 
-    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
         keep = common_prefix(self.local, lead_tokens)
+        self.index.sync(lead_tokens)
         if keep < len(lead_tokens):
             self.local = list(lead_tokens)
         return len(lead_tokens) - keep
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
-                   ) -> tuple[int, Dist | None] | None:
-        guess = ngram_draft(self.local, self.n_max, 1)
-        if not guess:
-            return None
-        self.local.append(guess[0])
-        return guess[0], None  # no probabilities: lead verifies by sample-and-compare
+    def grow(self, params: SamplingParams, rng: np.random.Generator,
+             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
+             width: int = 0, depth: int = 0) -> Grown | None:
+        grown = self.end_growth({}, {}, params, rng, n_prompt, chain)
+        return grown if grown.guess is not None else None
+
+    def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
+                     depth: int = 0) -> dict[int, list[int]] | None:
+        return {} if chain else None  # no model call
+
+    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
+                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
+                   chain: bool = True, width: int = 0) -> Grown:
+        ahead = len(self.local) - len(self.index.tokens)
+        match = self.index.lookup(ahead + 1) if chain else None
+        if match is None or len(match.token_ids) <= ahead:
+            return Grown(None, 0, 0)
+        self.local.append(match.token_ids[ahead])
+        return Grown(match.token_ids[ahead], 0, 0)
+
+    def dist_at(self, pos: int) -> Dist | None:
+        return None  # no probabilities: lead verifies by sample-and-compare
+
+    def prob_at(self, pos: int) -> float | None:
+        return None

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from back import jobs
-from back.drafter import Drafter, ModelDrafter
+from back.drafter import Drafter
 from back.failures import ModelFailed, brief
 from back.follower import Follower
 from back.links import Link
@@ -73,7 +73,7 @@ class Drafting:
         """One job for `drafting`, and its posts; whether it changed anything."""
         work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids,
                           self.width(f, len(drafting)),
-                          isinstance(self.drafters[f.slot], ModelDrafter)))
+                          not self.drafters[f.slot].free))
                 for f in drafting]
         began = time.monotonic()
         results = await self._on_model([f.session_id for f in drafting], self._extend,
@@ -122,8 +122,7 @@ class Drafting:
         per call leaves it time for in lead's measured step (back/width.py); none where
         several sessions (`sharing`) share a call."""
         drafter = self.drafters[follower.slot]
-        if not (self.branches and self.max_post > 1 and isinstance(drafter, ModelDrafter)
-                and drafter.can_branch and sharing == 1):
+        if not (self.branches and self.max_post > 1 and drafter.can_branch and sharing == 1):
             return 0
         width = choose_width(self.prices, follower.lead_step.step_s,
                              jobs.ahead_for(follower.state.draft_len, self.max_post),

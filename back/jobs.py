@@ -11,12 +11,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from back.branching import Sprout
-from back.drafter import Drafter, Grown, ModelDrafter
+from back.drafter import Drafter, Grown
 from back.mirror import parted
 from back.posts import wire_dist
 from back.sessions import Work
@@ -108,8 +108,7 @@ def catch_up(drafter: Drafter, lead_tokens: Sequence[int], defer: bool = False) 
     """Make the drafter hold lead's tokens (its draft past them stays where it agrees);
     `defer`: a model drafter leaves lead's last token for its next call to evaluate."""
     t0 = time.perf_counter()
-    evaluated = drafter.catch_up(lead_tokens, defer) if defer else \
-        drafter.catch_up(lead_tokens)
+    evaluated = drafter.catch_up(lead_tokens, defer)
     return Work(caught_up=evaluated,
                 catch_up_s=time.perf_counter() - t0 if evaluated else 0.0)
 
@@ -122,8 +121,6 @@ def extend(drafter: Drafter, job: DraftJob) -> Drafted:
     caught = catch_up(drafter, job.lead_tokens)
     kept = len(drafter.local)
     room = job.ahead - (kept - len(job.lead_tokens))  # local agrees with lead up to there
-    if not isinstance(drafter, ModelDrafter):
-        return _extend_plain(drafter, job, caught, kept, room)
     growth = Growth(drafter, job, caught, kept, room)
     for _ in range(job.burst):
         left = job.latest.left(tuple(drafter.local))
@@ -145,13 +142,11 @@ def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> li
     call grows every session's draft by a guess (the first call also evaluates what each
     catch-up left, lead's last token). A call is stopped only where lead has left the path
     of every session in it."""
-    if not all(isinstance(d, ModelDrafter) for _, d, _ in jobs):
-        return [extend(d, job) for _, d, job in jobs]
     growths = []
     for _, drafter, job in jobs:
         caught = catch_up(drafter, job.lead_tokens, defer=True)
         kept = len(drafter.local)
-        growths.append(Growth(cast(ModelDrafter, drafter), job, caught, kept,
+        growths.append(Growth(drafter, job, caught, kept,
                               job.ahead - (kept - len(job.lead_tokens))))
     slots = [slot for slot, _, _ in jobs]
     for _ in range(max(job.burst for _, _, job in jobs)):
@@ -195,7 +190,7 @@ def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) 
 class Growth:
     """One session's draft growing over a job's model calls: what was grown, and how."""
 
-    def __init__(self, drafter: ModelDrafter, job: DraftJob, caught: Work, kept: int,
+    def __init__(self, drafter: Drafter, job: DraftJob, caught: Work, kept: int,
                  room: int) -> None:
         self.drafter, self.job, self.caught, self.kept, self.room = drafter, job, caught, \
             kept, room
@@ -241,24 +236,3 @@ class Growth:
         work = Work(caught.caught_up, caught.catch_up_s, self.cut_short, self.branch_grown)
         return Drafted(work, self.grown, tuple(drafter.local), self.kept, self.dists,
                        self.probs, drafter.branches, self.branch_grown, tuple(self.calls))
-
-
-def _extend_plain(drafter: Drafter, job: DraftJob, caught: Work, kept: int, room: int
-                  ) -> Drafted:
-    """`extend` for a drafter without branches (n-grams): guesses only."""
-    dists: dict[int, DraftDist] = {}
-    grown = cut_short = 0
-    while grown < min(job.burst, room):
-        left = job.latest.left(tuple(drafter.local))
-        got = drafter.next_token(job.sampling, job.rng, left, n_prompt=job.n_prompt)
-        if got is None:
-            cut_short = int(left())
-            break
-        token, dist = got
-        if dist is not None:
-            dists[len(drafter.local) - 1] = wire_dist(dist)
-        grown += 1
-        if token in job.eos_token_ids:
-            break
-    work = Work(caught.caught_up, caught.catch_up_s, cut_short)
-    return Drafted(work, grown, tuple(drafter.local), kept, dists)

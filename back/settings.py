@@ -50,7 +50,6 @@ class BackSettings(DeviceChecks):
                        "default; more are not followed)")
     batch_size: int = Field(512, ge=1, description="tokens per batch when catching up")
     max_ahead: int = Field(16, ge=1, le=64, description="most tokens drafted ahead of lead")
-    ngram_max: int = Field(4, ge=1, le=16, description="longest n-gram the ngram drafter matches")
     branches: int = Field(8, ge=0, le=MAX_BRANCHES, description="most branches grown beside "
                           "the draft, each the draft's runner-up where lead likely rejects "
                           "it and a draft after it, ready at once if lead emits that token; "

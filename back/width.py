@@ -107,11 +107,6 @@ class StepClock:
             return None
         return self._last[1] + self.step_s
 
-    def restart(self) -> None:
-        """A new session: its first state comes after a pause, and its first gap may be
-        the prompt's evaluation (seconds on a CPU), neither a step."""
-        self._last, self._skip, self._ends = None, True, None
-
 
 def choose_width(prices: DraftPrices, step_s: float | None, ahead: int, most: int) -> int:
     """The most branches (up to `most`) that make a guess dearer than a lone one by at most

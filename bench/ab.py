@@ -2,10 +2,12 @@
 
     python -m bench.ab --before 748181c --b-flags="--branches 8"
     python -m bench.ab --before 748181c --lead-too
+    python -m bench.ab --before 748181c --no-back --workload edit
 
 Two leads serve the target on `--lead-cpus`, each with a back on `--back-cpus`: A runs
 the back of `--before` (from a git worktree), and with `--lead-too` its lead as well; B
-this tree's, with its flags. Both leads are this tree's unless `--lead-too`. Each
+this tree's, with its flags. Both leads are this tree's unless `--lead-too`; with
+`--no-back`, two leads alone, A's of `--before` (lead's own drafts compared). Each
 prompt runs on A and on B in turn (the order flips each prompt), so drift cancels; per
 prompt it prints B / A. Only one reply is decoded at a time.
 """
@@ -41,14 +43,22 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--before", required=True, help="the commit whose back is A")
     p.add_argument("--b-flags", default="", help="flags for this tree's back (B)")
     p.add_argument("--lead-too", action="store_true", help="A's lead is of --before too")
+    p.add_argument("--no-back", action="store_true",
+                   help="leads alone, A's of --before: lead's own drafts compared")
+    p.add_argument("--workload", choices=sorted(prompts.WORKLOADS), default="bench",
+                   help="bench: bench/prompts.json; edit: bench/edits.json, files echoed")
     p.add_argument("--target", default="qwen2.5-coder-1.5b")
     p.add_argument("--draft", default="qwen2.5-coder-0.5b")
     p.add_argument("--lead-cpus", default=SPLIT["lead_cpus"])
     p.add_argument("--back-cpus", default=SPLIT["back_cpus"])
-    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--tokens", type=int, default=None,
+                   help="per reply (default: 128; the edit workload, whole files)")
     p.add_argument("--prompts", type=int, default=None)
     p.add_argument("--repeat", type=int, default=1)
-    return p.parse_args(argv)
+    a = p.parse_args(argv)
+    a.lead_too = a.lead_too or a.no_back
+    a.tokens = a.tokens or (prompts.EDIT_TOKENS if a.workload == "edit" else 128)
+    return a
 
 
 def start(a: argparse.Namespace, stack: ExitStack, tree: Path | None, flags: list[str]
@@ -56,6 +66,8 @@ def start(a: argparse.Namespace, stack: ExitStack, tree: Path | None, flags: lis
     lead_tree = tree if tree is not None and a.lead_too else ROOT
     lead = Lead(a.target, "--cpus", a.lead_cpus, cwd=lead_tree)
     stack.callback(lead.stop)
+    if a.no_back:
+        return lead
     common = ("--cpus", a.back_cpus, *flags)
     back = Back(lead, a.draft, *common, cwd=tree or ROOT)
     stack.callback(back.stop)
@@ -65,10 +77,10 @@ def start(a: argparse.Namespace, stack: ExitStack, tree: Path | None, flags: lis
 
 def main(argv: list[str] | None = None) -> None:
     a = parse(argv)
-    chosen = prompts.load()[: a.prompts]
+    chosen = prompts.load(a.workload)[: a.prompts]
     with ExitStack() as stack:
         before = worktree(a.before, stack)
-        side = "lead and back" if a.lead_too else "back"
+        side = "lead" if a.no_back else "lead and back" if a.lead_too else "back"
         leads = {f"A: {side} of {a.before}": start(a, stack, before, []),
                  f"B: this {side} {a.b_flags}".strip(): start(a, stack, None,
                                                               a.b_flags.split())}

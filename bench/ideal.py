@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from lead.policy.acceptance import MAX_ALPHA, expected_yield
+
 Cost = Callable[[int], float]  # seconds to verify a batch of b tokens
 
 
@@ -48,8 +50,7 @@ def padded(costs: dict[int, float]) -> Cost:
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens per verify step when each draft token is accepted with probability alpha."""
-    a = min(alpha, 0.999)
-    return (1 - a ** (k + 1)) / (1 - a)
+    return 1.0 + expected_yield([min(alpha, MAX_ALPHA)] * k)
 
 
 def free_draft_bound(cost: Cost, alpha: float, max_draft: int) -> tuple[float, int]:

@@ -15,24 +15,22 @@ import ctypes
 import logging
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import llama_cpp
 import numpy as np
 
 from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
 
-if TYPE_CHECKING:
-    from shared.llm import LlamaModel
-
 log = logging.getLogger("shared.llm")
 Entry = tuple[int, int, tuple[int, ...], bool]  # token, position, roles, wants its logits
 
 
 class Sequences:
-    """One slot of a LlamaModel's cache, as a Forking model (`_own`: the model)."""
+    """One slot of a LlamaModel's cache, as a Forking model (`_own`: the model, by its
+    Batches side: this module imports nothing of shared/llm.py)."""
 
-    _own: LlamaModel
+    _own: Batches
     _base: int  # the role of this slot's main sequence
     n_branches: int
     can_fork: bool
@@ -108,7 +106,7 @@ class Sequences:
 class SlotView(Sequences):
     """Slot `index` (> 0) of a model: its own sequences, the model's vocabulary and text."""
 
-    def __init__(self, own: LlamaModel, index: int) -> None:
+    def __init__(self, own: Batches, index: int) -> None:
         self._own, self.n_branches, self.can_fork = own, own.n_branches, own.can_fork
         self._base = index * (1 + own.n_branches)
 
@@ -127,6 +125,7 @@ class Batches:
     n_batch: int
     n_slots: int
     n_branches: int
+    can_fork: bool
     _ctx: Any
     _batch: Any
     _lists: list[list[int]]  # per role: the tokens its cells hold

@@ -44,11 +44,11 @@ def test_catching_up_counts_the_tokens_it_evaluated() -> None:
 def test_a_draft_stays_within_two_steps_of_lead_and_stops_at_eos() -> None:
     assert ahead_for(draft_len=3, max_post=16) == 8 and ahead_for(10, 16) == 16
     lead = (5, 6, 7) * 10  # n-gram lookup drafts on and on
-    drafted = extend(NgramDrafter(3), job(lead, burst=100, draft_len=2))
+    drafted = extend(NgramDrafter(), job(lead, burst=100, draft_len=2))
     assert drafted.grown == 6 == len(drafted.local) - len(lead)
     assert drafted.work.caught_up == len(lead) and drafted.kept == len(lead)
-    ends = (5, 6, EOS, 5, 6)  # n-gram lookup would go on past EOS
-    assert extend(NgramDrafter(3), job(ends, burst=100)).local[len(ends):] == (EOS,)
+    ends = (5, 6, 7, EOS, 5, 6, 7)  # n-gram lookup would go on past EOS
+    assert extend(NgramDrafter(), job(ends, burst=100)).local[len(ends):] == (EOS,)
 
 
 def test_sampled_guesses_carry_their_distributions_greedy_ones_none() -> None:
@@ -164,7 +164,7 @@ def test_every_model_guess_carries_the_draft_models_probability_of_it() -> None:
         softmax = np.exp(row - row.max()) / np.exp(row - row.max()).sum()
         assert drafted.local[position] == int(np.argmax(row))  # greedy: its top token
         assert q == pytest.approx(float(softmax.max()))
-    assert extend(NgramDrafter(3), job([1, 2, 3, 1, 2], burst=2)).probs == {}
+    assert extend(NgramDrafter(), job([1, 2, 3, 1, 2, 3], burst=2)).probs == {}
 
 
 def test_a_job_for_a_post_ends_where_the_post_is_due_or_before_lead_s_step_ends() -> None:

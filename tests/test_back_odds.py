@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lead.drafts.backodds import DECAY, WEIGHT, BackOdds, band
+from lead.drafts.backodds import DECAY, WEIGHT, BackOdds
 from lead.drafts.board import DraftBoard, post_candidates
 from lead.policy.cost import CostModel
 from shared.protocol import DraftPost
@@ -28,10 +28,11 @@ def test_odds_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> 
 def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
     odds = BackOdds()
     odds.record("b", [0.99, 0.99, 0.4, 0.6], offered=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
-    assert odds.counts["b"][0.99] == pytest.approx((DECAY + 1, 0.0))
-    assert odds.counts["b"][0.3] == pytest.approx((0.0, 1.0))
-    assert 0.5 not in odds.counts["b"]  # after the miss: not observed
-    assert band(0.999) == 0.99 and band(0.0) == 0.0 and band(0.94) == 0.85
+    bands = odds.bands["b"]
+    assert (bands[0.99].right, bands[0.99].wrong) == pytest.approx((DECAY + 1, 0.0))
+    assert (bands[0.3].right, bands[0.3].wrong) == pytest.approx((0.0, 1.0))
+    assert (bands[0.6].right, bands[0.6].wrong) == (0.0, 0.0)  # after the miss: not observed
+    assert bands.band(0.999) == 0.99 and bands.band(0.0) == 0.0 and bands.band(0.94) == 0.85
     assert odds.odds("b", [0.4], alpha=0.5) == pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
 
 
@@ -39,7 +40,7 @@ def test_only_the_latest_backs_are_kept() -> None:
     odds = BackOdds(kept=2)
     for key in ("a", "b", "c"):
         odds.record(key, [0.9], [1], [1])
-    assert list(odds.counts) == ["b", "c"]
+    assert list(odds.bands) == ["b", "c"]
 
 
 def priced() -> CostModel:
@@ -68,7 +69,7 @@ def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
     draft = board.best([1, 2, 3], limit=8)
     assert draft is not None and draft.odds is not None
     model = priced()
-    assert model.verify_len_for(draft.odds) == 3
+    assert model.allocate([draft.odds]) == [3]
     assert board.best([1, 2, 3], limit=4).token_ids == [4, 5, 6, 7]  # type: ignore[union-attr]
     untaught = board_with(sure_then_unsure).best([1, 2, 3], limit=8)
     assert untaught is not None and len(set(untaught.odds or ())) == 1  # the back's alpha

@@ -108,11 +108,11 @@ class FailsFirstSession(ModelDrafter):
         super().__init__(model)
         self.error: Exception | None = error
 
-    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
         if self.error is not None:
             error, self.error = self.error, None
             raise error
-        return super().catch_up(lead_tokens)
+        return super().catch_up(lead_tokens, defer)
 
 
 @pytest.mark.parametrize("error", [RuntimeError("llama_decode returned -1"),

@@ -71,7 +71,7 @@ def test_lead_s_step_is_the_time_between_states_that_add_tokens() -> None:
     clock.note(16, 100.2 + STALE_S + 1.1)
     assert 0.1 < clock.step_s < 0.2
     step_s = clock.step_s
-    clock.restart()
+    clock = StepClock(step_s)  # a new session's clock starts from the last one's step
     clock.note(40, 500.0)
     clock.note(41, 502.0)  # a new session's prompt
     assert clock.step_s == step_s

@@ -51,7 +51,7 @@ def test_a_link_lead_turns_away_for_now_is_retried_with_backoff(
     async def body() -> None:
         async with ASGIWebSocketTransport(app=full_lead(links)) as transport:
             worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                            [NgramDrafter(4)], None, None)
+                            [NgramDrafter()], None, None)
             worker.backoff = Backoff(first=0.001, most=0.001)
             task = asyncio.create_task(worker.run())
             # the back's count, not lead's: a link lead took may not be counted yet

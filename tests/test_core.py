@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
-from back.drafter import ModelDrafter
-from back.ngram import ngram_draft
+from back.drafter import Drafter, ModelDrafter, NgramDrafter
 from lead.decode.textstream import TextStream
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.limits import RateLimiter
@@ -93,16 +94,43 @@ def test_utf8_split_across_tokens_streams_intact() -> None:
 # --- n-gram drafter ---
 
 
-def test_ngram_proposes_continuation_of_latest_longest_match() -> None:
-    tokens = [1, 2, 3, 4, 5, 9, 1, 2, 3]
-    assert ngram_draft(tokens, n_max=3, k=2) == [4, 5]
+def guess(drafter: Drafter, abort: Callable[[], bool] | None = None) -> int | None:
+    """The drafter's next guess, greedy (None: none, or `abort` stopped it)."""
+    grown = drafter.grow(SamplingParams(), np.random.default_rng(0), abort)
+    return grown.guess if grown is not None else None
 
 
-def test_ngram_prefers_longer_match_and_handles_no_match() -> None:
-    tokens = [7, 8, 1, 2, 5, 6, 2, 9, 1, 2]  # "1 2" -> 5 ; "2" alone -> 9 (latest)
-    assert ngram_draft(tokens, n_max=2, k=1) == [5]
-    assert ngram_draft([1, 2, 3], n_max=3, k=4) == []
-    assert ngram_draft([1, 2, 1], n_max=3, k=0) == []
+def guesses(drafter: NgramDrafter, n: int) -> list[int]:
+    out = []
+    for _ in range(n):
+        token = guess(drafter)
+        if token is None:
+            break
+        out.append(token)
+    return out
+
+
+def test_the_ngram_drafter_copies_what_followed_the_longest_match_guess_by_guess() -> None:
+    drafter = NgramDrafter()
+    tokens = [7, 1, 2, 3, 4, 5, 9, 8, 2, 3, 6, 0, 1, 2, 3]  # (1 2 3) agrees longer than (8 2 3)
+    assert drafter.catch_up(tokens) == len(tokens)
+    assert guesses(drafter, 3) == [4, 5, 9] and drafter.local == [*tokens, 4, 5, 9]
+
+
+def test_the_ngram_drafter_keeps_guesses_lead_confirms_and_drops_the_rest() -> None:
+    drafter = NgramDrafter()
+    tokens = [1, 2, 3, 4, 5, 1, 2, 3]
+    drafter.catch_up(tokens)
+    assert guesses(drafter, 2) == [4, 5]
+    assert drafter.catch_up([*tokens, 4]) == 0 and drafter.local == [*tokens, 4, 5]
+    assert drafter.catch_up([*tokens, 6]) == 1 and drafter.local == [*tokens, 6]
+    assert guesses(drafter, 1) == []  # (2 3 6) occurred nowhere before
+
+
+def test_the_ngram_drafter_has_nothing_to_copy_without_a_match() -> None:
+    drafter = NgramDrafter()
+    drafter.catch_up([1, 2, 3, 4])
+    assert guesses(drafter, 4) == [] and drafter.local == [1, 2, 3, 4]
 
 
 # --- model drafter ---
@@ -114,18 +142,18 @@ def test_model_drafter_hands_out_a_guess_before_evaluating_it() -> None:
     context = model.tokenize("hello there")
     drafter.catch_up(context)
     evaluated = model.evaluated
-    guess, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
-    assert guess == model.greedy_continuation(context, 1)[0]
+    first = guess(drafter)
+    assert first == model.greedy_continuation(context, 1)[0]
     assert model.evaluated == evaluated  # ready without a draft step: lead sees it sooner
-    assert drafter.local == [*context, guess]
-    second, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    assert drafter.local == [*context, first]
+    second = guess(drafter)
     assert model.evaluated == evaluated + 1  # the first guess is evaluated now
-    assert [guess, second] == model.greedy_continuation(context, 2)
-    assert drafter.catch_up([*context, guess]) == 0  # lead took the guess: nothing to redo
-    other = (guess % 10) + 1
+    assert [first, second] == model.greedy_continuation(context, 2)
+    assert drafter.catch_up([*context, first]) == 0  # lead took the guess: nothing to redo
+    other = (first % 10) + 1
     drafter.catch_up([*context, other])  # lead emitted something else: start over from it
     assert drafter.local == [*context, other]
-    third, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
+    third = guess(drafter)
     assert third == model.greedy_continuation([*context, other], 1)[0]
 
 
@@ -134,11 +162,11 @@ def test_an_aborted_draft_step_keeps_its_guess_pending() -> None:
     drafter = ModelDrafter(model)
     context = model.tokenize("hello there")
     drafter.catch_up(context)
-    guess, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
-    assert drafter.next_token(SamplingParams(), np.random.default_rng(0), lambda: True) is None
-    assert model.cached == context and drafter.local == [*context, guess]
-    second, _ = drafter.next_token(SamplingParams(), np.random.default_rng(0)) or (None, None)
-    assert [guess, second] == model.greedy_continuation(context, 2)
+    first = guess(drafter)
+    assert guess(drafter, lambda: True) is None
+    assert model.cached == context and drafter.local == [*context, first]
+    second = guess(drafter)
+    assert [first, second] == model.greedy_continuation(context, 2)
 
 
 # --- sampling ---

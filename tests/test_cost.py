@@ -95,9 +95,9 @@ def test_acceptance_estimates_a_replys_first_token_apart() -> None:
     assert not acceptance.record(0, True, first=True)  # a miss at a reply's first token
     assert acceptance.alpha == before and acceptance.alpha_first < 0.5
     assert acceptance.record(3, True, first=True)  # a hit: the rest is like any draft
-    assert list(acceptance.recent) == [(2, True)] and acceptance.alpha_first > 0.5
+    assert list(acceptance.rest.recent) == [(2, True)] and acceptance.alpha_first > 0.5
     assert not acceptance.record(1, False, first=True)  # only its first token was seen
-    assert list(acceptance.recent) == [(2, True)]
+    assert list(acceptance.rest.recent) == [(2, True)]
 
 
 def test_acceptance_expects_a_geometric_number_of_tokens() -> None:

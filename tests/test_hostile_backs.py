@@ -31,8 +31,9 @@ from lead.decode.verify import verify
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.feed import BackFeed
 from lead.drafts.limits import BACKS_PER_ADDRESS, POLLS_PER_ADDRESS
-from lead.drafts.rank import BackScores, expected_yield
+from lead.drafts.rank import BackScores
 from lead.drafts.registry import BackRegistry
+from lead.policy.acceptance import expected_yield, yield_curve
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.backroutes import back_router
@@ -141,10 +142,11 @@ def test_without_any_key_every_back_is_trusted() -> None:
 
 
 def test_expected_yield_is_the_geometric_sum() -> None:
-    assert expected_yield(0.5, 2) == pytest.approx(0.75)
-    assert expected_yield(0.0, 8) == 0.0
-    assert expected_yield(0.9, 1) == pytest.approx(0.9)
-    assert expected_yield(1.0, 3) == pytest.approx(3.0, abs=0.01)  # capped below 1: finite
+    assert expected_yield([0.5, 0.5]) == pytest.approx(0.75)
+    assert expected_yield([0.0] * 8) == 0.0 and expected_yield([]) == 0.0
+    assert expected_yield([0.9]) == pytest.approx(0.9)
+    assert yield_curve([0.5, 0.5, 0.5]) == pytest.approx([0.0, 0.5, 0.75, 0.875])
+    assert yield_curve([0.2, 1.0, 0.5]) == pytest.approx([0.0, 0.2, 0.4, 0.5])  # per token
 
 
 def test_junk_loses_after_one_step_and_a_new_good_back_wins_at_once() -> None:

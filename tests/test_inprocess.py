@@ -282,7 +282,7 @@ def test_ngram_back_and_model_back_together() -> None:
         app, _ = new_lead()
         transport = httpx.ASGITransport(app=app)
         ngram = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                       NgramDrafter(3), None, None, back_id="ngram")
+                       NgramDrafter(), None, None, back_id="ngram")
         ngram.burst = 8
         workers = [model_worker(transport), ngram]
 

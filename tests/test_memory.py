@@ -10,7 +10,7 @@ import numpy as np
 
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
-from lead.drafts.memory import Memory
+from lead.drafts.memory import Memory, Recalled
 from lead.drafts.own import OWN, OwnDrafts
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST
@@ -80,29 +80,33 @@ def test_a_session_keeps_its_last_quarter_of_the_budget_and_a_key_its_latest_pla
 # --- lead's own drafts ---
 
 
+def copied(own: OwnDrafts, session_id: str, tokens: list[int]) -> tuple[int, ...] | None:
+    proposal = own.propose(session_id, tokens)
+    return proposal.token_ids if proposal is not None else None
+
+
 def test_own_drafts_copy_a_finished_session_and_learn_its_odds_apart() -> None:
     own = OwnDrafts(longest=4, memory=1000)
     prompt, reply = [5, 6, 7, 8, 9], [20, 21, 22, 23, 24]
     assert own.propose("s1", prompt) is None
     own.forget("s1", [*prompt, *reply])
-    ids, odds = own.propose("s2", prompt)  # type: ignore[misc]
-    assert ids == (20, 21, 22, 23) and odds == tuple(own.recalled_odds.odds(5 + i)
-                                                     for i in range(4))
-    own_before = dict(own.odds.counts)
+    proposal = own.propose("s2", prompt)
+    recalled, session = own.kinds["memory"].odds, own.kinds["ngram"].odds
+    assert proposal is not None and proposal.token_ids == (20, 21, 22, 23)
+    assert proposal.odds == tuple(recalled[5 + i].value for i in range(4))
+    own_before = [rate.value for rate in session.rates.values()]
     own.propose("s2", [*prompt, 20, 21, 30])  # two right, then a miss
-    assert own.odds.counts == own_before  # the session's own copies' odds are untouched
-    assert own.recalled_odds.counts != own_before
+    assert [rate.value for rate in session.rates.values()] == own_before  # untouched
+    assert [rate.value for rate in recalled.rates.values()] != own_before
 
 
 def test_the_sessions_own_copy_wins_unless_a_remembered_one_agrees_longer() -> None:
     own = OwnDrafts(longest=2, memory=1000)
     own.forget("old", [1, 2, 3, 50, 51])
     # the session itself holds (4, 1, 2, 3) -> 60: agreeing 4 tokens, longer than the 3
-    ids, _ = own.propose("s", [4, 1, 2, 3, 60, 61, 4, 1, 2, 3])  # type: ignore[misc]
-    assert ids == (60, 61)
-    ids, _ = own.propose("t", [9, 9, 8, 1, 2, 3])  # type: ignore[misc]
-    assert ids == (50, 51)
-    assert OwnDrafts(longest=2, memory=0).memory is None
+    assert copied(own, "s", [4, 1, 2, 3, 60, 61, 4, 1, 2, 3]) == (60, 61)
+    assert copied(own, "t", [9, 9, 8, 1, 2, 3]) == (50, 51)
+    assert list(OwnDrafts(longest=2, memory=0).kinds) == ["ngram"]
 
 
 def test_a_remembered_copy_agreeing_longer_but_stopping_sooner_loses_to_the_sessions() -> None:
@@ -111,10 +115,11 @@ def test_a_remembered_copy_agreeing_longer_but_stopping_sooner_loses_to_the_sess
     prompt = list(range(100, 140))
     own = OwnDrafts(longest=64, memory=65536)
     own.forget("old", prompt + [5] * 300)
-    recalled = own.memory.lookup(prompt + [5] * 20, 64)  # type: ignore[union-attr]
+    memory = own.kinds["memory"]
+    assert isinstance(memory, Recalled)
+    recalled = memory.memory.lookup(prompt + [5] * 20, 64)
     assert recalled is not None and len(recalled.token_ids) <= 8
-    ids, _ = own.propose("new", prompt + [5] * 20)  # type: ignore[misc]
-    assert ids == (5,) * 64
+    assert copied(own, "new", prompt + [5] * 20) == (5,) * 64
 
 
 # --- the engine ---

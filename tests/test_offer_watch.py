@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from lead.decode.engine import Engine, GenRequest
-from lead.policy.cost import OfferWatch, draft_outcome
+from lead.policy.acceptance import draft_outcome
+from lead.policy.cost import OfferWatch
 from shared.fake import FakeModel
 
 
@@ -80,4 +81,4 @@ def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None
                 posted = True
 
     asyncio.run(run())
-    assert posted and engine.cost.acceptance.matches > 0  # the draft's matches up to the stop count
+    assert posted and engine.cost.acceptance.rest.right > 0  # its matches up to the stop count

@@ -11,9 +11,10 @@ import pytest
 
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest
-from lead.drafts.bandodds import BandOdds
-from lead.drafts.board import Candidate, DraftBoard, odds_yield
-from lead.drafts.own import DECAY, OWN, PRIOR, PRIOR_WEIGHT, OwnDrafts
+from lead.drafts.board import Candidate, DraftBoard
+from lead.drafts.copier import PRIOR, bands
+from lead.drafts.own import OWN, OwnDrafts
+from lead.policy.acceptance import Bands, Rate, expected_yield
 from lead.policy.cost import CostModel
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST, NgramIndex
@@ -72,33 +73,39 @@ def test_a_match_is_measured_so_far_and_occurrences_kept_so_many() -> None:
 # --- odds per match length ---
 
 
-def fresh() -> BandOdds:
-    return BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
+def fresh() -> Bands:
+    return bands()
+
+
+def counts(rate: Rate) -> tuple[float, float]:
+    return rate.right, rate.wrong
 
 
 def test_odds_start_from_the_prior_of_their_band_and_learn_within_it() -> None:
     odds = fresh()
-    assert odds.odds(3) == odds.odds(5) == pytest.approx(PRIOR[3])
-    assert odds.odds(1) == pytest.approx(PRIOR[3])  # shorter than the shortest band
-    assert odds.odds(100) == pytest.approx(PRIOR[48])
+    assert odds[3].value == odds[5].value == pytest.approx(PRIOR[3])
+    assert odds[1].value == pytest.approx(PRIOR[3])  # shorter than the shortest band
+    assert odds[100].value == pytest.approx(PRIOR[48])
     for _ in range(200):
-        odds.record(30, True)
-    assert odds.odds(24) > 0.98 and odds.odds(12) == pytest.approx(PRIOR[12])
+        odds[30].record(True, False)
+    assert odds[24].value > 0.98 and odds[12].value == pytest.approx(PRIOR[12])
 
 
 def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
     own = OwnDrafts(longest=4)
     prompt = [8, 1, 2, 3, 4, 5, 6, 9, 8, 1, 2, 3]  # the end matches 4 tokens back at 1..3
-    ids, odds = own.propose("s1", prompt)  # type: ignore[misc]
-    assert ids == (4, 5, 6, 9) and odds == tuple(fresh().odds(4 + i) for i in range(4))
+    proposal = own.propose("s1", prompt)
+    assert proposal is not None and proposal.token_ids == (4, 5, 6, 9)
+    assert proposal.odds == tuple(fresh()[4 + i].value for i in range(4))
+    odds = own.kinds["ngram"].odds
     own.propose("s1", [*prompt, 4, 5, 7])  # two right (matches of 4, 5), then one wrong (6)
     d = 0.995
-    assert own.odds.counts[3] == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
-                                                (1 - PRIOR[3]) * 4 * d * d))
-    assert own.odds.counts[6] == pytest.approx((PRIOR[6] * 4 * d, (1 - PRIOR[6]) * 4 * d + 1))
-    before = dict(own.odds.counts)
+    assert counts(odds[3]) == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
+                                                 (1 - PRIOR[3]) * 4 * d * d))
+    assert counts(odds[6]) == pytest.approx((PRIOR[6] * 4 * d, (1 - PRIOR[6]) * 4 * d + 1))
+    before = [counts(rate) for rate in odds.rates.values()]
     own.propose("s2", prompt)  # another session: nothing is scored against it
-    assert own.odds.counts == before
+    assert [counts(rate) for rate in odds.rates.values()] == before
 
 
 # --- the length that pays, per token ---
@@ -115,24 +122,24 @@ def priced(shape: dict[int, float]) -> CostModel:
 
 def test_a_copy_that_is_nearly_always_right_is_verified_long_where_batches_are_dear() -> None:
     model = priced(CPU)
-    assert model.verify_len_for([0.97] * 64) >= 24  # ~20 tokens for ~9 steps' price
-    assert model.verify_len_for([0.2] * 64) == 0  # an accidental match: not worth a batch
+    assert model.allocate([[0.97] * 64])[0] >= 24  # ~20 tokens for ~9 steps' price
+    assert model.allocate([[0.2] * 64])[0] == 0  # an accidental match: not worth a batch
     # a short match turning long: the odds rise along the draft (lead/drafts/own.py)
-    rising = [fresh().odds(3 + i) for i in range(64)]
-    assert model.verify_len_for(rising) == 0  # at the priors, a 3-token match does not pay
-    assert model.verify_len_for(rising[21:]) > 0  # one of 24 does
-    assert model.verify_len_for([0.97] * 5) in (4, 5)  # no further than the draft goes
+    rising = [fresh()[3 + i].value for i in range(64)]
+    assert model.allocate([rising])[0] == 0  # at the priors, a 3-token match does not pay
+    assert model.allocate([rising[21:]])[0] > 0  # one of 24 does
+    assert model.allocate([[0.97] * 5])[0] in (4, 5)  # no further than the draft goes
 
 
 def test_where_a_batch_costs_about_one_token_the_shortest_length_near_the_best_is_taken() -> None:
     flat = priced({b: 1.0 + 0.001 * b for b in (1, 2, 3, 4, 5, 9, 17, 24, 32, 48, 65)})
-    k = flat.verify_len_for([0.8] * 64)
+    k = flat.allocate([[0.8] * 64])[0]
     assert 10 <= k < 64  # 0.8^k is small long before 64: more tokens add under 1 %
 
 
 def test_a_forced_length_holds_for_own_drafts_too() -> None:
     model = CostModel(max_draft=8, fixed=3, longest=64)
-    assert model.verify_len_for([0.1] * 10) == 3 and model.verify_len_for([0.9] * 2) == 2
+    assert model.allocate([[0.1] * 10])[0] == 3 and model.allocate([[0.9] * 2])[0] == 2
 
 
 def test_the_board_ranks_own_drafts_by_their_odds_against_backs_by_their_acceptance() -> None:
@@ -145,7 +152,7 @@ def test_the_board_ranks_own_drafts_by_their_odds_against_backs_by_their_accepta
     board.post(tokens, Candidate(OWN, 3, tuple(range(40)), odds=(0.97,) * 40))
     best = board.best(tokens, 8)
     assert best is not None and best.back_id == OWN and len(best.token_ids) == 40  # not 8
-    assert odds_yield([0.5, 0.5]) == pytest.approx(0.75)
+    assert expected_yield([0.5, 0.5]) == pytest.approx(0.75)
 
 
 # --- the engine: an edit echoed back ---

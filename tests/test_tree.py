@@ -20,7 +20,7 @@ from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.session import StepResult
 from lead.decode.verify import Verdict, verify_tree
 from lead.drafts.board import DraftBoard, post_candidates
-from lead.policy.branchcost import Cover, branch_lengths, continuation
+from lead.policy.branchcost import branch_lengths
 from lead.policy.cost import CostModel
 from shared.branch import Branch
 from shared.fake import FakeModel, VirtualClock
@@ -134,7 +134,6 @@ def test_branches_pay_where_a_wider_batch_is_nearly_free_and_not_where_it_costs_
     assert branch_lengths(4, offered, 0.7, 0.0, 3.0, flat, 17) == [0, 0, 0]  # never covered
     assert branch_lengths(4, offered, 0.7, 0.7, 3.0, flat, 5) == [0, 0, 0]  # no room
     assert branch_lengths(1, offered, 0.7, 0.7, 3.0, flat, 17)[1:] == [0, 0]  # past the draft
-    assert continuation(0.5, 3) == pytest.approx(0.875)
 
 
 def test_only_the_first_branch_at_a_position_is_priced_and_the_width_is_bounded() -> None:
@@ -148,14 +147,14 @@ def test_only_the_first_branch_at_a_position_is_priced_and_the_width_is_bounded(
 
 
 def test_cover_learns_how_often_a_root_held_the_correction() -> None:
-    cover = Cover()
-    assert cover.rate == 0.5
+    cover = CostModel(max_draft=8).cover
+    assert cover.value == 0.5
     for _ in range(20):
-        cover.record(True)
-    assert cover.rate > 0.9
+        cover.record(True, False)
+    assert cover.value > 0.9
     for _ in range(20):
-        cover.record(False)
-    assert cover.rate < 0.2
+        cover.record(False, True)
+    assert cover.value < 0.2
 
 
 # --- the model call ---
@@ -217,7 +216,7 @@ def test_the_engine_verifies_trees_that_pay_and_keeps_the_path_it_took() -> None
     assert asyncio.run(_reply(engine, prompt, 60, wrong_at_1_with_its_branch(truth))) == truth
     m, model = engine.metrics, engine.model
     assert m.tree_steps >= 3 and m.tree_taken >= 3 and m.tree_branches >= m.tree_steps
-    assert engine.cost.cover.rate > 0.5  # every rejection's correction was a root
+    assert engine.cost.cover.value > 0.5  # every rejection's correction was a root
     # a root is lead's own draw where it rejected the draft's guess: counted so, never as
     # an accepted guess (acceptance, and the chat's highlighting, stay those of chains)
     assert m.rejections >= m.tree_taken and m.accepted <= m.drafted - m.tree_taken

@@ -18,12 +18,11 @@ import pytest
 
 from back.backoff import Backoff
 from back.client import LeadClient
-from back.drafter import ModelDrafter
+from back.drafter import Grown, ModelDrafter, NgramDrafter
 from back.worker import BackFatal, Worker
 from lead.decode.session import Session
 from lead.server.app import create_app
 from shared.fake import FakeModel
-from shared.model import common_prefix
 from shared.placement import Placement
 from shared.protocol import DraftPost, Info, SamplingParams, State
 from shared.sampling import make_draft_rng
@@ -44,33 +43,27 @@ def live(version: int, session: str, tokens: list[int], seed: int | None = None,
                  sampling=SamplingParams(temperature=1.0, seed=seed))
 
 
-class GatedDrafter:
+class GatedDrafter(NgramDrafter):
     """Holds its first catch-up until the test opens `gate`; records each guess's path
     and the first number it drew from the generator it was given."""
 
     def __init__(self) -> None:
-        self.local: list[int] = []
+        super().__init__()
         self.entered, self.gate = threading.Event(), threading.Event()
         self.draws: list[tuple[tuple[int, ...], int]] = []
 
-    def fits(self, n_tokens: int) -> bool:
-        return True
-
-    def catch_up(self, lead_tokens: Sequence[int]) -> int:
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
         if not self.entered.is_set():
             self.entered.set()
             assert self.gate.wait(10), "the test never opened the gate"
-        keep = common_prefix(self.local, lead_tokens)
-        if keep < len(lead_tokens):
-            self.local = list(lead_tokens)
-        return len(lead_tokens) - keep
+        return super().catch_up(lead_tokens)
 
-    def next_token(self, params: SamplingParams, rng: np.random.Generator,
-                   abort: Callable[[], bool] | None = None, n_prompt: int = 0
-                   ) -> tuple[int, None]:
+    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
+                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
+                   chain: bool = True, width: int = 0) -> Grown:
         self.draws.append((tuple(self.local), int(rng.integers(1 << 30))))
         self.local.append(7)
-        return 7, None
+        return Grown(7, 0, 0)
 
 
 class SessionSwitchingLead:

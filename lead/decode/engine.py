@@ -229,7 +229,7 @@ class Engine:
         tokens = session.tokens
         own = self.own.propose(session.id, tokens) if self.own is not None else None
         if own is not None:
-            board.post(tokens, Candidate(OWN, len(tokens), own[0], odds=own[1]))
+            board.post(tokens, Candidate(OWN, len(tokens), own.token_ids, odds=own.odds))
         return board.best(tokens, self.max_draft)
 
     def _apply(self, step: Step, jobs: Sequence[Job], offered: dict[str, Draft | None]

@@ -91,7 +91,7 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _draft_view(cost: CostModel) -> dict[str, Any]:
-    measured = cost.acceptance.matches + cost.acceptance.misses > 0
+    measured = cost.acceptance.measured
     return {"length": cost.verify_len(), "asked": cost.draft_len(), "max": cost.max_draft,
             "fixed": cost.fixed is not None, "acceptance": round(cost.acceptance.alpha, 4),
             "acceptance_measured": measured, "hush": cost.hush,

@@ -54,7 +54,7 @@ class Planner:
         if offered.odds:
             return list(offered.odds[:room])
         n = min(len(offered.token_ids), room, self.cost.max_draft)
-        return self.cost.odds_at(n, session.n_generated == 0)
+        return self.cost.acceptance.odds(n, session.n_generated == 0)
 
     def _cut(self, session: Session, offered: Draft, usable: int, room: int, single: bool
              ) -> Draft:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from lead.policy.acceptance import Bands, Rate, agreement
 from shared.bounded import Lru
 
 # Bands of q (their lower ends). A band holds decayed counts of right and wrong tokens;
@@ -25,32 +26,24 @@ DECAY = 0.99  # per outcome in a band
 KEPT = 256  # backs whose odds are kept (least recently updated dropped first)
 
 
-def band(q: float) -> float:
-    return max(b for b in BANDS if b <= q)
+def bands() -> Bands:
+    return Bands({b: Rate((0.0, 0.0), DECAY) for b in BANDS})
 
 
 class BackOdds:
     def __init__(self, kept: int = KEPT) -> None:
-        self.counts: Lru[str, dict[float, tuple[float, float]]] = Lru(kept)  # back -> band -> r, w
+        self.bands: Lru[str, Bands] = Lru(kept)  # per back
 
     def odds(self, key: str, probs: Sequence[float], alpha: float) -> tuple[float, ...]:
         """Per token of a draft whose draft-model probabilities are `probs`: the odds that
         lead accepts it, given the ones before it; `alpha`: the back's acceptance."""
-        counts = self.counts.get(key, {})
-        return tuple(_odds(counts.get(band(q), (0.0, 0.0)), alpha) for q in probs)
+        rates, prior = self.bands.get(key) or bands(), (WEIGHT * alpha, WEIGHT * (1 - alpha))
+        return tuple(rates[q].given(prior) for q in probs)
 
     def record(self, key: str, probs: Sequence[float], offered: Sequence[int],
                emitted: Sequence[int]) -> None:
         """Score what a back offered (with its q per token) against what lead emitted."""
-        counts = self.counts.get(key) or {}
-        for q, guess, token in zip(probs, offered, emitted, strict=False):
-            right, wrong = counts.get(band(q), (0.0, 0.0))
-            counts[band(q)] = (right * DECAY + (guess == token), wrong * DECAY + (guess != token))
-            if guess != token:
-                break
-        self.counts[key] = counts  # the least recently updated back goes first
-
-
-def _odds(counts: tuple[float, float], alpha: float) -> float:
-    right, wrong = counts
-    return (right + WEIGHT * alpha) / (right + wrong + WEIGHT)
+        rates = self.bands.get(key) or bands()
+        for q, right in zip(probs, agreement(offered, emitted), strict=False):
+            rates[q].record(right, not right)
+        self.bands[key] = rates  # the least recently updated back goes first

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field, replace
 
 from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
-from lead.drafts.rank import BackScores, expected_yield, odds_yield
+from lead.drafts.rank import BackScores
+from lead.policy.acceptance import MAX_ALPHA, expected_yield
 from shared.branch import Branch
 from shared.sampling import Dist
 
@@ -189,9 +190,10 @@ class DraftBoard:
         model's probabilities, else at their back's acceptance; lead's own at the odds it
         gives each of its tokens."""
         if c.odds is not None:
-            yielded = odds_yield(c.odds[n - c.start:][:None if c.poster == OWN else limit])
+            yielded = expected_yield(c.odds[n - c.start:][:None if c.poster == OWN else limit])
         else:
-            yielded = expected_yield(self.scores.alpha(c.poster), min(c.end - n, limit))
+            alpha = min(self.scores.alpha(c.poster), MAX_ALPHA)
+            yielded = expected_yield([alpha] * min(c.end - n, limit))
         return yielded, c.end, c.root is None
 
     def _with_odds(self, c: Candidate) -> Candidate:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+from lead.drafts.copier import Copier
 from shared.ngram import KEY, Match, agreeing, kept
 
 Place = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
@@ -89,3 +90,18 @@ def _keys(tokens: tuple[int, ...]) -> Iterator[tuple[tuple[int, ...], int]]:
     """Each run of KEY tokens that a token follows, with where it ends."""
     for end in range(KEY, len(tokens)):
         yield tokens[end - KEY:end], end
+
+
+class Recalled(Copier):
+    """`memory`: lead's own drafts copied from finished sessions (any client's)."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.memory = Memory(budget)
+
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+        return self.memory.lookup(tokens, most)
+
+    def end(self, session_id: str, tokens: Sequence[int]) -> None:
+        super().end(session_id, tokens)
+        self.memory.add(tokens)

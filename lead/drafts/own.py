@@ -1,86 +1,69 @@
-"""Lead's own drafts: model-free, copied from the prompt and the reply so far
-(shared/ngram.py), put on the board beside backs' drafts with the odds that lead accepts
-each token, so that the cost model verifies as far as pays for this draft.
+"""Lead's own drafts: model-free drafters of kinds chosen by name, each proposing a copy
+with the odds that lead accepts each of its tokens, put on the board beside backs' drafts
+so that the cost model verifies as far as pays for this draft.
 
-The odds come from the match a draft was copied after: how many tokens agreed before it.
-A copy after 40 tokens of code being echoed back is nearly always right, one after 3
-tokens of prose seldom. Lead learns the odds per band of match lengths from every
-proposal compared with the tokens it then emitted, verified or not, so that a band that
-does not pay (and so is not verified) is still measured. A draft's i-th token follows a
-match i tokens longer, if the ones before it were right.
-
-Finished sessions are remembered (lead/drafts/memory.py): where a copy from one is expected
-to yield more than the prompt and reply's own (it agrees longer with the reply's end, and
-runs as far), the draft is copied from it, its odds learned apart (a sampled reply asked
-for again parts from the last one where an echo would not).
+Every kind copies what followed a match of the sequence's end, from somewhere of its own:
+`ngram`, the session's prompt and reply (shared/ngram.py); `memory`, finished sessions
+(lead/drafts/memory.py: a question asked again, a retried reply). The odds come from the
+match a draft was copied after: how many tokens agreed before it. A copy after 40 tokens of
+code being echoed back is nearly always right, one after 3 tokens of prose seldom. Each
+kind learns its odds per band of match lengths from its every proposal compared with the
+tokens lead then emitted, verified or not, so that a band that does not pay (and so is
+not verified) is still measured. A draft's i-th token follows a match i tokens longer, if
+the ones before it were right. Of the kinds' proposals, the one expected to yield most is
+offered. A new kind is a `Copier` with its `copy` (and `end`), and its name in KINDS.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
-from lead.drafts.bandodds import BandOdds
-from lead.drafts.memory import Memory
-from lead.drafts.rank import odds_yield
+from lead.drafts.copier import Copier, Proposal
+from lead.drafts.memory import Recalled
+from lead.policy.acceptance import expected_yield
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
-# Bands of match lengths (their lower ends) and the odds lead starts from in each: short
-# matches in prose draft wrong tokens that cost a batch each (docs/cost-model.md).
-PRIOR = {3: 0.2, 6: 0.35, 12: 0.55, 24: 0.75, 48: 0.85}
-PRIOR_WEIGHT = 4.0  # outcomes the prior counts as
-DECAY = 0.995  # per outcome in a band: it follows a change of work within a few hundred
+
+
+class SessionCopies(Copier):
+    """`ngram`: copies from the session's own prompt and reply."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.indexes: dict[str, NgramIndex] = {}  # per session
+
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+        index = self.indexes.setdefault(session_id, NgramIndex())
+        index.sync(tokens)
+        return index.lookup(most)
+
+    def end(self, session_id: str, tokens: Sequence[int]) -> None:
+        super().end(session_id, tokens)
+        self.indexes.pop(session_id, None)
+
+
+# each kind by name, made from the tokens of finished sessions lead may remember
+KINDS: dict[str, Callable[[int], Copier]] = {"ngram": lambda _: SessionCopies(),
+                                             "memory": Recalled}
 
 
 class OwnDrafts:
-    def __init__(self, longest: int = 64, memory: int = 0) -> None:
+    def __init__(self, longest: int = 64, memory: int = 0,
+                 kinds: Sequence[str] = ("ngram", "memory")) -> None:
         """`longest`: most tokens a draft holds; `memory`: tokens of finished sessions
-        remembered (0: none)."""
+        remembered (0: none, and no `memory` kind)."""
         self.longest = longest
-        self.indexes: dict[str, NgramIndex] = {}  # per session
-        self.memory = Memory(memory) if memory > 0 else None
-        # learned over every session: copies of the session itself, and of remembered ones
-        self.odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
-        self.recalled_odds = BandOdds(PRIOR, PRIOR_WEIGHT, DECAY)
-        # per session: its length, the copy, the odds it was priced by
-        self._offered: dict[str, tuple[int, Match, BandOdds]] = {}
+        self.kinds = {name: KINDS[name](memory) for name in kinds
+                      if name != "memory" or memory > 0}
 
-    def propose(self, session_id: str, tokens: Sequence[int]
-                ) -> tuple[tuple[int, ...], tuple[float, ...]] | None:
-        """A draft past `tokens` and each token's odds; None where nothing matches. What
-        was proposed last is first scored against what lead emitted since."""
-        self._settle(session_id, tokens)
-        index = self.indexes.setdefault(session_id, NgramIndex())
-        index.sync(tokens)
-        copies = [(m, odds, _odds_of(m, odds)) for m, odds in (
-            (index.lookup(self.longest), self.odds),
-            (self.memory.lookup(tokens, self.longest) if self.memory else None,
-             self.recalled_odds)) if m is not None]
-        if not copies:
-            return None
-        # the copy expected to yield more (a remembered one agreeing longer may stop sooner)
-        match, odds, each = max(copies, key=lambda c: odds_yield(c[2]))
-        self._offered[session_id] = (len(tokens), match, odds)
-        return match.token_ids, each
+    def propose(self, session_id: str, tokens: Sequence[int]) -> Proposal | None:
+        """The proposal past `tokens` expected to yield most; None where no kind has one."""
+        proposals = [p for kind in self.kinds.values()
+                     if (p := kind.draft(session_id, tokens, self.longest)) is not None]
+        return max(proposals, key=lambda p: expected_yield(p.odds), default=None)
 
     def forget(self, session_id: str, tokens: Sequence[int] = ()) -> None:
-        """The session ended with `tokens`: its index goes, its tokens are remembered."""
-        self.indexes.pop(session_id, None)
-        self._offered.pop(session_id, None)
-        if self.memory is not None:
-            self.memory.add(tokens)
-
-    def _settle(self, session_id: str, tokens: Sequence[int]) -> None:
-        offered = self._offered.pop(session_id, None)
-        if offered is None:
-            return
-        n, match, odds = offered
-        for i, (guess, token) in enumerate(zip(match.token_ids, tokens[n:], strict=False)):
-            odds.record(match.length + i, guess == token)
-            if guess != token:
-                return
-
-
-def _odds_of(match: Match, odds: BandOdds) -> tuple[float, ...]:
-    """Each token's odds: the i-th follows a match i tokens longer, if those before were right."""
-    return tuple(odds.odds(match.length + i) for i in range(len(match.token_ids)))
+        """The session ended with `tokens`."""
+        for kind in self.kinds.values():
+            kind.end(session_id, tokens)

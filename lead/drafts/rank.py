@@ -9,13 +9,11 @@ back that joins late is measured (and wins) without lead first verifying its dra
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from lead.drafts.backodds import BackOdds
-from lead.policy.acceptance import MAX_ALPHA
-from lead.policy.cost import draft_outcome
+from lead.policy.acceptance import Rate, draft_outcome
 from shared.bounded import Lru
 
 # Pseudo (matches, misses) of a back not yet seen: 0.8 with the weight of two outcomes, so
@@ -26,48 +24,12 @@ RECENT = 3  # outcomes in the recent estimate: a back turning bad loses within a
 KEPT = 256  # backs whose estimate is kept (least recently updated dropped first)
 
 
-def odds_yield(odds: Sequence[float]) -> float:
-    """Draft tokens a step verifying all of them is expected to accept, token i right
-    with odds[i] given the ones before it."""
-    total, reach = 0.0, 1.0
-    for p in odds:
-        reach *= p
-        total += reach
-    return total
-
-
-def expected_yield(alpha: float, k: int) -> float:
-    """Draft tokens a step verifying k of them is expected to accept, each right with
-    probability alpha given the ones before it: a + a^2 + ... + a^k."""
-    a = min(max(alpha, 0.0), MAX_ALPHA)
-    return a * (1.0 - a ** k) / (1.0 - a)
-
-
-def _estimate(matches: float, misses: float) -> float:
-    matches, misses = PRIOR[0] + matches, PRIOR[1] + misses
-    return matches / (matches + misses)
-
-
-@dataclass
-class Score:
-    """One back's outcomes: a censored geometric estimate as lead's own (lead/policy/acceptance.py),
-    with an optimistic prior, over decayed counts or the last RECENT outcomes alone where
-    that is lower (a back good for long, matches pile up: misses alone would take a score
-    of steps to bring it down)."""
-
-    matches: float = 0.0  # decayed
-    misses: float = 0.0
-    recent: deque[tuple[int, bool]] = field(default_factory=lambda: deque(maxlen=RECENT))
-
-    @property
-    def alpha(self) -> float:
-        recent = _estimate(sum(m for m, _ in self.recent), sum(x for _, x in self.recent))
-        return min(_estimate(self.matches, self.misses), recent)
-
-    def record(self, matches: int, missed: bool) -> None:
-        self.matches = self.matches * DECAY + matches
-        self.misses = self.misses * DECAY + int(missed)
-        self.recent.append((matches, missed))
+def score() -> Rate:
+    """A back's acceptance, before any outcome: the prior. An estimate as lead's own
+    (lead/policy/acceptance.py), over the last RECENT outcomes alone where that is lower (a
+    back good for long, matches pile up: misses alone would take a score of steps to bring
+    it down)."""
+    return Rate(PRIOR, DECAY, RECENT)
 
 
 @dataclass(frozen=True)
@@ -86,13 +48,12 @@ class BackScores:
     with the tokens lead emitted (`settle`, at the next step); per token where a back gave
     its draft model's probabilities (`odds`)."""
 
-    scores: Lru[str, Score] = field(default_factory=lambda: Lru(KEPT))
+    scores: Lru[str, Rate] = field(default_factory=lambda: Lru(KEPT))
     watched: Watched | None = None
     odds: BackOdds = field(default_factory=BackOdds)
 
     def alpha(self, key: str) -> float:
-        score = self.scores.get(key)
-        return score.alpha if score is not None else Score().alpha
+        return (self.scores.get(key) or score()).value
 
     def watch(self, n: int, tails: Mapping[str, tuple[int, ...]],
               probs: Mapping[str, tuple[float, ...]] | None = None) -> None:
@@ -112,9 +73,9 @@ class BackScores:
     def record(self, key: str, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:
             return  # nothing observed
-        score = self.scores.get(key) or Score()
-        score.record(matches, missed)
-        self.scores[key] = score  # the least recently updated back goes first
+        rate = self.scores.get(key) or score()
+        rate.record(matches, int(missed))
+        self.scores[key] = rate  # the least recently updated back goes first
 
     def forget_step(self) -> None:
         """A reply ended: what was offered at its last step is compared with nothing."""

@@ -1,4 +1,6 @@
-"""How often drafts are right: a censored geometric estimate of acceptance.
+"""How often drafts are right, and what that yields: the one estimator every acceptance
+figure lead keeps is an instance of (`Rate`; `Bands` of them where the odds depend on what a
+drafter knows of a token), and the one expected-yield function every length decision uses.
 
 Reasoning and measurements: docs/cost-model.md.
 """
@@ -6,47 +8,126 @@ Reasoning and measurements: docs/cost-model.md.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 MAX_ALPHA = 0.999  # the expected-tokens series is finite only below 1
 
 
-@dataclass
-class Acceptance:
-    """alpha: the probability that a draft token is right given its predecessors were,
-    from drafts compared with the tokens lead emitted. The estimate is
-    matches / (matches + misses) plus a prior, over counts decayed per outcome, or over the
-    last `window` outcomes alone where that is lower (so a drop shows at once).
-    alpha_first: the same for a draft's guess of a reply's first token, estimated apart."""
+def yield_curve(odds: Sequence[float]) -> list[float]:
+    """Draft tokens a step verifying the first k of a draft is expected to accept, for
+    k = 0 .. len(odds), token i right with odds[i] given the ones before it."""
+    return [0.0, *accumulate(accumulate(odds, lambda reach, p: reach * p))]
 
-    prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
-    decay: float = 0.8  # per outcome: the last ~5 outcomes carry most of the weight
-    window: int = 3  # outcomes in the recent estimate
-    first_prior: tuple[float, float] = (1.0, 1.0)  # alpha_first 0.5, weight 2
-    matches: float = 0.0  # decayed
-    misses: float = 0.0
-    first_matches: float = 0.0  # decayed: was a draft's guess of a reply's first token right
-    first_misses: float = 0.0
-    recent: deque[tuple[int, bool]] = field(init=False)  # the last `window` outcomes
+
+def expected_yield(odds: Sequence[float]) -> float:
+    """Draft tokens a step verifying all of `odds`' draft is expected to accept."""
+    return yield_curve(odds)[-1]
+
+
+def agreement(draft_ids: Sequence[int], emitted: Sequence[int]) -> list[bool]:
+    """The one comparison of a draft with what lead emitted: per draft token, whether lead
+    emitted it, up to the first that it did not (past a miss nothing is observed)."""
+    out = []
+    for guess, token in zip(draft_ids, emitted, strict=False):
+        out.append(guess == token)
+        if guess != token:
+            break
+    return out
+
+
+def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
+    """(matches, missed): how many leading draft tokens lead then emitted, and whether a
+    draft token was contradicted (False: the draft or the emitted tokens ran out first)."""
+    agreed = agreement(draft_ids, emitted)
+    return sum(agreed), not all(agreed)
+
+
+def _ratio(prior: tuple[float, float], right: float, wrong: float) -> float:
+    right, wrong = prior[0] + right, prior[1] + wrong
+    return right / (right + wrong)
+
+
+@dataclass
+class Rate:
+    """How often something turns out right: decayed counts of right and wrong outcomes over
+    a prior (pseudo counts), or over the last `window` outcomes alone where that is lower (a
+    drop shows at once)."""
+
+    prior: tuple[float, float] = (1.0, 1.0)  # pseudo (right, wrong): 0.5, weight 2
+    decay: float = 0.9  # per outcome
+    window: int = 0  # outcomes in the recent estimate (0: none)
+    right: float = 0.0  # decayed
+    wrong: float = 0.0
+    recent: deque[tuple[float, float]] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.recent = deque(maxlen=self.window)
 
     @property
+    def value(self) -> float:
+        return self.given(self.prior)
+
+    def given(self, prior: tuple[float, float]) -> float:
+        """The estimate over another prior (one that moves: a band's odds start from its
+        drafter's acceptance)."""
+        decayed = _ratio(prior, self.right, self.wrong)
+        if not self.window:
+            return decayed
+        return min(decayed, _ratio(prior, sum(r for r, _ in self.recent),
+                                   sum(w for _, w in self.recent)))
+
+    def record(self, right: float, wrong: float) -> None:
+        self.right = self.right * self.decay + right
+        self.wrong = self.wrong * self.decay + wrong
+        if self.window:
+            self.recent.append((right, wrong))
+
+
+class Bands:
+    """A Rate per band of what a drafter knows of a token (the band's lower end): lead's own
+    drafts by the length of the match they were copied after, a back's by its draft model's
+    probability of the token."""
+
+    def __init__(self, rates: Mapping[float, Rate]) -> None:
+        self.rates, self.lowest = dict(rates), min(rates)
+
+    def band(self, x: float) -> float:
+        return max(b for b in self.rates if b <= max(x, self.lowest))
+
+    def __getitem__(self, x: float) -> Rate:
+        return self.rates[self.band(x)]
+
+
+@dataclass
+class Acceptance:
+    """alpha: the probability that a draft token is right given its predecessors were,
+    from drafts compared with the tokens lead emitted (`rest`); alpha_first: the same for a
+    draft's guess of a reply's first token, estimated apart (`first`)."""
+
+    prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
+    decay: float = 0.8  # per outcome: the last ~5 outcomes carry most of the weight
+    window: int = 3  # outcomes in the recent estimate
+    first_prior: tuple[float, float] = (1.0, 1.0)  # alpha_first 0.5, weight 2
+    rest: Rate = field(init=False)
+    first: Rate = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.rest = Rate(self.prior, self.decay, self.window)
+        self.first = Rate(self.first_prior, self.decay)
+
+    @property
     def alpha(self) -> float:
-        recent_matches = sum(m for m, _ in self.recent)
-        recent_misses = sum(int(missed) for _, missed in self.recent)
-        return min(self._mle(self.matches, self.misses), self._mle(recent_matches, recent_misses))
+        return self.rest.value
 
     @property
     def alpha_first(self) -> float:
-        """Probability that a draft's guess of a reply's first token is right."""
-        matches = self.first_prior[0] + self.first_matches
-        return matches / (matches + self.first_prior[1] + self.first_misses)
+        return self.first.value
 
-    def _mle(self, matches: float, misses: float) -> float:
-        matches, misses = self.prior[0] + matches, self.prior[1] + misses
-        return matches / (matches + misses)
+    @property
+    def measured(self) -> bool:
+        return self.rest.right + self.rest.wrong > 0
 
     def record(self, matches: int, missed: bool, first: bool = False) -> bool:
         """A draft matched lead's next `matches` tokens, then `missed` (False: it or lead's
@@ -55,33 +136,25 @@ class Acceptance:
         if matches == 0 and not missed:
             return False  # nothing observed
         if first:
-            self._record_first(hit=matches > 0)
+            self.first.record(matches > 0, matches == 0)
             if matches == 0:
                 return False
             matches -= 1  # past its first token, a draft is like any other
             if matches == 0 and not missed:
                 return False
-        self.matches = self.matches * self.decay + matches
-        self.misses = self.misses * self.decay + int(missed)
-        self.recent.append((matches, missed))
+        self.rest.record(matches, int(missed))
         return True
 
-    def _record_first(self, hit: bool) -> None:
-        self.first_matches = self.first_matches * self.decay + hit
-        self.first_misses = self.first_misses * self.decay + (not hit)
+    def odds(self, n: int, first: bool = False) -> list[float]:
+        """Odds of a draft of n tokens known only by this estimate: each right with alpha
+        given the ones before it (its first, at a reply's first step, with alpha_first)."""
+        a = min(self.alpha, MAX_ALPHA)
+        return [self.alpha_first if first else a, *[a] * (n - 1)][:n]
 
     def expected_tokens(self, k: int, first: bool = False) -> float:
-        """Tokens a step verifying k draft tokens emits: 1 + a1 (1 + a + ... + a^(k-1)),
-        a1 being alpha_first at a reply's first step, else alpha."""
-        a = min(self.alpha, MAX_ALPHA)
-        return _expected(a, self.alpha_first if first else a, k)
+        """Tokens a step verifying k draft tokens emits: its draft's yield and one more."""
+        return 1.0 + expected_yield(self.odds(k, first))
 
     def expected_curve(self, most: int, first: bool = False) -> list[float]:
-        """expected_tokens(k) for k = 0 .. most, alpha read once."""
-        a = min(self.alpha, MAX_ALPHA)
-        a1 = self.alpha_first if first else a
-        return [_expected(a, a1, k) for k in range(most + 1)]
-
-
-def _expected(a: float, a1: float, k: int) -> float:
-    return 1.0 + a1 * (1.0 - a ** k) / (1.0 - a)
+        """expected_tokens(k) for k = 0 .. most."""
+        return [1.0 + y for y in yield_curve(self.odds(most, first))]

@@ -15,32 +15,8 @@ position (the draft's 2nd choice), and a 3rd choice holds the correction far les
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-
-@dataclass
-class Cover:
-    """How often a rejection's correction is the root of a branch offered at the rejected
-    position: hits over tries, decayed per try, plus a prior."""
-
-    prior: tuple[float, float] = (1.0, 1.0)  # pseudo (hits, misses): 0.5, weight 2
-    decay: float = 0.9  # per try: the last ~10 carry most of the weight
-    hits: float = 0.0
-    misses: float = 0.0
-
-    @property
-    def rate(self) -> float:
-        hits = self.prior[0] + self.hits
-        return hits / (hits + self.prior[1] + self.misses)
-
-    def record(self, hit: bool) -> None:
-        self.hits = self.hits * self.decay + hit
-        self.misses = self.misses * self.decay + (not hit)
-
-
-def continuation(alpha: float, n: int) -> float:
-    """Expected accepted tokens of n draft tokens: alpha + alpha^2 + ... + alpha^n."""
-    return sum(alpha ** i for i in range(1, n + 1))
+from lead.policy.acceptance import expected_yield
 
 
 def branch_lengths(k: int, offered: Sequence[tuple[int, int]], alpha: float, cover: float,
@@ -59,11 +35,11 @@ def branch_lengths(k: int, offered: Sequence[tuple[int, int]], alpha: float, cov
         reach = alpha ** at * (1.0 - alpha) * cover
         rate, best = value / price(batch), 0
         for n in range(2, min(n_tokens, most - batch) + 1):  # a root alone adds nothing
-            gained = (value + reach * continuation(alpha, n - 1)) / price(batch + n)
+            gained = (value + reach * expected_yield([alpha] * (n - 1))) / price(batch + n)
             if gained > rate:
                 rate, best = gained, n
         if best:
             lengths[j] = best
             batch += best
-            value += reach * continuation(alpha, best - 1)
+            value += reach * expected_yield([alpha] * (best - 1))
     return lengths

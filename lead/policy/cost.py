@@ -15,19 +15,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from lead.policy.acceptance import MAX_ALPHA, Acceptance
-from lead.policy.branchcost import Cover, branch_lengths
+from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate, draft_outcome
+from lead.policy.branchcost import branch_lengths
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
-
-
-def draft_outcome(draft_ids: Sequence[int], emitted: Sequence[int]) -> tuple[int, bool]:
-    """(matches, missed): how many leading draft tokens lead then emitted, and whether a
-    draft token was contradicted (False: the draft or the emitted tokens ran out first)."""
-    for i, (guess, token) in enumerate(zip(draft_ids, emitted, strict=False)):
-        if guess != token:
-            return i, True
-    return min(len(draft_ids), len(emitted)), False
 
 
 @dataclass(frozen=True)
@@ -80,7 +71,8 @@ class CostModel:
     prices: Prices = field(default_factory=Prices)
     acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
-    cover: Cover = field(default_factory=Cover)
+    # how often a rejection's correction was the root of a branch offered there
+    cover: Rate = field(default_factory=lambda: Rate((1.0, 1.0), 0.9))
     tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
     longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
 
@@ -112,7 +104,7 @@ class CostModel:
     def record_cover(self, hit: bool) -> None:
         """A draft token was rejected where a branch was offered: was its root the token
         emitted instead."""
-        self.cover.record(hit)
+        self.cover.record(hit, not hit)
 
     def _schedule_probe(self) -> None:
         probes = self.probes
@@ -163,22 +155,6 @@ class CostModel:
         best = max(range(1, upper + 1), key=rates.__getitem__)
         return best if rates[best] >= self.margin * rates[0] else 0
 
-    def verify_len_for(self, odds: Sequence[float], first: bool = False) -> int:
-        """The length of a draft whose tokens lead accepts with `odds` (each given the ones
-        before it) that pays best: the shortest within 1 % of the best rate, 0 where none
-        pays `margin` over plain decoding (lead's own drafts, up to 64 tokens)."""
-        if self.fixed is not None:
-            return min(self.fixed, len(odds))
-        upper = min(len(odds), self.prices.largest - 1)
-        rates, expected, reach = [1.0 / max(self.prices.plain(), 1e-9)], 1.0, 1.0
-        for k in range(1, upper + 1):
-            reach *= odds[k - 1]
-            expected += reach
-            rates.append(expected / max(self.prices.busy_s(k + 1), 1e-9))
-        best = max(rates)
-        k = next(k for k, rate in enumerate(rates) if rate >= 0.99 * best)
-        return k if rates[k] >= self.margin * rates[0] else 0
-
     def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
         """Draft tokens to verify per session in one batch, session i's tokens accepted with
         odds[i] (each given the ones before it; at most what it offers). Each session's
@@ -222,13 +198,6 @@ class CostModel:
             scores.append(sum(math.log(e) for e in expected) / n - math.log(price))
         return picks, scores
 
-    def odds_at(self, n: int, first: bool = False) -> list[float]:
-        """Odds of a draft of n tokens known only by the acceptance estimate: each right
-        with alpha given the ones before it (its first token, at a reply's first step, with
-        alpha_first)."""
-        a = min(self.acceptance.alpha, MAX_ALPHA)
-        return [self.acceptance.alpha_first if first else a, *[a] * (n - 1)][:n]
-
     def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
                  first: bool = False) -> list[int]:
         """Per offered branch (at, tokens), the tokens to verify beside a draft of k
@@ -236,7 +205,8 @@ class CostModel:
         priced sizes."""
         if self.fixed is not None or not self.tree_width or not k or not offered:
             return [0] * len(offered)
-        lengths = branch_lengths(k, offered, min(self.acceptance.alpha, MAX_ALPHA), self.cover.rate,
+        alpha = min(self.acceptance.alpha, MAX_ALPHA)
+        lengths = branch_lengths(k, offered, alpha, self.cover.value,
                                  self.acceptance.expected_tokens(k, first), self.prices.busy_s,
                                  min(most, self.prices.largest))
         kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
@@ -279,4 +249,4 @@ class CostModel:
     def snapshot(self) -> dict[str, float]:
         return {"slowdown": self.prices.slowdown, "hush": float(self.hush),
                 "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first,
-                "branch_cover": self.cover.rate}
+                "branch_cover": self.cover.value}
