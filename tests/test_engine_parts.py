@@ -12,7 +12,8 @@ from lead.decode.admission import Admission, QueueFull
 from lead.decode.decoder import Decoder, Job, Step
 from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
-from lead.decode.session import Emission, Session, StepResult, merged
+from lead.decode.runs import Run
+from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
 from lead.drafts.feed import BackFeed, wakes
@@ -255,20 +256,41 @@ def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
     return StepResult(Verdict(accepted, next_token), drafted + 1, 0.01, "b", drafted + 1)
 
 
+def applied(s: Session, res: StepResult, max_tokens: int = 50, stop: list[str] | None = None
+            ) -> list[Emission]:
+    """`res` applied to `s` by its run; the emissions its reader gets."""
+    run = Run(GenRequest(list(s.tokens), max_tokens, stop=stop or []), s,
+              OfferLedger(lambda *_: None, 8))
+    run.apply(res, FakeModel(), grammar_s=1.0)
+    out = []
+    while not run._out.empty():
+        out.append(run._out.get_nowait())
+    return out
+
+
 def test_apply_cuts_at_max_tokens_and_counts_only_what_was_emitted() -> None:
-    dec = decoder(FakeModel(), VirtualClock())
     s = session([1, 2], generated=[3])
-    emitted = dec.apply(s, result([4, 5, 6], 7, drafted=3), max_tokens=3)
-    assert emitted == [4, 5] and s.finish_reason == "length"
+    out = applied(s, result([4, 5, 6], 7, drafted=3), max_tokens=3)
+    assert s.tokens == [1, 2, 3, 4, 5] and s.finish_reason == "length"
     assert (s.drafted, s.accepted, s.accepted_by_back, s.steps) == (3, 2, {"b": 2}, 1)
+    assert sum(e.n_tokens for e in out) == 2 and out[-1].session is s  # the end, last
 
 
 def test_apply_stops_at_an_eos() -> None:
-    dec = decoder(FakeModel(), VirtualClock())
     s = session([1, 2])
-    emitted = dec.apply(s, result([4, EOS, 6], 7, drafted=4), max_tokens=50)
-    assert emitted == [4, EOS] and s.finish_reason == "stop"
+    out = applied(s, result([4, EOS, 6], 7, drafted=4))
+    assert s.tokens == [1, 2, 4, EOS] and s.finish_reason == "stop"
     assert (s.accepted, s.rejections) == (2, 1)  # none counted past the EOS
+    assert [e.n_from_draft for e in out] == [2, 0]  # both tokens, then the end
+
+
+def test_apply_drops_the_tokens_past_a_stop_string_but_counts_their_acceptance() -> None:
+    model = FakeModel()
+    text = [model.token_bytes(t).decode() for t in (4, 5, 6)]
+    s = session([1, 2])
+    out = applied(s, result([4, 5, 6], 7, drafted=3), stop=[text[1]])
+    assert s.tokens == [1, 2, 4, 5] and (s.finish_reason, s.stop_sequence) == ("stop", text[1])
+    assert s.accepted == 3 and "".join(e.text for e in out) == text[0]
 
 
 def test_a_step_s_tokens_go_out_as_one_event_per_source() -> None:

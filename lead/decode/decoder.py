@@ -1,5 +1,5 @@
-"""The decode loop's model side: seating a generation in a slot, one step of every slot
-(prompt chunks and verify batches in one model call), and what a verdict does.
+"""The decode loop's model side: seating a generation in a slot, and one step of every slot
+(prompt chunks and verify batches in one model call, each verified).
 
 Every evaluation runs on the one model thread, which gets what it needs as arguments
 (`Job`s: each session's tokens, draft, sampling state and grammar state) and gives back
@@ -17,7 +17,7 @@ from typing import cast
 import numpy as np
 
 from lead.decode.promptcache import PromptCache, Saved
-from lead.decode.session import Session, StepResult
+from lead.decode.session import StepResult
 from lead.decode.slots import Seat, choose_seat
 from lead.decode.verify import Verdict, verify_tree
 from lead.drafts.board import Draft
@@ -63,12 +63,11 @@ class Step:
 
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
-                 batch: int = 512, grammar_s: float = 1.0, cache_bytes: int = 0) -> None:
-        """`grammar_s`: most seconds of verifying per token emitted that a constrained
-        reply may take (an ambiguous grammar's masks can cost seconds a row); `cache_bytes`:
-        host memory for prompts pushed out of their slots (where the model saves slots)."""
+                 batch: int = 512, cache_bytes: int = 0) -> None:
+        """`cache_bytes`: host memory for prompts pushed out of their slots (where the model
+        saves slots)."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
-        self.batch, self.grammar_s = batch, grammar_s
+        self.batch = batch
         self.slotted = cast(Slotted, model)
         self.n_slots = slots_of(model)
         self.prompts = PromptCache(cache_bytes if hasattr(model, "save_slot") else 0)
@@ -182,57 +181,6 @@ class Decoder:
         for branch in range(n_branches):
             cast(Forking, view).fork(branch, 0)
 
-    # --- what a verdict does ---
-    def apply(self, session: Session, result: StepResult, max_tokens: int) -> list[int]:
-        """Extend the session by what the step emits, and count; the tokens emitted (cut at
-        max_tokens and after an EOS)."""
-        verdict = result.verdict
-        drafted = result.batch - 1
-        if result.covered is not None:
-            self.cost.record_cover(result.covered)
-        emitted = verdict.emitted[: max_tokens - session.n_generated]
-        eos = next((i for i, t in enumerate(emitted) if t in self.model.eos_token_ids), None)
-        if eos is not None:
-            emitted = emitted[: eos + 1]
-            session.finish_reason = "stop"
-        # none counted past an EOS
-        accepted = sum(result.from_draft(i) for i in range(min(len(verdict.accepted),
-                                                                len(emitted))))
-        session.drafted += drafted
-        session.rejections += result.rejections
-        session.accepted += accepted
-        if drafted:
-            _add(session.accepted_by_back, result.back_id, accepted)
-            _add(session.drafted_by_back, result.back_id, drafted)
-        session.steps += 1
-        session.tokens.extend(emitted)
-        # The grammar's state after the whole verdict: a cut one ends the reply, so the
-        # tokens it holds past the cut are never followed.
-        session.constraint = verdict.constraint
-        if session.finish_reason is None and (session.n_generated >= max_tokens
-                                              or len(session.tokens) >= self.model.n_ctx
-                                              or self._grammar_too_slow(session, result)):
-            session.finish_reason = "length"
-        return emitted
-
-    def _grammar_too_slow(self, session: Session, result: StepResult) -> bool:
-        """Whether a constrained reply's verifying took over `grammar_s` per token emitted:
-        then it ends here (as llama.cpp's server ends one over its time limit), else it
-        would hold lead for minutes."""
-        per_token = result.verify_s / max(len(result.verdict.emitted), 1)
-        if session.constraint is None or per_token <= self.grammar_s:
-            return False
-        log.warning("%s: its grammar took %.1f s a token to apply (over %.1f s): the reply "
-                    "ends here", session.id, per_token, self.grammar_s)
-        return True
-
-    @staticmethod
-    def cut(session: Session, n: int) -> None:
-        """Drop the last `n` tokens of the step just applied (a stop string ended the reply
-        before them), so that the reply and its usage are those of decoding without drafts.
-        Their acceptance still counts: verification accepted them."""
-        if n > 0:
-            del session.tokens[-n:]
 
 def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
     assert verdict.rows is not None, "verify keeps the rows it verified"
@@ -252,5 +200,3 @@ def _covered(draft: Draft | None, verdict: Verdict) -> bool | None:
     return verdict.emitted[at] in roots
 
 
-def _add(counts: dict[str, int], key: str, n: int) -> None:
-    counts[key] = counts.get(key, 0) + n

@@ -6,10 +6,12 @@ prefix it finds cached there) and joins the loop, which steps every slot togethe
 model call holding each decoding session's last token and the draft that pays for it (the
 draft lengths chosen jointly, lead/policy/cost.py `allocate`), and a chunk of any prompt still
 being evaluated, so that a long prompt never stalls the others. Sessions join and leave
-between steps. The loop joins four jobs, each its own class: Admission (the places and the
-queue), Decoder (seating, the step, verify, apply on the model thread), OfferLedger (what
-offers were worth, fed to the cost model) and BackFeed (what backs see and post). All
-session state lives on the event loop; model work runs on one dedicated thread.
+between steps. One step is `_step`: plan, one evaluation, each verdict applied in its Run
+(lead/decode/runs.py: tokens, stop strings, finish, counts, emissions). The loop joins
+Admission (the places and the queue), Decoder (seating, and the step's evaluation and
+verifying, on the model thread), OfferLedger (what offers were worth, fed to the cost model)
+and BackFeed (what backs see and post). All session state lives on the event loop; model
+work runs on one dedicated thread.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from lead.decode.live import LiveNews
 from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
-from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
+from lead.decode.session import Emission, GenRequest, Session, StepResult
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
@@ -75,8 +77,8 @@ class Engine:
         self.n_slots = max(1, min(parallel, slots_of(model)))
         self.admission = Admission(max_queue, self.n_slots)
         self.model_thread = ModelThread("model")  # every model call, calibration too
-        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, grammar_s,
-                               cache_bytes)
+        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, cache_bytes)
+        self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
         tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.planner = Planner(self.cost, model.n_ctx, tree_slots)
         self.calibration = Calibration(model, self.cost, self.model_thread, clock, tree_slots)
@@ -147,17 +149,7 @@ class Engine:
         try:
             while self.runs:
                 await self._seat_waiting()
-                jobs, offered = self._plan()
-                # The last step's news goes out as this one begins, with its price: a back
-                # posts its next draft before this step is due to end.
-                self.feed.step_began(self.planner.price(jobs))
-                self.feed.notify(changed)
-                if not jobs:
-                    changed = []
-                    continue
-                step = await self.decoder.step(jobs)
-                changed = self._apply(step, jobs, offered)
-                self.feed.log_hush()
+                changed = await self._step(changed)
                 # The readers write what this step emitted before the next step starts:
                 # Python work overlapping a step preempts llama.cpp's threads, and holds
                 # the GIL the model thread needs to begin it.
@@ -172,6 +164,32 @@ class Engine:
                           RuntimeError("lead is shutting down"))
             if not isinstance(exc, Exception):
                 raise
+
+    async def _step(self, changed: list[str]) -> list[str]:
+        """One step of every seated run: plan, one evaluation (each session verified on the
+        model thread), each verdict applied in its run, which emits to its reader. The
+        sessions whose tokens it changed (`changed`: the last step's, told to backs now)."""
+        jobs, offered = self._plan()
+        # The last step's news goes out as this one begins, with its price: a back posts
+        # its next draft before this step is due to end.
+        self.feed.step_began(self.planner.price(jobs))
+        self.feed.notify(changed)
+        if not jobs:
+            return []
+        step = await self.decoder.step(jobs)
+        done = self._still_running(jobs, step)
+        self._price(step, [run for run, _, res in done if res is not None], len(jobs))
+        for run, job, result in done:
+            if result is None:
+                run.prefilled(len(job.prompt), self.clock())
+                continue
+            self._score(run, job, result, offered.get(run.session.id))
+            run.apply(result, self.model, self.grammar_s)
+            run.offers.settle(run.session.tokens)
+            if run.session.finish_reason is not None:
+                self._end(run)
+        self.feed.log_hush()
+        return [run.session.id for run, _, res in done if res is not None]
 
     async def _seat_waiting(self) -> None:
         """Give waiting runs the free slots, in arrival order."""
@@ -232,77 +250,37 @@ class Engine:
             board.post(tokens, Candidate(OWN, len(tokens), own.token_ids, odds=own.odds))
         return board.best(tokens, self.max_draft)
 
-    def _apply(self, step: Step, jobs: Sequence[Job], offered: dict[str, Draft | None]
-               ) -> list[str]:
-        """What the step did, session by session; the sessions whose tokens it changed."""
-        by_slot = {r.slot: r for r in self.runs if r.slot is not None}  # (runs ended during
-        # the step are gone: what it did for them is dropped)
-        done = [(by_slot[j.slot], j, res) for j, res in zip(jobs, step.results, strict=True)
+    def _still_running(self, jobs: Sequence[Job], step: Step
+                       ) -> list[tuple[Run, Job, StepResult | None]]:
+        """Each job with its run and result, but for runs that ended during the step (what
+        it did for them is dropped)."""
+        by_slot = {r.slot: r for r in self.runs if r.slot is not None}
+        return [(by_slot[j.slot], j, res) for j, res in zip(jobs, step.results, strict=True)
                 if j.slot in by_slot]
-        verified = [(run, job, res) for run, job, res in done if res is not None]
-        busy = any(self.feed.back_drafting(r.session) for r, _, _ in verified)
-        # A step of one session prices the model (a batch of several sessions' tokens is
-        # not the batch of one sequence that calibration priced).
+
+    def _price(self, step: Step, verified: list[Run], n_jobs: int) -> None:
+        """The step's seconds to the prices: busy where a back drafted for a session it
+        verified; only a step of one session prices the model (a batch of several sessions'
+        tokens is not the batch of one sequence that calibration priced)."""
+        busy = any(self.feed.back_drafting(r.session) for r in verified)
         self.cost.record_step(step.n_tokens, step.seconds, busy,
-                              priced=len(jobs) == 1 and bool(verified))
-        for run, job, result in done:
-            if result is None:
-                self._prefilled(run, len(job.prompt))
-            else:
-                self._advance(run, job, result, offered.get(run.session.id))
-        return [r.session.id for r, _, _ in verified]
+                              priced=n_jobs == 1 and bool(verified))
 
-    def _prefilled(self, run: Run, n: int) -> None:
-        del run.todo[:n]
-        run.session.prompt_evaluated += n
-        if not run.todo:
-            run.session.t_decode = self.clock()
-
-    def _advance(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
-        """What one session's verify step means: its tokens, text, counts and offers."""
-        session, req = run.session, run.req
-        first = session.n_generated == 0
+    def _score(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
+        """What one session's verify step tells of drafts: metrics, the branch cover, the
+        offer watched (settled once the verdict is applied)."""
+        first = run.session.n_generated == 0
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
                                  bool(job.draft and offered and offered.branch))
         self.metrics.record_tree(result.tree, result.verdict.branch is not None)
         run.after_rejection = result.rejected
+        if result.covered is not None:
+            self.cost.record_cover(result.covered)
         if offered is not None and offered.back_id != OWN:  # verified or not, a back's
             # offer shows what backs' drafts are worth (lead's own are priced apart)
             run.offers.offered(job.tokens, offered.token_ids, first)
-        emitted = self.decoder.apply(session, result, req.max_tokens)
-        chunks = self._texts(emitted, run)
-        if run.text.stopped:  # tokens past a stop string are no part of the reply
-            self.decoder.cut(session, len(emitted) - len(chunks))
-            session.finish_reason, session.stop_sequence = "stop", run.text.matched
-        run.offers.settle(session.tokens, final=session.finish_reason is not None)
         if log.isEnabledFor(logging.DEBUG):
-            self._trace(session, offered, result)
-        for emission in merged([self._emission(result, i, emitted[i], chunk, session.id)
-                                for i, chunk in enumerate(chunks)]):
-            run.emit(emission)
-        if session.finish_reason is not None:
-            run.emit(Emission(run.text.finish(), 0, 0, session=session, sid=session.id))
-            self._end(run)
-
-    def _texts(self, emitted: list[int], run: Run) -> list[str]:
-        """The text each token releases, up to the one that completes a stop string."""
-        chunks: list[str] = []
-        for token in emitted:
-            eos = token in self.model.eos_token_ids
-            chunks.append("" if eos else run.text.push(self.model.token_bytes(token)))
-            if run.text.stopped:
-                break
-        return chunks
-
-    def _emission(self, result: StepResult, i: int, token: int, chunk: str, sid: str
-                  ) -> Emission:
-        """The step's i-th token, `token`, releasing `chunk`."""
-        drafted = result.from_draft(i)
-        # An end-of-generation token has no logprob entry: its text is no part of the reply.
-        logprobs = [] if result.logprobs is None or token in self.model.eos_token_ids else \
-            [result.logprobs[i]]
-        return Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "",
-                        logprobs=logprobs, sid=sid)
+            self._trace(run.session, offered, result)
 
     def _end(self, run: Run, error: BaseException | None = None) -> None:
         """End `run`: its session's counts and log line, its slot freed (its cache stays,
@@ -310,7 +288,7 @@ class Engine:
         if run in self.runs:
             self.runs.remove(run)
         session = run.session
-        run.offers.settle(session.tokens, final=True)  # a stop string may end a watched offer
+        run.offers.settle(session.tokens, final=True)
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
         session.done = True
@@ -327,9 +305,10 @@ class Engine:
         run.ended = True
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
+        """The step about to be applied to `session`, for --log-level debug."""
         cost = self.cost
         log.debug("%s step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "
-                  "slowdown %.2f, wanted %d%s", session.id, session.steps,
+                  "slowdown %.2f, wanted %d%s", session.id, session.steps + 1,
                   len(offered.token_ids) if offered else 0, result.batch - 1,
                   len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
                   cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
