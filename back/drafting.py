@@ -31,7 +31,6 @@ class Drafting:
 
     placement: Placement
     followers: dict[str, Follower]
-    skipped: set[str]
     hush: bool
     _stop: asyncio.Event
     max_post: int
@@ -50,8 +49,7 @@ class Drafting:
     def _drafting(self) -> list[Follower]:
         sit_out = self.placement.sit_out
         return [f for f in self.followers.values()
-                if f.session_id not in self.skipped and f.mirror.should_draft(sit_out)
-                and not self.hush]
+                if f.mirror.should_draft(sit_out) and not self.hush]
 
     async def _draft_ahead(self) -> None:
         """Draft for every session that wants drafts, in one model call a guess, posting as
@@ -114,7 +112,9 @@ class Drafting:
         except Exception as exc:
             log.warning("the draft model failed (%s); not drafting for session %s", brief(exc),
                         ", ".join(sessions))
-            self.skipped.update(sessions)
+            for sid in sessions:
+                if (follower := self.followers.get(sid)) is not None:
+                    follower.mirror.skip(sid)
             raise ModelFailed(sessions[0] if sessions else None, exc) from exc
 
     def width(self, follower: Follower, sharing: int) -> int:

@@ -76,7 +76,6 @@ class Worker(Drafting):
         self.hush = False
         self.history = History()
         self.grammars: dict[str, str] = {}  # grammar id -> text, shared by the mirrors
-        self.skipped: set[str] = set()  # sessions not drafted for: grammar gone, model failed
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
         self.backoff = Backoff()
         self.flaps = Flaps()
@@ -295,7 +294,6 @@ class Worker(Drafting):
 
     def _end(self, session_id: str) -> None:
         follower = self.followers.pop(session_id, None)
-        self.skipped.discard(session_id)
         if follower is not None:
             self.lead_step_s = follower.lead_step.step_s or self.lead_step_s
             self.history.ended(follower.stats)
@@ -305,7 +303,7 @@ class Worker(Drafting):
         """Each followed session's grammar text, once, where a state names one not held."""
         for follower in list(self.followers.values()):
             gid, sid = follower.mirror.missing_grammar(), follower.session_id
-            if gid is None or sid in self.skipped:
+            if gid is None:
                 continue
             try:
                 got = await self.client.grammar(sid)
@@ -316,7 +314,7 @@ class Worker(Drafting):
             if got is None or got.session_id != sid or grammar_id(got.grammar) != gid:
                 log.info("session %s: lead sent no grammar named %s; not drafting for it",
                          sid, gid)
-                self.skipped.add(sid)
+                follower.mirror.skip(sid)
             else:
                 follower.mirror.hold_grammar(gid, got.grammar)
 
@@ -325,8 +323,7 @@ class Worker(Drafting):
         starting and ending while it sits out; of a session it does not draft for, news
         only when it wants drafts."""
         sit_out = self.placement.sit_out
-        quiet = sorted(sid for sid, f in self.followers.items()
-                       if f.mirror.quiet(sit_out) or sid in self.skipped)
+        quiet = sorted(sid for sid, f in self.followers.items() if f.mirror.quiet(sit_out))
         wants = Hello(back_id=self.back_id, kind=getattr(self.client, "kind", ""),
                       idle=sit_out, quiet=quiet[:64], ignored=sorted(self.ignored)[:64])
         if wants != self._wants and self._link is not None:

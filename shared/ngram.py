@@ -29,6 +29,7 @@ class Match:
 
     token_ids: tuple[int, ...]
     length: int
+    source: int | None = None  # where in the sequence the copy starts (None: elsewhere)
 
 
 class NgramIndex:
@@ -59,7 +60,7 @@ class NgramIndex:
         copy = list(tokens[end:end + k])
         while len(copy) < k:  # past the sequence's end the copy reads itself
             copy.append(copy[len(copy) - (len(tokens) - end)])
-        return Match(tuple(copy), agreeing(tokens, end, tokens))
+        return Match(tuple(copy), agreeing(tokens, end, tokens), end)
 
 
 def kept(places: dict[tuple[int, ...], list[T]], key: tuple[int, ...], place: T) -> None:

@@ -122,9 +122,10 @@ def test_a_slow_steady_reader_gets_all_of_its_reply_and_never_slows_decoding(
     received, watched, read_when_decoded = b"", False, None
     try:
         session = running_session(app)
-        # 4 KiB every 0.1 s: a whole receive window each time. TCP shows lead a reader's
-        # progress only as the window reopens, so one reading far less than a window per
-        # write timeout looks silent.
+        # 4 KiB every 0.25 s: a whole receive window each time, two per write timeout. TCP
+        # shows lead a reader's progress only as the window reopens, so one reading far
+        # less than a window per write timeout looks silent. Decoding 800 tokens has 6 s
+        # to end before half is read: ~1 s here when quiet, 3 s beside two busy loops.
         while not received.endswith(b"0\r\n\r\n"):  # the chunked body's end
             chunk = reader.recv(4096)
             assert chunk, "lead closed the connection"
@@ -132,7 +133,7 @@ def test_a_slow_steady_reader_gets_all_of_its_reply_and_never_slows_decoding(
             watched = watched or lead_is_watching(server)
             if read_when_decoded is None and session.done:
                 read_when_decoded = len(received)
-            time.sleep(0.1)  # the client's pace, not synchronisation
+            time.sleep(0.25)  # the client's pace, not synchronisation
     finally:
         reader.close()
     # raw bytes off a socket, chunked: the data lines are picked out of them

@@ -97,7 +97,7 @@ def test_the_summary_shows_each_probe_and_the_first_trace() -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("probe", [Probe("bare load", before=""),
                                    Probe("bare load on a thread", before="THREAD"),
-                                   Probe("lead", lead_args=["--tree", "0"])])
+                                   Probe("lead", lead_args=["--tree", "0", "--no-calibrate"])])
 def test_probes_on_a_working_build_load_and_serve(probe: Probe, tmp_path: Path) -> None:
     path = cache_dir() / PRESETS["smollm2-135m"].filename
     if not path.is_file():

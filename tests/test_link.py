@@ -22,7 +22,7 @@ from back.worker import Worker
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.drafts.feed import BackFeed
-from lead.drafts.link import Link
+from lead.drafts.link import LinkedBack
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
@@ -41,7 +41,7 @@ def session(sid: str, tokens: list[int], temperature: float = 0.0) -> Session:
 
 def test_an_update_carries_only_what_the_back_was_not_sent() -> None:
     feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
-    link = Link(feed)
+    link = LinkedBack(feed)
     a = session("a", [1, 2, 3])
     feed.start(a)
     first = link.update()
@@ -72,7 +72,7 @@ def test_an_update_carries_only_what_the_back_was_not_sent() -> None:
 def test_an_update_says_how_long_lead_s_step_under_way_has_left() -> None:
     now = [10.0]
     feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics(), clock=lambda: now[0])
-    link = Link(feed)
+    link = LinkedBack(feed)
     feed.start(session("a", [1, 2, 3]))
     first = link.update()
     assert first is not None and first.step_left_s is None  # no step priced yet
@@ -90,7 +90,7 @@ def test_an_update_says_how_long_lead_s_step_under_way_has_left() -> None:
 
 def test_a_back_sitting_out_hears_only_of_sessions_starting_and_ending() -> None:
     feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
-    link = Link(feed)
+    link = LinkedBack(feed)
     link.hello(Hello(idle=True))
     a = session("a", [1, 2])
     feed.start(a)
@@ -105,7 +105,7 @@ def test_a_back_sitting_out_hears_only_of_sessions_starting_and_ending() -> None
 def test_news_of_a_quiet_session_comes_only_when_it_wants_drafts() -> None:
     cost = CostModel(max_draft=8, fixed=0)  # no drafts wanted
     feed = BackFeed(cost, Metrics())
-    link = Link(feed)
+    link = LinkedBack(feed)
     a, b = session("a", [1, 2]), session("b", [5])
     feed.start(a)
     feed.start(b)

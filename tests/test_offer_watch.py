@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 
 from lead.decode.engine import Engine, GenRequest
+from lead.drafts.offers import OfferWatch
 from lead.policy.acceptance import draft_outcome
-from lead.policy.cost import OfferWatch
 from shared.fake import FakeModel
 
 

@@ -49,7 +49,7 @@ def wakes(session: Session | None, quiet_session: str | None, idle: bool,
 
 
 @dataclass
-class Followed:
+class FeedEntry:
     """A session as backs see it: its board, and its sampling settings without the
     grammar's text (which goes once, by its id)."""
 
@@ -60,7 +60,7 @@ class Followed:
     version: int = 0  # the feed's version at its last change
 
     @classmethod
-    def of(cls, session: Session, board: DraftBoard, version: int) -> Followed:
+    def of(cls, session: Session, board: DraftBoard, version: int) -> FeedEntry:
         grammar = session.params.grammar
         sampling = session.params.model_copy(update={"grammar": None}) if grammar \
             else session.params
@@ -79,8 +79,8 @@ class BackFeed:
         self.backs = BackRegistry()
         self.polls = PollSlots()
         self._arrivals = RateLimiter(ARRIVALS_PER_S)
-        self.followed: dict[str, Followed] = {}  # running sessions, oldest first
-        self.ended: deque[Followed] = deque(maxlen=ENDED_KEPT)
+        self.followed: dict[str, FeedEntry] = {}  # running sessions, oldest first
+        self.ended: deque[FeedEntry] = deque(maxlen=ENDED_KEPT)
         self.session: Session | None = None  # the session started last
         self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
         self.news = Broadcast()  # bumped on every change backs are shown
@@ -98,7 +98,7 @@ class BackFeed:
     # --- sessions ---
     def start(self, session: Session) -> None:
         board = DraftBoard(scores=BackScores(scores=self.scores.scores, odds=self.scores.odds))
-        self.followed[session.id] = Followed.of(session, board, self.version)
+        self.followed[session.id] = FeedEntry.of(session, board, self.version)
         self.session = session
         self.notify([session.id])
 
@@ -150,10 +150,10 @@ class BackFeed:
             if followed is not None:
                 followed.version = version
 
-    def _ended(self, session_id: str) -> Followed | None:
+    def _ended(self, session_id: str) -> FeedEntry | None:
         return next((f for f in self.ended if f.session.id == session_id), None)
 
-    def session_state(self, followed: Followed, offset: int, back_id: str,
+    def session_state(self, followed: FeedEntry, offset: int, back_id: str,
                       sampling: bool = True) -> SessionState:
         """The session's news for a back holding `offset` of its tokens (`sampling`: with
         its settings)."""
@@ -167,7 +167,7 @@ class BackFeed:
                             your_accepted=s.accepted_by_back.get(back_id, 0))
 
     # --- backs following one session (GET /duo/state) ---
-    def shown(self, back_id: str = "") -> Followed | None:
+    def shown(self, back_id: str = "") -> FeedEntry | None:
         """The session a back following one is shown: its own while it runs, else the
         running one fewest such backs follow (the newest of those); with none running, the
         last it followed, or the last to end."""

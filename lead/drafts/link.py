@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lead.drafts.feed import BackFeed, Followed
+from lead.drafts.feed import BackFeed, FeedEntry
 from shared.protocol import Hello, SessionState, Update
 
 
 @dataclass
-class Link:
+class LinkedBack:
     """One back on the link: what it has been sent of each session, and what it wants."""
 
     feed: BackFeed
@@ -45,7 +45,7 @@ class Link:
             return True
         return any(self._wants(f) for f in feed.followed.values())
 
-    def _wants(self, followed: Followed) -> bool:
+    def _wants(self, followed: FeedEntry) -> bool:
         sid = followed.session.id
         if sid not in self.sent:
             return True  # new to this back
@@ -75,7 +75,7 @@ class Link:
         feed = self.feed
         return Update(version=self.version, lead_id=feed.lead_id, hush=feed.cost.hush)
 
-    def _state(self, followed: Followed) -> SessionState:
+    def _state(self, followed: FeedEntry) -> SessionState:
         sid = followed.session.id
         first = sid not in self.sent
         state = self.feed.session_state(followed, self.sent.get(sid, 0), self.back_id, first)

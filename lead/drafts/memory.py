@@ -18,7 +18,7 @@ from collections.abc import Iterator, Sequence
 from lead.drafts.copier import Copier
 from shared.ngram import KEY, Match, agreeing, kept
 
-Place = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
+Spot = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
 
 
 class Memory:
@@ -28,7 +28,7 @@ class Memory:
         self.budget, self.most = budget, max(budget // 4, KEY + 1)
         self.sessions: dict[int, tuple[int, ...]] = {}  # oldest first
         self.size = 0  # tokens held
-        self._ends: dict[tuple[int, ...], list[Place]] = {}  # latest first
+        self._ends: dict[tuple[int, ...], list[Spot]] = {}  # latest first
         self._next = 0
 
     def add(self, tokens: Sequence[int]) -> None:

@@ -7,8 +7,48 @@ watched (one at a time) until lead's tokens settle it, and its outcome is record
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
-from lead.policy.cost import OfferWatch
+from lead.policy.acceptance import draft_outcome
+
+
+@dataclass(frozen=True)
+class OfferWatch:
+    """A draft on offer at position `start`, compared with lead's tokens as they come, over
+    as many steps as that takes (a plain step shows at most one token of it)."""
+
+    start: int
+    token_ids: tuple[int, ...]
+    first: bool  # offered at a reply's first step
+    limit: int = 8  # the most draft tokens one outcome covers
+
+    def extended(self, tokens: Sequence[int], draft_ids: Sequence[int]) -> OfferWatch:
+        """This watch, or, if a later offer continues its draft, that draft reaching
+        further (a back posts its draft a token at a time)."""
+        seen = tuple(self._since(tokens))  # lead's tokens since, all agreeing
+        rest = tuple(self.token_ids[len(seen):])
+        if len(seen) <= len(self.token_ids) and len(draft_ids) > len(rest) \
+                and tuple(draft_ids[:len(rest)]) == rest:
+            return replace(self, token_ids=(seen + tuple(draft_ids))[:self.limit])
+        return self
+
+    def used_up(self, tokens: Sequence[int]) -> bool:
+        return len(tokens) - self.start >= len(self.token_ids)
+
+    def result(self, tokens: Sequence[int]) -> tuple[int, bool]:
+        """(matches, missed) so far."""
+        return draft_outcome(self.token_ids, self._since(tokens))
+
+    def _since(self, tokens: Sequence[int]) -> Sequence[int]:
+        # at most one past the draft: a watch can stay open for a whole reply
+        return tokens[self.start:self.start + len(self.token_ids) + 1]
+
+    def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
+        """The result once `tokens` settle the draft: a miss, `limit` matches, or `final`
+        (the reply ended); else None."""
+        matches, missed = self.result(tokens)
+        return (matches, missed) if final or missed or matches >= self.limit else None
+
 
 Record = Callable[[int, bool, bool], None]  # (matches, missed, first): CostModel.record_outcome
 

@@ -4,8 +4,8 @@
 asks backs for drafts only when that pays or a probe is open. Its parts, each with one
 job: `Prices` (lead/policy/prices.py: seconds per batch size, quiet and while a back drafts),
 `Acceptance` (lead/policy/acceptance.py: how often drafts are right), `ProbeSchedule`
-(lead/policy/probes.py: when quiet backs are asked anyway). `OfferWatch` follows a draft on
-offer over lead's next steps and yields the outcomes acceptance learns from.
+(lead/policy/probes.py: when quiet backs are asked anyway). What it learns acceptance from:
+drafts on offer compared with what lead emitted (lead/drafts/offers.py).
 Formulas, defaults and the measurements behind them: docs/cost-model.md.
 """
 
@@ -13,50 +13,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
-from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate, draft_outcome
+from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate
 from lead.policy.branchcost import branch_lengths
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
-
-
-@dataclass(frozen=True)
-class OfferWatch:
-    """A draft on offer at position `start`, compared with lead's tokens as they come, over
-    as many steps as that takes (a plain step shows at most one token of it)."""
-
-    start: int
-    token_ids: tuple[int, ...]
-    first: bool  # offered at a reply's first step
-    limit: int = 8  # the most draft tokens one outcome covers
-
-    def extended(self, tokens: Sequence[int], draft_ids: Sequence[int]) -> OfferWatch:
-        """This watch, or, if a later offer continues its draft, that draft reaching
-        further (a back posts its draft a token at a time)."""
-        seen = tuple(self._since(tokens))  # lead's tokens since, all agreeing
-        rest = tuple(self.token_ids[len(seen):])
-        if len(seen) <= len(self.token_ids) and len(draft_ids) > len(rest) \
-                and tuple(draft_ids[:len(rest)]) == rest:
-            return replace(self, token_ids=(seen + tuple(draft_ids))[:self.limit])
-        return self
-
-    def used_up(self, tokens: Sequence[int]) -> bool:
-        return len(tokens) - self.start >= len(self.token_ids)
-
-    def result(self, tokens: Sequence[int]) -> tuple[int, bool]:
-        """(matches, missed) so far."""
-        return draft_outcome(self.token_ids, self._since(tokens))
-
-    def _since(self, tokens: Sequence[int]) -> Sequence[int]:
-        # at most one past the draft: a watch can stay open for a whole reply
-        return tokens[self.start:self.start + len(self.token_ids) + 1]
-
-    def outcome(self, tokens: Sequence[int], final: bool = False) -> tuple[int, bool] | None:
-        """The result once `tokens` settle the draft: a miss, `limit` matches, or `final`
-        (the reply ended); else None."""
-        matches, missed = self.result(tokens)
-        return (matches, missed) if final or missed or matches >= self.limit else None
 
 
 @dataclass

@@ -22,7 +22,7 @@ from lead.apis.shapes import FieldRefused
 from lead.decode.metrics import Metrics
 from lead.drafts.feed import BackFeed
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
-from lead.drafts.link import Link
+from lead.drafts.link import LinkedBack
 from lead.server.keys import Keys
 from shared.branch import Branch
 from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
@@ -73,7 +73,7 @@ async def serve_link(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: 
 async def _serve(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metrics,
                  max_message: int, address: str) -> None:
     authorization = ws.headers.get("authorization", "").encode("latin-1")
-    link = Link(feed)
+    link = LinkedBack(feed)
     pusher: asyncio.Task[None] | None = None  # news goes out once the back said hello
     try:
         await ws.accept()
@@ -101,7 +101,7 @@ async def _text_frame(ws: WebSocket) -> str | None:
     return frame.get("text")
 
 
-async def _push(ws: WebSocket, link: Link, metrics: Metrics) -> None:
+async def _push(ws: WebSocket, link: LinkedBack, metrics: Metrics) -> None:
     feed = link.feed
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):
         while True:
@@ -111,7 +111,7 @@ async def _push(ws: WebSocket, link: Link, metrics: Metrics) -> None:
             await ws.send_text(update.model_dump_json(exclude_none=True))
 
 
-def _handle(text: str, link: Link, posts: DraftTaker, address: str, authorization: bytes,
+def _handle(text: str, link: LinkedBack, posts: DraftTaker, address: str, authorization: bytes,
             max_message: int) -> Refused | None:
     """Take one message from the back; what refuses it, if anything does."""
     if len(text) > max_message:
