@@ -1,0 +1,33 @@
+"""bench/replay.py: lead's own drafts replayed over a recorded reply, counted exactly."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bench.replay import EPYC_25, prices_arg, relative, replay_all
+
+
+def echo_with_an_edit() -> tuple[list[int], list[int]]:
+    rng = np.random.default_rng(3)
+    source = [int(t) for t in rng.integers(100, 10_000, 300)]
+    return [1, *source, 2], [*source[:120], 7, 8, *source[121:]]  # one token changed to two
+
+
+def test_the_policy_drafts_an_echo_and_the_oracle_bounds_it() -> None:
+    pairs = [echo_with_an_edit()] * 2
+    policy, best = replay_all(pairs, EPYC_25), replay_all(pairs, EPYC_25, oracle=True)
+    assert [r.tokens for r in policy] == [301, 301]
+    assert all(r.steps < r.tokens / 3 and r.speedup > 1.5 for r in policy)
+    assert all(b.wasted == 0 and b.speedup >= a.speedup for a, b in zip(policy, best, strict=True))
+    assert policy[1].steps < policy[0].steps  # the same reply again: learned, and remembered
+
+
+def test_where_batches_never_pay_every_step_is_plain() -> None:
+    dear = prices_arg("2.5,3.5")
+    [r] = replay_all([echo_with_an_edit()], dear)
+    assert (r.steps, r.time, r.wasted, r.speedup) == (301, 301.0, 0, 1.0)
+
+
+def test_prices_between_the_given_sizes_are_interpolated() -> None:
+    price = relative({1: 1.0, 9: 5.0, 65: 29.0})
+    assert (price(1), price(5), price(9), price(37), price(130)) == (1.0, 3.0, 5.0, 17.0, 58.0)
