@@ -178,7 +178,8 @@ class Engine:
             return []
         step = await self.decoder.step(jobs)
         done = self._still_running(jobs, step)
-        self._price(step, [run for run, _, res in done if res is not None], len(jobs))
+        verified = [run for run, _, res in done if res is not None]
+        self._price(step, verified, len(jobs))
         for run, job, result in done:
             if result is None:
                 run.prefilled(len(job.prompt), self.clock())
@@ -189,7 +190,7 @@ class Engine:
             if run.session.finish_reason is not None:
                 self._end(run)
         self.feed.log_hush()
-        return [run.session.id for run, _, res in done if res is not None]
+        return [run.session.id for run in verified]
 
     async def _seat_waiting(self) -> None:
         """Give waiting runs the free slots, in arrival order."""
