@@ -1,9 +1,11 @@
 """Lead's small pure pieces at its edges: the draft-post limit, Prometheus text, text cut
-inside a character, the watch on a silent client and a reply's outbox."""
+inside a character, the watch on a silent client and a streamed reply's sender."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -13,7 +15,7 @@ from lead.decode.metrics import Metrics
 from lead.decode.session import Emission
 from lead.decode.textstream import TextStream
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
-from lead.server.delivery import Outbox, ReplyCut
+from lead.server.delivery import KEEPALIVE, StreamedReply
 from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
 from lead.server.wire import StallWatch
 from shared.fake import FakeModel
@@ -79,22 +81,66 @@ def test_a_silent_client_is_one_whose_mark_stands_still_for_the_timeout() -> Non
     assert watch.silent_for(140, 5.5) is None
 
 
-def test_an_outbox_gives_what_was_put_in_order_then_ends_as_decoding_did() -> None:
-    async def drained(outbox: Outbox) -> list[str]:
-        return [e.text async for e in outbox]
+async def _lines(emissions: AsyncIterator[Emission]) -> AsyncIterator[str]:
+    async for e in emissions:
+        yield f"{e.text}\n"
 
-    async def body() -> None:
-        outbox = Outbox()
-        reading = asyncio.create_task(drained(outbox))
-        outbox.put(Emission("a", 1, 0))
-        await async_wait_until(lambda: outbox.tokens() == 0, what="the reader to take a")
-        outbox.put(Emission("b", 2, 1))
-        assert outbox.tokens() == 2
-        outbox.close()
-        assert await reading == ["a", "b"] and outbox.tokens() == 0
-        cut = Outbox()
-        cut.put(Emission("c", 1, 0))
-        cut.close(ReplyCut())
-        with pytest.raises(ReplyCut):  # what was put, then the reason it ended
-            await drained(cut)
-    asyncio.run(body())
+
+async def _served(reply: StreamedReply, sent: list[bytes | None],
+                  leaves: asyncio.Event | None = None) -> None:
+    """Serve `reply`, each body part it sends into `sent` (None: the response's start), to a
+    client that disconnects once `leaves` is set (never, if None)."""
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message.get("body"))
+
+    async def receive() -> dict[str, Any]:
+        await (leaves or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+    await reply({"type": "http"}, receive, send)
+
+
+def test_a_streamed_reply_keeps_alive_until_its_first_emission_then_sends_each_in_order(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("lead.server.delivery.KEEPALIVE_S", 0.001)
+    sent: list[bytes | None] = []
+    closed: list[bool] = []
+
+    async def gen() -> AsyncGenerator[Emission, None]:
+        try:  # the prompt is read once two keepalives went out
+            await async_wait_until(lambda: sent.count(KEEPALIVE) >= 2, what="keepalives")
+            yield Emission("a", 1, 0)
+            yield Emission("b", 2, 1)
+        finally:
+            closed.append(True)
+    asyncio.run(_served(StreamedReply(gen(), _lines), sent))
+    assert sent[0] is None and sent[-3:] == [b"a\n", b"b\n", b""]
+    assert set(sent[1:-3]) == {KEEPALIVE} and len(sent) >= 6 and closed == [True]
+
+
+def test_a_streamed_reply_ends_its_generation_when_the_client_leaves_and_raises_its_error(
+        ) -> None:
+    closed: list[bool] = []
+
+    async def gen(fails: bool) -> AsyncGenerator[Emission, None]:
+        try:
+            yield Emission("a", 1, 0)
+            if fails:
+                raise ValueError("the model failed")
+            await asyncio.Event().wait()  # decoding that would go on
+            yield Emission("never", 1, 0)
+        finally:
+            closed.append(True)
+
+    async def left(sent: list[bytes | None]) -> None:
+        leaves = asyncio.Event()
+        waiting = asyncio.ensure_future(async_wait_until(lambda: b"a\n" in sent, what="a"))
+        waiting.add_done_callback(lambda _: leaves.set())
+        await _served(StreamedReply(gen(False), _lines), sent, leaves)
+    sent: list[bytes | None] = []
+    asyncio.run(left(sent))
+    assert sent == [None, b"a\n"] and closed == [True]  # no end: the client is gone
+    with pytest.raises(ValueError, match="the model failed"):
+        asyncio.run(_served(StreamedReply(gen(True), _lines), []))
+    assert closed == [True, True]
+
+

@@ -51,11 +51,11 @@ log = logging.getLogger("lead")
 # a large one holds them up longer at a time. At 8 clients (4 waiting for a slot) 32 gave
 # 1-3 % more in all than 16 (docs/benchmarks.md).
 PREFILL_STEPS = 32.0
-# Turns of the event loop given to the readers after a step: its emissions reach their
-# sockets two turns on (the reply's task, then its sender: lead/server/delivery.py), one
-# more for a sender's own awaits. With one turn the writes came after the next step had
-# been handed over, and held its start 0.15-0.3 ms.
-READER_TURNS = 3
+# Turns of the event loop given to the readers after a step: a reply's sender, woken by
+# its run's queue, writes on the next turn, and its send's own await takes one more
+# (lead/server/delivery.py; with one turn test_api's check of it fails). Writes after
+# the next step was handed over held its start 0.15-0.3 ms.
+READER_TURNS = 2
 
 
 class Engine:

@@ -1,11 +1,12 @@
-"""A streamed reply's way to its client: decoding fills the reply's outbox, a sender
-empties it as server-sent events.
+"""A streamed reply's way to its client: a sender reads the generation's emissions and
+writes them as server-sent events.
 
-Decoding never waits on the client: a slow reader only lets the outbox grow (by at most
-the reply: one emission per token), and lead's one running slot is freed when decoding
-ends, not when the client has read it all. A client that reads nothing is cut off by its
-connection's watch (lead/server/wire.py); the reply then logs it and its generation is cancelled
-at once, as a client that leaves is.
+Decoding never waits on the client: the engine queues a run's emissions (lead/decode/runs.py,
+the one buffer between a generation and its client), so a slow reader only lets that queue
+grow (by at most the reply: one emission per token), and lead's one running slot is freed
+when decoding ends, not when the client has read it all. A client that reads nothing is cut
+off by its connection's watch (lead/server/wire.py); the reply then logs it and its
+generation is cancelled at once, as a client that leaves is.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections import deque
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, TypeVar
@@ -30,77 +30,6 @@ from lead.server.wire import Stall, wire_of
 log = logging.getLogger("lead")
 T = TypeVar("T")
 
-
-class ReplyCut(Exception):
-    """The reply's decoding was cancelled: its client was cut off, there is no end to send."""
-
-
-class Outbox:
-    """One reply's emissions decided and not yet sent, in order; iterating waits for more
-    until the reply is closed, then ends (or raises what ended decoding)."""
-
-    def __init__(self) -> None:
-        self._items: deque[Emission] = deque()
-        self._news = asyncio.Event()
-        self._closed = False
-        self._error: BaseException | None = None
-        self.sid = ""  # the session its emissions belong to (the first's, for the log)
-
-    def put(self, emission: Emission) -> None:
-        self._items.append(emission)
-        self.sid = self.sid or emission.sid
-        self._news.set()
-
-    def close(self, error: BaseException | None = None) -> None:
-        self._closed, self._error = True, error
-        self._news.set()
-
-    def tokens(self) -> int:
-        return sum(e.n_tokens for e in self._items)
-
-    async def wait(self, timeout: float) -> bool:
-        """Whether an emission (or the end) is here within `timeout` seconds."""
-        if self._items or self._closed:
-            return True
-        self._news.clear()
-        try:
-            await asyncio.wait_for(self._news.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
-
-    async def __aiter__(self) -> AsyncIterator[Emission]:
-        while True:
-            while self._items:
-                yield self._items.popleft()
-            if self._closed:
-                if self._error is not None:
-                    raise self._error
-                return
-            self._news.clear()
-            await self._news.wait()
-
-
-async def decode_into(gen: AsyncGenerator[Emission, None], outbox: Outbox) -> None:
-    """Run the generation to its end (or cancellation), each emission into `outbox`."""
-    error: BaseException | None = None
-    try:
-        async for emission in gen:
-            outbox.put(emission)
-            # The sender writes it before the next step starts: Python work overlapping a
-            # step preempts llama.cpp's threads. A sender waiting on its client does not
-            # run, and decoding goes on.
-            await asyncio.sleep(0)
-    except asyncio.CancelledError:
-        error = ReplyCut()
-        raise
-    except Exception as exc:  # the reply's own failure: the sender raises it
-        error = exc
-    finally:
-        outbox.close(error)
-        await gen.aclose()
-
-
 Events = Callable[[AsyncIterator[Emission]], AsyncIterator[str]]  # an API's stream format
 
 
@@ -109,12 +38,11 @@ KEEPALIVE = b": waiting for the first token (in line, or the prompt being read)\
 
 
 class StreamedReply(Response):
-    """The reply as an ASGI response: decoding in a task of its own, sending here the
-    server-sent events `events` makes of its emissions. Its headers go out at once, and a
-    comment line every KEEPALIVE_S while the reply waits for its turn and its prompt: an
-    agent's first prompt takes minutes on a CPU, and clients give up on a silent stream
-    (Claude Code and Codex after 300 s). `release`: what frees its places in line, if
-    decoding never takes them."""
+    """The reply as an ASGI response: the server-sent events `events` makes of `gen`'s
+    emissions. Its headers go out at once, and a comment line every KEEPALIVE_S while the
+    reply waits for its turn and its prompt: an agent's first prompt takes minutes on a CPU,
+    and clients give up on a silent stream (Claude Code and Codex after 300 s). `release`:
+    what frees its places in line, if decoding never takes them."""
 
     def __init__(self, gen: AsyncGenerator[Emission, None], events: Events,
                  release: Callable[[], None] = lambda: None) -> None:
@@ -122,41 +50,60 @@ class StreamedReply(Response):
         self.status_code, self.media_type, self.background = 200, "text/event-stream", None
         self.init_headers({"Cache-Control": "no-cache"})
         self.gen, self.events, self.release = gen, events, release
+        self.sessions: list[Session] = []  # its generations' (each told with its first)
+        self.passed = 0  # tokens handed to `events`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        outbox = Outbox()
-        decoding = asyncio.create_task(decode_into(self.gen, outbox))
+        sending = asyncio.ensure_future(self._send_all(send))
         wire = wire_of(scope)
         if wire is not None:
-            wire.on_stall = partial(self._stalled, decoding, outbox)
+            wire.on_stall = partial(self._stalled, sending)
         try:
-            await unless_gone(receive, self._send_all(send, outbox))
+            await unless_gone(receive, sending)
         finally:
             if wire is not None:
                 wire.on_stall = None
-            decoding.cancel()  # the client left (or was cut off): the generation ends now
-            await asyncio.gather(decoding, return_exceptions=True)
+            await self.gen.aclose()  # the client left (or was cut off): the generation ends
             self.release()
 
-    async def _send_all(self, send: Send, outbox: Outbox) -> None:
+    async def _send_all(self, send: Send) -> None:
         await send({"type": "http.response.start", "status": self.status_code,
                     "headers": self.raw_headers})
-        while not await outbox.wait(KEEPALIVE_S):
-            await send({"type": "http.response.body", "body": KEEPALIVE, "more_body": True})
+        first = asyncio.ensure_future(_next(self.gen))
         try:
-            async for text in self.events(aiter(outbox)):
-                await send({"type": "http.response.body", "body": text.encode(),
+            while not (await asyncio.wait({first}, timeout=KEEPALIVE_S))[0]:
+                await send({"type": "http.response.body", "body": KEEPALIVE,
                             "more_body": True})
-        except ReplyCut:
-            return  # its connection was aborted (a stall): nothing more goes out
+        finally:  # (cancelled: the first emission is no longer awaited)
+            first.cancel()
+            await asyncio.gather(first, return_exceptions=True)
+        async for text in self.events(self._counted(first.result())):
+            await send({"type": "http.response.body", "body": text.encode(),
+                        "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
-    def _stalled(self, decoding: asyncio.Task[None], outbox: Outbox, stall: Stall) -> None:
-        sid, done = outbox.sid or "?", decoding.done()
+    async def _counted(self, first: Emission | None) -> AsyncIterator[Emission]:
+        """The emissions, `first` and the rest, each counted as it is handed on."""
+        e = first
+        while e is not None:
+            self.passed += e.n_tokens
+            if e.prompt is not None:
+                self.sessions.append(e.prompt)
+            yield e
+            e = await _next(self.gen)
+
+    def _stalled(self, sending: asyncio.Future[None], stall: Stall) -> None:
+        sid = self.sessions[0].id if self.sessions else "?"
+        done = bool(self.sessions) and all(s.done for s in self.sessions)
+        unsent = sum(s.n_generated for s in self.sessions) - self.passed
         log.warning("%s: client %s read nothing for %.1f s; %d bytes and %d tokens unsent: "
-                    "%s", sid, stall.client, stall.silent_s, stall.unsent, outbox.tokens(),
+                    "%s", sid, stall.client, stall.silent_s, stall.unsent, unsent,
                     "connection closed" if done else "generation cancelled")
-        decoding.cancel()
+        sending.cancel()  # nothing more goes out, not even the stream's end
+
+
+async def _next(gen: AsyncGenerator[Emission, None]) -> Emission | None:
+    return await anext(gen, None)
 
 
 async def unless_gone(receive: Receive, work: Awaitable[T]) -> T | None:
