@@ -21,6 +21,7 @@ from back.links import Link
 from back.width import DraftPrices, choose_width
 from shared.modelthread import ModelThread
 from shared.placement import Placement
+from shared.protocol import Stop
 
 log = logging.getLogger("back")
 T = TypeVar("T")
@@ -31,7 +32,6 @@ class Drafting:
 
     placement: Placement
     followers: dict[str, Follower]
-    hush: bool
     _stop: asyncio.Event
     max_post: int
     burst: int
@@ -48,18 +48,17 @@ class Drafting:
 
     def _drafting(self) -> list[Follower]:
         sit_out = self.placement.sit_out
-        return [f for f in self.followers.values()
-                if f.mirror.should_draft(sit_out) and not self.hush]
+        return [f for f in self.followers.values() if f.mirror.should_draft(sit_out)]
 
     async def _draft_ahead(self) -> None:
         """Draft for every session that wants drafts, in one model call a guess, posting as
         it goes, until nothing is left to draft or post (a post returns at once). Where no
         session wants drafts, take in lead's tokens all the same, so that a probe finds this
-        back ready; not where that work slows lead: beside it, hushed by it, or sitting
-        out."""
+        back ready; not where that work slows lead: beside it, sitting out, or for a
+        session lead says its backs slow (Stop.SLOWED)."""
         drafting = self._drafting()
         if not drafting:
-            if not (self.hush or self.placement.beside_lead or self.placement.sit_out):
+            if not (self.placement.beside_lead or self.placement.sit_out):
                 await self._catch_up()
             return
         while drafting and not self._stop.is_set():
@@ -99,7 +98,8 @@ class Drafting:
         return jobs.extend_many(self.model, work)
 
     async def _catch_up(self) -> None:
-        for follower in [f for f in self.followers.values() if f.mirror.following]:
+        for follower in [f for f in self.followers.values()
+                         if f.mirror.following and f.mirror.state.stop != Stop.SLOWED]:
             done = await self._on_model([follower.session_id], jobs.catch_up,
                                         self.drafters[follower.slot], follower.mirror.tokens)
             if self.followers.get(follower.session_id) is follower:

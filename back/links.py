@@ -219,13 +219,10 @@ class PollLink:
         self.since = max(self.since, state.version)
         before, self.shown = self.shown, state.session_id or self.shown
         ended = [before] if before is not None and before != state.session_id else []
-        sessions = [] if state.session_id is None else [SessionState(
-            session_id=state.session_id, offset=state.offset, token_ids=state.token_ids,
-            n_tokens=state.n_tokens, n_prompt=state.n_prompt, done=state.done,
-            draft_len=state.draft_len, sampling=state.sampling, grammar_id=state.grammar_id,
-            your_accepted=state.your_accepted)]
+        sessions = [] if state.session_id is None else [SessionState.model_validate(
+            state.model_dump(include=set(SessionState.model_fields)))]
         self._news.put_nowait(Update(version=state.version, lead_id=state.lead_id,
-                                     hush=state.hush, sessions=sessions, ended=ended,
+                                     sessions=sessions, ended=ended,
                                      step_left_s=state.step_left_s))
 
     async def post(self, post: DraftPost) -> None:

@@ -120,7 +120,7 @@ class LeadMirror:
                 and len(self.tokens) == s.n_tokens > 0)
 
     def should_draft(self, sit_out: bool = False) -> bool:
-        return self.following and self.state.draft_len > 0 and not sit_out \
+        return self.following and self.state.stop is None and not sit_out \
             and self.missing_grammar() is None
 
     def quiet(self, sit_out: bool = False) -> str:
@@ -128,7 +128,7 @@ class LeadMirror:
         ends where `sit_out`): a live one this back does not draft for now; else ''."""
         s = self.state
         if s.session_id and not s.done and (
-                s.draft_len == 0 or s.session_id == self.skipped or sit_out):
+                s.stop is not None or s.session_id == self.skipped or sit_out):
             return s.session_id
         return ""
 

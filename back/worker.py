@@ -73,7 +73,6 @@ class Worker(Drafting):
         self.followers: dict[str, Follower] = {}  # by session id
         self.latest: Follower | None = None  # the follower of the last session news came for
         self.version = -1  # of the last update taken
-        self.hush = False
         self.history = History()
         self.grammars: dict[str, str] = {}  # grammar id -> text, shared by the mirrors
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
@@ -248,7 +247,7 @@ class Worker(Drafting):
         where a slot is free), the sessions gone ended."""
         if update.version < self.version and update.lead_id == self.lead_id:
             return  # a post's reply from before news taken since
-        self.version, self.hush = update.version, update.hush
+        self.version = update.version
         for sid in update.ended:  # first: their slots are free for the sessions below
             self._end(sid)
         # when the news left lead (its step_left_s was measured then), on this back's clock
@@ -258,8 +257,8 @@ class Worker(Drafting):
             if follower is None:
                 self.ignored.add(news.session_id)
                 continue
-            state = news.as_state(update.version, update.lead_id, update.hush,
-                                  follower.state.sampling, update.step_left_s)
+            state = news.as_state(update.version, update.lead_id, follower.state.sampling,
+                                  update.step_left_s)
             taken = follower.take(state, now)
             self.latest = follower
             if taken is not None and taken.refetch and isinstance(self._link, PollLink):

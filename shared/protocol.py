@@ -87,6 +87,32 @@ STEP_LEFT = ("seconds until the step lead is taking is due to end, as lead price
              "draft then, so a back posts before")
 
 
+class Stop:
+    """Why lead asks for no drafts of a session now: a state's `stop` (null: it asks for
+    `draft_len` tokens, more than 0). The one signal that stops a back drafting."""
+
+    SLOWED = "slowed"  # backs' work slows lead more than drafts could repay: do no work at
+    # all for it, not even catching up (a probe asks again)
+    UNPAID = "unpaid"  # drafts would not pay now: take in its tokens, draft nothing
+    DONE = "done"  # the session ended
+
+
+STOP = ("why lead asks for no drafts of this session now, or null: it asks for draft_len "
+        "(> 0). slowed: its backs' work slows it more than drafts could repay, so a back does "
+        "no work for it, not even catching up; unpaid: drafts would not pay now; done: the "
+        "session ended. A back drafts for no other value")
+
+
+def _stop_of(data: Any, done: bool = False) -> Any:
+    """A state from a lead that predates `stop`: the reason read from `draft_len`, `done`
+    (`done`: where it is not given) and its `hush`."""
+    if not isinstance(data, dict) or "stop" in data:
+        return data
+    stop = Stop.DONE if data.get("done", done) else Stop.SLOWED if data.get("hush") else \
+        None if data.get("draft_len") else Stop.UNPAID
+    return {**data, "stop": stop}
+
+
 class State(BaseModel):
     version: int = Field(0, description="bumped on every change; long-poll with since=version")
     lead_id: str = LEAD_ID
@@ -97,8 +123,7 @@ class State(BaseModel):
     n_prompt: int = 0
     done: bool = True
     draft_len: int = 0
-    hush: bool = Field(False, description="lead is slowed by its backs and wants none of "
-                       "their work, not even catching up, until it asks for drafts again")
+    stop: str | None = Field(Stop.DONE, description=STOP)
     sampling: SamplingParams = Field(default_factory=SamplingParams)
     your_accepted: int = Field(0, description="the asking back's tokens accepted in this "
                                               "session so far")
@@ -117,13 +142,15 @@ class State(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _grammar_into_sampling(cls, data: Any) -> Any:
+    def _from_older_lead(cls, data: Any) -> Any:
+        """A state from a lead that predates grammar_id (its grammar's text in every
+        state), or `stop`."""
         if isinstance(data, dict) and data.get("grammar") is not None:
             sampling = data.get("sampling")
             sampling = sampling.model_dump() if isinstance(sampling, SamplingParams) else \
                 dict(sampling or {})
             data = {**data, "sampling": {**sampling, "grammar": data["grammar"]}}
-        return data
+        return _stop_of(data, done=True)
 
 
 def grammar_id(text: str) -> str:
@@ -219,17 +246,23 @@ class SessionState(BaseModel):
     n_prompt: int = 0
     done: bool = False
     draft_len: int = 0
+    stop: str | None = Field(Stop.UNPAID, description=STOP)
     sampling: SamplingParams | None = Field(None, description="sent in a session's first "
                                             "update to a back; null: as sent before")
     grammar_id: str | None = None
     your_accepted: int = 0
 
-    def as_state(self, version: int, lead_id: str, hush: bool,
+    @model_validator(mode="before")
+    @classmethod
+    def _from_older_lead(cls, data: Any) -> Any:
+        return _stop_of(data)
+
+    def as_state(self, version: int, lead_id: str,
                  sampling: SamplingParams | None = None, step_left_s: float | None = None
                  ) -> State:
         """The same news as a long-poll's State (`sampling`: the session's, where this
         update does not carry it; `step_left_s`: the update's)."""
-        return State(version=version, lead_id=lead_id, hush=hush, **self.model_dump(
+        return State(version=version, lead_id=lead_id, **self.model_dump(
             exclude={"sampling"}), sampling=self.sampling or sampling or SamplingParams(),
             step_left_s=step_left_s)
 
@@ -241,7 +274,6 @@ class Update(BaseModel):
     type: Literal["update"] = "update"
     version: int
     lead_id: str = LEAD_ID
-    hush: bool = False
     sessions: list[SessionState] = Field(default_factory=list)
     ended: list[str] = Field(default_factory=list, description="sessions gone from lead "
                              "since the last update (their last state said done)")

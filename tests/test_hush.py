@@ -13,6 +13,7 @@ from back.worker import Worker
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from shared.placement import Placement
+from shared.protocol import Stop
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import ask, model_worker, new_lead, run, with_workers
 
@@ -64,7 +65,7 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
                 if hushed_for_a_while():
                     break
             assert hushed_for_a_while(), "lead never hushed the back that slowed it"
-            assert worker.state.hush  # lead told the back
+            assert worker.state.stop == Stop.SLOWED  # lead told the back
             before = draft.evaluated
             reply = await ask(transport, "a prompt the back has not seen", max_tokens=8)
             assert reply["usage"]["drafted_tokens"] == 0

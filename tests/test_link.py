@@ -26,7 +26,7 @@ from lead.drafts.link import LinkedBack
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
-from shared.protocol import Hello, SamplingParams, SessionState, Update
+from shared.protocol import Hello, SamplingParams, SessionState, State, Stop, Update
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import text_of, with_workers
 
@@ -119,6 +119,47 @@ def test_news_of_a_quiet_session_comes_only_when_it_wants_drafts() -> None:
     feed.notify(["a", "b"])
     got = link.update()
     assert got is not None and [s.session_id for s in got.sessions] == ["a"]  # never b
+
+
+class Switched(CostModel):
+    """A cost model whose hush a test sets."""
+
+    hushed = False
+
+    @property
+    def hush(self) -> bool:
+        return self.hushed
+
+
+def test_one_field_says_why_lead_wants_no_drafts_and_a_hush_is_news_of_every_session() -> None:
+    cost = Switched(max_draft=8, fixed=4)
+    feed = BackFeed(cost, Metrics())
+    link = LinkedBack(feed)
+    a = session("a", [1, 2])
+    feed.start(a)
+    asked = link.update()
+    assert asked is not None and (asked.sessions[0].draft_len, asked.sessions[0].stop) == (4, None)
+    cost.hushed = True
+    feed.log_hush()  # no token changed, yet every session has news: its stop
+    hushed = link.update()
+    assert hushed is not None and (hushed.sessions[0].draft_len, hushed.sessions[0].stop) == \
+        (0, Stop.SLOWED)
+    assert feed.state().stop == Stop.SLOWED  # a long-poll's state says it too
+    cost.hushed, cost.fixed = False, 0
+    feed.log_hush()
+    assert link.update().sessions[0].stop == Stop.UNPAID  # type: ignore[union-attr]
+    a.done = True
+    feed.end(a)
+    assert link.update().sessions[0].stop == Stop.DONE  # type: ignore[union-attr]
+
+
+def test_a_state_from_a_lead_that_predates_stop_reads_its_reason_from_what_it_sent() -> None:
+    live = {"session_id": "a", "done": False}
+    assert SessionState.model_validate({**live, "draft_len": 3}).stop is None
+    assert SessionState.model_validate({**live, "draft_len": 0}).stop == Stop.UNPAID
+    assert State.model_validate({**live, "draft_len": 3, "hush": True}).stop == Stop.SLOWED
+    assert State.model_validate({"session_id": "a", "draft_len": 3}).stop == Stop.DONE
+    assert State.model_validate({**live, "draft_len": 2, "stop": None}).stop is None
 
 
 # --- the socket ---

@@ -28,7 +28,7 @@ from lead.policy.cost import CostModel
 from shared.bounded import Lru, ewma
 from shared.branch import Branch
 from shared.broadcast import Broadcast
-from shared.protocol import SamplingParams, SessionState, State, grammar_id
+from shared.protocol import SamplingParams, SessionState, State, Stop, grammar_id
 from shared.sampling import Dist
 
 log = logging.getLogger("lead")
@@ -84,7 +84,6 @@ class BackFeed:
         self.session: Session | None = None  # the session started last
         self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
         self.news = Broadcast()  # bumped on every change backs are shown
-        self.hush_version = 0  # the version at which hush last changed
         self.closing = False  # lead is shutting down: long-polls answer at once
         self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._hushed = False  # as last logged
@@ -117,6 +116,10 @@ class BackFeed:
     def draft_len(self, session: Session) -> int:
         """The draft length backs are asked for now."""
         return self.cost.draft_len(first=session.n_generated == 0)
+
+    def stop(self, session: Session) -> str | None:
+        """Why backs are asked for no drafts of `session` now (None: they are asked)."""
+        return Stop.DONE if session.done else self.cost.stop(first=session.n_generated == 0)
 
     def back_drafting(self, session: Session) -> bool:
         """Whether a back drafts during this step, so that its price counts as busy (a back
@@ -161,7 +164,7 @@ class BackFeed:
         offset = min(max(offset, 0), len(s.tokens))
         return SessionState(session_id=s.id, offset=offset, token_ids=s.tokens[offset:],
                             n_tokens=len(s.tokens), n_prompt=s.n_prompt, done=s.done,
-                            draft_len=0 if s.done else self.draft_len(s),
+                            draft_len=0 if s.done else self.draft_len(s), stop=self.stop(s),
                             sampling=followed.sampling if sampling else None,
                             grammar_id=followed.grammar_id,
                             your_accepted=s.accepted_by_back.get(back_id, 0))
@@ -192,7 +195,7 @@ class BackFeed:
         if of_session is not None and followed.session.id != of_session:
             offset = 0  # another session: the back holds none of its tokens yet
         return self.session_state(followed, offset, back_id).as_state(
-            self.version, self.lead_id, self.cost.hush, step_left_s=self.step_left())
+            self.version, self.lead_id, step_left_s=self.step_left())
 
     def grammar_of(self, session_id: str) -> tuple[str, str] | None:
         """(grammar id, text) of the session, if it runs and has one."""
@@ -209,14 +212,14 @@ class BackFeed:
 
     async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,
                          idle: bool = False, back_id: str = "") -> None:
-        """Long-poll: return once the session the back is shown has news that `wakes` it
-        (or hush changed), or at timeout."""
+        """Long-poll: return once the session the back is shown has news that `wakes` it,
+        or at timeout."""
         def wakes_me() -> bool:
             followed = self.shown(back_id)
             if followed is None:
                 return True
             s = followed.session
-            return (followed.version > since or self.hush_version > since) and \
+            return followed.version > since and \
                 wakes(s, quiet_session, idle, lambda: self.draft_len(s))
         await self.news.wait(lambda: self.closing or (self.version > since and wakes_me()),
                              timeout)
@@ -266,11 +269,11 @@ class BackFeed:
         return useful
 
     def log_hush(self) -> None:
-        """Say when lead starts or stops hushing backs (news for every back)."""
+        """Say when lead starts or stops hushing backs (news of every session: its `stop`)."""
         if self.cost.hush == self._hushed:
             return
         self._hushed = self.cost.hush
-        self.hush_version = self.version + 1  # the notify that follows carries it
+        self.notify(list(self.followed))
         if self._hushed:
             log.info("backs hushed: lead's steps take %.2fx their quiet time while a back "
                      "works, more than even perfect drafts could make up",

@@ -41,8 +41,8 @@ class LinkedBack:
     def has_news(self) -> bool:
         """Whether an update now would carry anything."""
         feed = self.feed
-        if feed.hush_version > self.version or any(sid not in feed.followed for sid in self.sent):
-            return True
+        if self.version < 0 or any(sid not in feed.followed for sid in self.sent):
+            return True  # (the first at once: the back learns the version it is at)
         return any(self._wants(f) for f in feed.followed.values())
 
     def _wants(self, followed: FeedEntry) -> bool:
@@ -66,14 +66,14 @@ class LinkedBack:
         sessions += [feed.session_state(f, gone[sid], self.back_id, sampling=False)
                      for sid, f in final.items()]  # its last tokens, done
         self.version = feed.version
-        return Update(version=feed.version, lead_id=feed.lead_id, hush=feed.cost.hush,
-                      sessions=sessions, ended=[sid for sid in gone if sid not in final],
+        return Update(version=feed.version, lead_id=feed.lead_id, sessions=sessions,
+                      ended=[sid for sid in gone if sid not in final],
                       step_left_s=feed.step_left())
 
     def heartbeat(self) -> Update:
         """An update with no news, to show the link is alive."""
         feed = self.feed
-        return Update(version=self.version, lead_id=feed.lead_id, hush=feed.cost.hush)
+        return Update(version=self.version, lead_id=feed.lead_id)
 
     def _state(self, followed: FeedEntry) -> SessionState:
         sid = followed.session.id

@@ -19,6 +19,7 @@ from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate
 from lead.policy.branchcost import branch_lengths
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
+from shared.protocol import Stop
 
 
 @dataclass
@@ -177,13 +178,20 @@ class CostModel:
     def draft_len(self, first: bool = False) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe or, while
         speculation is on, before a reply's first step (to keep learning alpha_first),
-        else 0 (quiet)."""
+        else 0; 0 while backs are hushed."""
+        if self.hush:
+            return 0  # backs slow lead more than drafts could repay
         best = self.verify_len(first=first)
-        if best > 0 or self.fixed is not None or self.max_draft == 0:
+        if best > 0 or self.fixed is not None or self.max_draft == 0 or not self.could_pay(1.0):
             return best
-        if not self.could_pay(1.0) or self.hush:
-            return 0  # not even perfect drafts would pay, or backs slow lead: they stay quiet
         return 1 if self.probes.probing or (first and self.verify_len() > 0) else 0
+
+    def stop(self, first: bool = False) -> str | None:
+        """Why backs are asked for no drafts now (shared/protocol.py's Stop), or None: they
+        are asked for `draft_len` tokens."""
+        if self.hush:
+            return Stop.SLOWED
+        return None if self.draft_len(first) > 0 else Stop.UNPAID
 
     @property
     def hush(self) -> bool:
