@@ -16,7 +16,7 @@ from lead.decode.runs import Run
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
-from lead.drafts.feed import BackFeed, wakes
+from lead.drafts.feed import BackFeed, is_news
 from lead.drafts.limits import PostLimiter
 from lead.drafts.offers import OfferLedger
 from lead.policy.cost import CostModel
@@ -127,20 +127,36 @@ def test_the_end_of_a_reply_settles_the_watched_offer() -> None:
 # --- back feed ---
 
 
-@pytest.mark.parametrize(("quiet", "idle", "wanted", "done", "woken"), [
-    (None, False, 0, False, True),  # a back that may draft: every change
-    ("s1", False, 3, False, True),  # drafts wanted of its quiet session
-    ("s1", False, 0, False, False),  # quiet, nothing wanted: stays asleep
-    ("s1", True, 3, False, False),  # sitting out: not even for drafts
-    ("s1", True, 0, True, True),  # its session ended
-    ("s0", True, 0, False, True),  # another session began
+@pytest.mark.parametrize(("quiet", "idle", "wanted", "done", "news"), [
+    (False, False, 0, False, True),  # a back that drafts for it: every change
+    (True, False, 3, False, True),  # drafts wanted of a quiet session
+    (True, False, 0, False, False),  # quiet, nothing wanted: no news
+    (True, True, 3, False, False),  # sitting out: not even drafts wanted
+    (False, True, 3, False, False),  # (on the link, a back sitting out quiets nothing)
+    (True, True, 0, True, True),  # the session ended
 ])
-def test_which_change_wakes_which_waiter(quiet: str | None, idle: bool, wanted: int, done: bool,
-                                         woken: bool) -> None:
-    s = session([1, 2])
-    s.done = done
-    assert wakes(s, quiet, idle, lambda: wanted) is woken
-    assert wakes(None, quiet, idle, lambda: wanted)  # no session yet
+def test_which_change_is_news_to_which_back(quiet: bool, idle: bool, wanted: int, done: bool,
+                                            news: bool) -> None:
+    assert is_news(done, quiet, idle, lambda: wanted) is news
+
+
+@pytest.mark.parametrize(("quiet", "idle", "woken"), [
+    (None, False, True), ("s1", False, False), ("s1", True, False), ("s0", True, True)])
+def test_a_long_poll_wakes_on_its_quiet_session_only_for_news(quiet: str | None, idle: bool,
+                                                              woken: bool) -> None:
+    async def body() -> bool:
+        feed = BackFeed(CostModel(max_draft=8, fixed=0), Metrics())  # drafts never wanted
+        feed.start(session([1, 2], sid="s1"))
+        since = feed.version
+        waiting = asyncio.create_task(feed.wait_state(since, 10.0, quiet_session=quiet,
+                                                      idle=idle))
+        feed.notify(["s1"])  # a step of s1 ("s0": the back's quiet session ended before it)
+        # a woken one answers at once: its ceiling only catches a hang
+        await asyncio.wait({waiting}, timeout=10.0 if woken else 0.2)
+        woke = waiting.done()
+        waiting.cancel()
+        return woke
+    assert asyncio.run(body()) is woken
 
 
 def test_a_long_poll_wakes_on_news_that_concerns_it() -> None:

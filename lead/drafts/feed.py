@@ -37,15 +37,15 @@ ENDED_KEPT = 16  # sessions ended lately, kept for backs still following them
 FOCUS_KEPT = 1024  # backs whose followed session is remembered
 
 
-def wakes(session: Session | None, quiet_session: str | None, idle: bool,
-          wanted: Callable[[], int]) -> bool:
-    """Whether a change of state wakes a long-poll. A back that may not draft passes its
-    session as `quiet_session`: it wakes only when drafts are wanted (never, if `idle`: a
-    back sitting out) or that session changes or ends, so it costs lead no request per
-    token. `wanted`: the draft length asked for (asked only when it matters)."""
-    if quiet_session is None or session is None or session.id != quiet_session or session.done:
+def is_news(done: bool, quiet: bool, idle: bool, wanted: Callable[[], int]) -> bool:
+    """Whether a change of a session a back knows is news to it, on the link and to a
+    long-poll alike: its end always is; where the back does not draft for it (`quiet`),
+    only drafts wanted (`wanted`: the draft length, asked only where it matters), and
+    nothing while the back sits out (`idle`: news of sessions starting and ending only).
+    So a back that drafts nothing costs lead no message per token."""
+    if done:
         return True
-    return not idle and wanted() > 0
+    return not idle and (not quiet or wanted() > 0)
 
 
 @dataclass
@@ -219,8 +219,10 @@ class BackFeed:
             if followed is None:
                 return True
             s = followed.session
+            if s.id != quiet_session:  # one it drafts for, or new to it
+                return followed.version > since
             return followed.version > since and \
-                wakes(s, quiet_session, idle, lambda: self.draft_len(s))
+                is_news(s.done, True, idle, lambda: self.draft_len(s))
         await self.news.wait(lambda: self.closing or (self.version > since and wakes_me()),
                              timeout)
 

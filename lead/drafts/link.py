@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lead.drafts.feed import BackFeed, FeedEntry
+from lead.drafts.feed import BackFeed, FeedEntry, is_news
 from shared.protocol import Hello, SessionState, Update
 
 
@@ -49,9 +49,10 @@ class LinkedBack:
         sid = followed.session.id
         if sid not in self.sent:
             return True  # new to this back
-        if followed.version <= self.version or self.idle or sid in self.ignored:
+        if followed.version <= self.version or sid in self.ignored:
             return False
-        return sid not in self.quiet or self.feed.draft_len(followed.session) > 0
+        return is_news(followed.session.done, sid in self.quiet, self.idle,
+                       lambda: self.feed.draft_len(followed.session))
 
     def update(self) -> Update | None:
         """The news since the last update (None: none this back wants)."""
