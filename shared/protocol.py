@@ -105,7 +105,8 @@ STOP = ("why lead asks for no drafts of this session now, or null: it asks for d
 
 def _stop_of(data: Any, done: bool = False) -> Any:
     """A state from a lead that predates `stop`: the reason read from `draft_len`, `done`
-    (`done`: where it is not given) and its `hush`."""
+    (`done`: where it is not given) and its `hush`. (Lead sends no nulls, so a null `stop`
+    is read this way too: `draft_len` above 0, as lead sets it exactly then.)"""
     if not isinstance(data, dict) or "stop" in data:
         return data
     stop = Stop.DONE if data.get("done", done) else Stop.SLOWED if data.get("hush") else \
