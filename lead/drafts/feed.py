@@ -117,10 +117,6 @@ class BackFeed:
         """The draft length backs are asked for now."""
         return self.cost.draft_len(first=session.n_generated == 0)
 
-    def stop(self, session: Session) -> str | None:
-        """Why backs are asked for no drafts of `session` now (None: they are asked)."""
-        return Stop.DONE if session.done else self.cost.stop(first=session.n_generated == 0)
-
     def back_drafting(self, session: Session) -> bool:
         """Whether a back drafts during this step, so that its price counts as busy (a back
         sitting out slows nothing: its steps are quiet ones)."""
@@ -162,9 +158,11 @@ class BackFeed:
         its settings)."""
         s = followed.session
         offset = min(max(offset, 0), len(s.tokens))
+        draft_len, stop = (0, Stop.DONE) if s.done else \
+            self.cost.asked(first=s.n_generated == 0)
         return SessionState(session_id=s.id, offset=offset, token_ids=s.tokens[offset:],
                             n_tokens=len(s.tokens), n_prompt=s.n_prompt, done=s.done,
-                            draft_len=0 if s.done else self.draft_len(s), stop=self.stop(s),
+                            draft_len=draft_len, stop=stop,
                             sampling=followed.sampling if sampling else None,
                             grammar_id=followed.grammar_id,
                             your_accepted=s.accepted_by_back.get(back_id, 0))
@@ -219,10 +217,8 @@ class BackFeed:
             if followed is None:
                 return True
             s = followed.session
-            if s.id != quiet_session:  # one it drafts for, or new to it
-                return followed.version > since
-            return followed.version > since and \
-                is_news(s.done, True, idle, lambda: self.draft_len(s))
+            return followed.version > since and (  # (another session: new to it)
+                s.id != quiet_session or is_news(s.done, True, idle, lambda: self.draft_len(s)))
         await self.news.wait(lambda: self.closing or (self.version > since and wakes_me()),
                              timeout)
 

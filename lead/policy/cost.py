@@ -186,12 +186,11 @@ class CostModel:
             return best
         return 1 if self.probes.probing or (first and self.verify_len() > 0) else 0
 
-    def stop(self, first: bool = False) -> str | None:
-        """Why backs are asked for no drafts now (shared/protocol.py's Stop), or None: they
-        are asked for `draft_len` tokens."""
-        if self.hush:
-            return Stop.SLOWED
-        return None if self.draft_len(first) > 0 else Stop.UNPAID
+    def asked(self, first: bool = False) -> tuple[int, str | None]:
+        """What backs are asked for now: `draft_len` tokens, and where that is 0, why
+        (shared/protocol.py's Stop; None where they are asked for drafts)."""
+        n = self.draft_len(first)
+        return n, None if n else Stop.SLOWED if self.hush else Stop.UNPAID
 
     @property
     def hush(self) -> bool:
