@@ -24,8 +24,7 @@ log = logging.getLogger("back")
 
 def build_worker(settings: BackSettings) -> Worker:
     Placer.check(settings.cpus)  # before the model loads
-    client = LeadClient(settings.lead, settings.api_key, poll_wait=settings.poll_wait,
-                        kind=settings.drafter)
+    client = LeadClient(settings.lead, settings.api_key, kind=settings.drafter)
     drafters: list[Drafter]
     fingerprint = n_vocab = model = None
     set_threads = None

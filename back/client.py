@@ -6,6 +6,7 @@ that is not JSON, or JSON that is not the model (`BadAnswer`), never another exc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from typing import Any, TypeVar
@@ -21,7 +22,7 @@ from httpx_ws import (
 from pydantic import BaseModel, ValidationError
 
 from shared.httpclient import auth_headers, error_message, lead_url, retry_after
-from shared.protocol import DraftPost, Grammar, Info, State
+from shared.protocol import Grammar, Info
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -36,10 +37,6 @@ class LeadError(Exception):
 
 class BadAnswer(LeadError):
     """A success whose body is not the protocol's: not JSON, or not the model expected."""
-
-
-class NoLink(Exception):
-    """Lead offers no link: a lead that predates it is followed by long-polls."""
 
 
 class LinkClosed(HTTPXWSException):
@@ -57,12 +54,11 @@ LINK_MESSAGE_BYTES = 16 << 20  # an update can carry several sessions' prompts
 class LeadClient:
     def __init__(self, address: str, api_key: str | None = None,
                  transport: httpx.AsyncBaseTransport | None = None,
-                 poll_wait: float = 10.0, kind: str = "") -> None:
-        """`kind`: the drafter (model, ngram), sent with polls for lead's page."""
-        self.poll_wait, self.kind = poll_wait, kind
+                 kind: str = "") -> None:
+        """`kind`: the drafter (model, ngram), told to lead for its page."""
+        self.kind = kind
         self._http = httpx.AsyncClient(base_url=lead_url(address), headers=auth_headers(api_key),
-                                       transport=transport,
-                                       timeout=httpx.Timeout(5.0, read=poll_wait + 10.0))
+                                       transport=transport, timeout=httpx.Timeout(5.0, read=20.0))
 
     @property
     def base_url(self) -> str:
@@ -74,39 +70,25 @@ class LeadClient:
     async def info(self) -> Info:
         return _model(Info, await self._http.get("/duo/info"))
 
-    async def state(self, since: int, offset: int, wait: float | None = None,
-                    back_id: str = "", quiet: str = "", idle: bool = False) -> State:
-        """Long-poll lead's state; `quiet` (a session id): wake only when drafts are wanted,
-        or with `idle`, only when that session ends or another starts."""
-        params: dict[str, float | str] = {
-            "since": since, "offset": offset, "back": back_id, "quiet": quiet,
-            "wait": self.poll_wait if wait is None else wait}
-        if self.kind:
-            params["kind"] = self.kind
-        if idle:
-            params["idle"] = 1
-        return _model(State, await self._http.get("/duo/state", params=params))
-
     async def grammar(self, session_id: str) -> Grammar:
         """The session's grammar text (asked once per session: states carry its id)."""
         return _model(Grammar, await self._http.get("/duo/grammar",
                                                     params={"session": session_id}))
 
-    async def post_draft(self, post: DraftPost) -> State:
-        response = await self._http.post("/duo/draft", json=post.model_dump(exclude_none=True))
-        return _model(State, response)
-
     @contextlib.asynccontextmanager
     async def link(self) -> AsyncIterator[Any]:
-        """The link (GET /duo/link): an open WebSocket. NoLink where lead offers none (a
-        lead that predates it answers 404), LeadError where it refuses this back, LinkClosed
-        where it ends (lead closed it, or the connection broke)."""
+        """The link (GET /duo/link): an open WebSocket. LeadError where lead refuses it (or
+        a proxy answers for a lead restarting), LinkClosed where it ends (lead closed it, or
+        the connection broke)."""
         url = str(self._http.base_url).rstrip("/") + "/duo/link"
         try:
             async with aconnect_ws(url, self._http, max_message_size_bytes=LINK_MESSAGE_BYTES,
                                    keepalive_ping_interval_seconds=None) as ws:
                 yield ws
         except BaseException as exc:  # (httpx-ws's task group wraps what ends it in a group)
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():  # the group may hold the closing's
+                raise asyncio.CancelledError from None  # errors first: cancelled, not failed
             raise self._link_error(_first(exc)) from None
 
     def _link_error(self, exc: BaseException) -> BaseException:
@@ -115,8 +97,6 @@ class LeadClient:
         if not isinstance(exc, WebSocketUpgradeError):
             return exc
         status = exc.response.status_code
-        if status in (404, 405):
-            return NoLink(f"lead at {self.base_url} offers no link ({status})")
         return LeadError(f"lead refused the link ({status})", status)
 
 

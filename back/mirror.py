@@ -124,7 +124,7 @@ class LeadMirror:
             and self.missing_grammar() is None
 
     def quiet(self, sit_out: bool = False) -> str:
-        """The session to long-poll quietly (woken when it wants drafts, or only when it
+        """The session to ask lead to be quiet of (news of it only when it wants drafts, or
         ends where `sit_out`): a live one this back does not draft for now; else ''."""
         s = self.state
         if s.session_id and not s.done and (

@@ -62,7 +62,6 @@ class BackSettings(DeviceChecks):
                         "grammar (lead still enforces it), to measure what drafting under it "
                         "gains")
     api_key: ApiKey = Field(None, description="lead's API key, if it requires one")
-    poll_wait: float = Field(10.0, gt=0, le=30, description="long-poll wait, seconds")
     back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")

@@ -2,7 +2,7 @@
 drafts in one model call, post, repeat.
 
 The Worker wires small pieces to the network and the model thread: a `Link` (back/links.py:
-the link's WebSocket, or long-polls where lead offers none), a `Follower` per session
+the link's WebSocket), a `Follower` per session
 (back/follower.py: its mirror, stats, posts and generator), its drafting (back/drafting.py,
 over `jobs`, the model-thread work), `Backoff` (reconnecting). Only the event loop touches
 them; model-thread jobs get what they need as arguments and return what they did. Each
@@ -20,16 +20,16 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from back.backoff import Backoff
-from back.client import BadAnswer, LeadClient, LeadError, NoLink
+from back.client import BadAnswer, LeadClient, LeadError
 from back.drafter import Drafter
 from back.drafting import Drafting
 from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.follower import Follower
-from back.links import NEWS_S, Link, PollLink, StreamLink
+from back.links import NEWS_S, Link
 from back.mirror import LeadMirror
 from back.sessions import History, SessionStats
 from back.width import DraftPrices
@@ -69,7 +69,6 @@ class Worker(Drafting):
         self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
         self.placement = Placement(None, 1)
         self.lead_id = ""
-        self.lead_links = False  # lead serves the link
         self.followers: dict[str, Follower] = {}  # by session id
         self.latest: Follower | None = None  # the follower of the last session news came for
         self.version = -1  # of the last update taken
@@ -175,7 +174,10 @@ class Worker(Drafting):
             for sid in list(self.followers):
                 self._end(sid)
             self.version, self.lead_step_s = -1, None
-        self.lead_id, self.lead_links = info.lead_id, info.link
+        if not info.link:
+            raise BackFatal(f"lead at {self.client.base_url} serves no link (GET /duo/link): "
+                            "it predates this back; run lead and back of one duo version")
+        self.lead_id = info.lead_id
         log.info("attached to lead: model %s, context %d, max draft %d, %d slot%s", info.model,
                  info.n_ctx, info.max_draft, info.slots, "" if info.slots == 1 else "s")
         return info
@@ -202,29 +204,13 @@ class Worker(Drafting):
                 self._link = None
 
     @contextlib.asynccontextmanager
-    async def _open_link(self) -> Any:
-        link: Link
-        opened = getattr(self.client, "link", None)
-        if opened is not None and self.lead_links:
+    async def _open_link(self) -> AsyncIterator[Link]:
+        async with self.client.link() as socket_:
+            link = Link(socket_, time.monotonic)
             try:
-                async with opened() as socket_:
-                    link = StreamLink(socket_, time.monotonic)
-                    try:
-                        yield link
-                    finally:
-                        await link.close()
-                    return
-            except NoLink as exc:
-                log.info("%s: following it by long-polls", exc)
-        link = PollLink(self.client, self._held, time.monotonic)
-        try:
-            yield link
-        finally:
-            await link.close()
-
-    def _held(self, session_id: str) -> int:
-        follower = self.followers.get(session_id)
-        return len(follower.mirror.tokens) if follower is not None else 0
+                yield link
+            finally:
+                await link.close()
 
     async def _receive(self, link: Link) -> None:
         try:
@@ -232,8 +218,6 @@ class Worker(Drafting):
                 if update.lead_id != self.lead_id:
                     log.info("lead restarted; starting over")
                     await self.handshake()
-                    if isinstance(link, PollLink):
-                        link.refetch()  # the new lead's state, from scratch
                     continue
                 self._take(update)
                 self.flaps.steady = True
@@ -246,7 +230,7 @@ class Worker(Drafting):
         """Take an update: each session's news to its follower (a new session gets one
         where a slot is free), the sessions gone ended."""
         if update.version < self.version and update.lead_id == self.lead_id:
-            return  # a post's reply from before news taken since
+            return  # older news from this lead (a restarted one counts versions anew)
         self.version = update.version
         for sid in update.ended:  # first: their slots are free for the sessions below
             self._end(sid)
@@ -261,9 +245,7 @@ class Worker(Drafting):
                                   update.step_left_s)
             taken = follower.take(state, now)
             self.latest = follower
-            if taken is not None and taken.refetch and isinstance(self._link, PollLink):
-                self._link.refetch()
-            elif taken is not None and taken.outgrew:
+            if taken is not None and taken.outgrew:
                 log.warning("session %s: lead holds %d tokens, more than this draft model's "
                             "context; not drafting for it (raise --ctx-size)",
                             news.session_id, len(follower.mirror.tokens))

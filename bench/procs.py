@@ -127,7 +127,7 @@ class Back(Proc):
                  cpus: str | None = None, cwd: Path = ROOT) -> None:
         """`cwd`: the checkout whose back runs (another commit's, for an A/B)."""
         super().__init__(["-m", "back", "--lead", f"127.0.0.1:{lead.port}", "-m", model,
-                          "--threads", "1", "--poll-wait", "2", *extra], None, "back", cpus,
+                          "--threads", "1", *extra], None, "back", cpus,
                          cwd)
         self.lead = lead
 

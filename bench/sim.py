@@ -59,7 +59,7 @@ def run_back(a: argparse.Namespace) -> None:
     from back.worker import Worker
 
     draft = draft_model(a.agree, a.cover, (a.call_s, a.token_s), a.slots)
-    client = LeadClient(a.lead, a.api_key, poll_wait=2.0)
+    client = LeadClient(a.lead, a.api_key)
     drafters = [ModelDrafter(draft.slot(i)) for i in range(a.slots)]
     worker = Worker(client, drafters, draft.fingerprint(), draft.n_vocab,
                     max_ahead=a.max_ahead, model=draft)

@@ -126,7 +126,7 @@ class Roles:
     def back(self) -> Proc:
         a = self.a
         return Proc(["-m", "back", "--lead", f"127.0.0.1:{self.port}", "-m", a.back_model,
-                     "--cpus", a.back_cpus, "--n-gpu-layers", "0", "--poll-wait", "2"],
+                     "--cpus", a.back_cpus, "--n-gpu-layers", "0"],
                     None, "back")
 
 

@@ -25,7 +25,7 @@ def main(repo: str, target: str, draft: str, rounds: int = 1) -> None:
     prompts = json.loads((ROOT / "bench" / "prompts.json").read_text())
     common = ["--threads", "0", "--ctx-size", "4096"]  # Lead() passes --threads 1 first
     alone, duo = Lead(target, *common), Lead(target, *common)
-    back = None if draft == "-" else Back(duo, draft, "--threads", "0", "--poll-wait", "10")
+    back = None if draft == "-" else Back(duo, draft, "--threads", "0")
     if back:
         back.wait_attached(300)
 

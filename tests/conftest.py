@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from httpx_ws.transport import ASGIWebSocketTransport
 
 from bench.procs import wait_until
 from lead.server.app import create_app
@@ -97,3 +99,59 @@ class LiveServer:
 def event_stream(text: str) -> httpx.Response:
     """A response carrying `text` as a server-sent event stream."""
     return httpx.Response(200, text=text, headers={"content-type": "text/event-stream"})
+
+
+class InProcessLead(ASGIWebSocketTransport):
+    """Lead's app in-process, over HTTP and the link (a WebSocket), as a back reaches it.
+    `down()`: lead stops (requests are refused, each open link closes as a restarting
+    server closes it); setting `lead` to another app brings another lead up. Entered once
+    by the test: the clients over it (which enter and leave their transport) share it."""
+
+    def __init__(self, lead: object | None) -> None:
+        super().__init__(app=self._serve)
+        self.lead = lead
+        self._gone: set[asyncio.Event] = set()
+        self._users = 0
+
+    async def __aenter__(self) -> InProcessLead:
+        self._users += 1
+        if self._users == 1:
+            await super().__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        self._users -= 1
+        if self._users == 0:
+            await super().__aexit__(*exc)
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.lead is None:
+            raise httpx.ConnectError("lead down", request=request)
+        return await super().handle_async_request(request)
+
+    def down(self) -> None:
+        self.lead = None
+        for gone in self._gone:
+            gone.set()
+
+    async def _serve(self, scope: dict, receive: Callable, send: Callable) -> None:
+        lead: Any = self.lead
+        if scope["type"] != "websocket":
+            return await lead(scope, receive, send)
+        gone = asyncio.Event()
+        self._gone.add(gone)
+
+        async def until_gone() -> dict:
+            message = asyncio.ensure_future(receive())
+            ended = asyncio.ensure_future(gone.wait())
+            await asyncio.wait({message, ended}, return_when=asyncio.FIRST_COMPLETED)
+            ended.cancel()
+            if message.done():
+                return message.result()
+            message.cancel()
+            await send({"type": "websocket.close", "code": 1012, "reason": "restarting"})
+            return {"type": "websocket.disconnect", "code": 1012}
+        try:
+            await lead(scope, until_gone, send)
+        finally:
+            self._gone.discard(gone)

@@ -1,9 +1,10 @@
 """The back survives whatever lead or its model throws: one log line, backoff, retry.
 
-Lead in process (httpx.ASGITransport) behind a transport that answers some requests with
-faults first: a 200 that is not JSON, a state that fails validation, a 5xx, a 429, posts
-refused with a 400. A draft model that raises ends that session's drafting, not the back.
-Only the truly fatal cases stop it (tests/test_worker.py: key, not a lead, URL).
+Lead in process, over HTTP and the link, behind a transport that answers some requests with
+faults first (a 200 that is not JSON, an Info that fails validation, a 5xx, a link refused)
+and refuses some posts on the link (400s, a 429). A draft model that raises ends that
+session's drafting, not the back. Only the truly fatal cases stop it (tests/test_worker.py:
+key, not a lead, URL).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from back.drafter import ModelDrafter
 from back.failures import Flaps, fatal, outage
 from back.worker import Worker
 from shared.fake import FakeModel
-from tests.conftest import async_wait_until
+from shared.protocol import Posted, Refused
+from tests.conftest import InProcessLead, async_wait_until
 from tests.test_inprocess import ask, new_lead, reference, text_of
 
 Fault = Callable[[], httpx.Response]
@@ -36,24 +38,38 @@ def status(code: int, retry_after: str | None = None) -> Fault:
                                   headers=headers)
 
 
-class Faulty(httpx.AsyncBaseTransport):
-    """Lead in process; requests to a path in `faults` get those answers first, in order."""
+class Faulty(InProcessLead):
+    """Lead in process; `faults` answer requests in their order, each the first request
+    to its path after the fault before it was met, and the first draft posts on the link
+    are refused with the statuses in `refusals`."""
 
-    def __init__(self, app: object, faults: dict[str, list[Fault]]) -> None:
-        self.inner = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
-        self.faults = faults
+    def __init__(self, app: object, faults: list[tuple[str, Fault]], refusals: list[int]
+                 ) -> None:
+        super().__init__(app)
+        self.faults, self.refusals = faults, refusals
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        queue = self.faults.get(request.url.path)
-        if queue:
-            return queue.pop(0)()
-        return await self.inner.handle_async_request(request)
+        if self.faults and self.faults[0][0] == request.url.path:
+            return self.faults.pop(0)[1]()
+        return await super().handle_async_request(request)
+
+    async def _serve(self, scope: dict, receive: Callable, send: Callable) -> None:
+        async def refusing() -> dict:
+            while True:
+                message = await receive()
+                text = message.get("text") or ""
+                if not self.refusals or '"type":"draft"' not in text:
+                    return message
+                refused = Refused(status=self.refusals.pop(0), message="fault", retry_after=0.01,
+                                  session_id=Posted.model_validate_json(text).draft.session_id)
+                await send({"type": "websocket.send", "text": refused.model_dump_json()})
+        await super()._serve(scope, refusing if scope["type"] == "websocket" else receive, send)
 
 
 def fast_worker(transport: httpx.AsyncBaseTransport, drafter: ModelDrafter | None = None
                 ) -> Worker:
     draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
-    worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
+    worker = Worker(LeadClient("http://lead", transport=transport),
                     drafter or ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
                     back_id="m")
     worker.backoff = Backoff(first=0.001, most=0.01)
@@ -70,32 +86,32 @@ async def following(worker: Worker, body: Callable[[asyncio.Task[None]], object]
         await asyncio.gather(task, return_exceptions=True)
 
 
-def test_bad_answers_5xx_429_and_refused_posts_are_survived(
+def test_bad_answers_5xx_and_refused_posts_are_survived(
         caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
         alone = await reference()
         app, _ = new_lead()
-        transport = Faulty(app, {
-            "/duo/state": [html, lambda: httpx.Response(200, json={"version": "seven"}),
-                           status(503), status(429, "0")],
-            "/duo/draft": [status(400), status(400), html, status(502)]})
-        worker = fast_worker(transport)
+        not_info = lambda: httpx.Response(200, json={"version": "seven"})  # noqa: E731
+        faults = [("/duo/link", status(502)), ("/duo/info", html), ("/duo/info", not_info),
+                  ("/duo/info", status(503)), ("/duo/link", html)]
+        async with Faulty(app, faults, refusals=[400, 400, 429]) as transport:
+            worker = fast_worker(transport)
 
-        async def check(task: asyncio.Task[None]) -> None:
-            await async_wait_until(lambda: not transport.faults["/duo/state"],
-                                   what="the state faults")
-            await async_wait_until(lambda: worker.state.version >= 0, what="a state taken")
-            reply = await ask(transport)
-            assert text_of(reply) == alone
-            assert not transport.faults["/duo/draft"]  # every post fault was met...
-            assert reply["usage"]["accepted_tokens"] > 0  # ...and drafts helped after them
-            assert not task.done()
+            async def check(task: asyncio.Task[None]) -> None:
+                await async_wait_until(lambda: not transport.faults, what="the faults")
+                await async_wait_until(lambda: worker.state.version >= 0, what="news taken")
+                reply = await ask(transport)
+                assert text_of(reply) == alone
+                assert not transport.refusals  # every post refused...
+                assert reply["usage"]["accepted_tokens"] > 0  # ...and drafts helped after them
+                assert not task.done()
 
-        await following(worker, check)
-        # each fault but the 429 and the refused posts is an outage, logged in one line
-        assert worker.outages == 5
+            await following(worker, check)
+        # two outages (each link refused; the handshakes failing between them, the first's),
+        # each logged in one line
+        assert worker.outages == 2
         unusable = [r for r in caplog.records if "answer is unusable" in r.getMessage()]
-        assert len(unusable) == 5 and all(r.exc_info is None for r in unusable)
+        assert len(unusable) == 2 and all(r.exc_info is None for r in unusable)
         refused = [r for r in caplog.records if "refused a draft post" in r.getMessage()]
         assert len(refused) == 1  # both refusals came in one session: one line
     asyncio.run(asyncio.wait_for(body(), 60))
@@ -121,7 +137,7 @@ def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
         error: Exception, caplog: pytest.LogCaptureFixture) -> None:
     async def body() -> None:
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
+        transport = InProcessLead(app)
         draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
         worker = fast_worker(transport, FailsFirstSession(draft, error))
 
@@ -133,7 +149,8 @@ def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
             assert second["usage"]["accepted_tokens"] > 0  # the next: drafts again
             assert not task.done()
 
-        await following(worker, check)
+        async with transport:
+            await following(worker, check)
         failed = [r for r in caplog.records if "the draft model failed" in r.getMessage()]
         assert len(failed) == 1 and str(error) in failed[0].getMessage()
         assert worker.outages == 0  # lead was never at fault

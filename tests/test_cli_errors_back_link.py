@@ -20,7 +20,7 @@ from back.backoff import Backoff
 from back.client import LeadClient, LinkClosed
 from back.drafter import NgramDrafter
 from back.failures import brief, outage
-from back.links import StreamLink
+from back.links import Link
 from back.worker import Worker
 from shared.protocol import DraftPost, Hello
 from tests.conftest import async_wait_until
@@ -50,7 +50,7 @@ def test_a_link_lead_turns_away_for_now_is_retried_with_backoff(
 
     async def body() -> None:
         async with ASGIWebSocketTransport(app=full_lead(links)) as transport:
-            worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
+            worker = Worker(LeadClient("http://lead", transport=transport),
                             [NgramDrafter()], None, None)
             worker.backoff = Backoff(first=0.001, most=0.001)
             task = asyncio.create_task(worker.run())
@@ -86,7 +86,7 @@ class ClosingSocket:
 
 
 def test_a_post_on_a_closing_link_is_the_link_lost_in_a_short_line() -> None:
-    link = StreamLink(ClosingSocket(None), lambda: 0.0)
+    link = Link(ClosingSocket(None), lambda: 0.0)
     post = DraftPost(session_id="s", start=0, token_ids=list(range(64)), back_id="b")
     with pytest.raises(LinkClosed) as lost:
         asyncio.run(link.post(post))
@@ -97,8 +97,8 @@ def test_a_post_on_a_closing_link_is_the_link_lost_in_a_short_line() -> None:
 def test_a_hello_on_a_closed_link_says_what_closed_it(monkeypatch: pytest.MonkeyPatch) -> None:
     closed = WebSocketDisconnect(1013, FULL)
     with pytest.raises(WebSocketDisconnect) as said:
-        asyncio.run(StreamLink(ClosingSocket(closed), lambda: 0.0).hello(Hello()))
+        asyncio.run(Link(ClosingSocket(closed), lambda: 0.0).hello(Hello()))
     assert said.value is closed
     monkeypatch.setattr(links, "PONG_S", 0.01)  # nothing says: the link was lost
     with pytest.raises(LinkClosed):
-        asyncio.run(StreamLink(ClosingSocket(None), lambda: 0.0).hello(Hello()))
+        asyncio.run(Link(ClosingSocket(None), lambda: 0.0).hello(Hello()))

@@ -27,7 +27,7 @@ from shared.constraint import Constraint, best
 from shared.fake import EOS, FakeGrammar, FakeModel, VirtualClock
 from shared.httpclient import sse_events
 from shared.protocol import SamplingParams, State
-from tests.conftest import async_wait_until, chat_body, make_settings
+from tests.conftest import InProcessLead, async_wait_until, chat_body, make_settings
 
 GREEDY = SamplingParams()
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -291,28 +291,31 @@ def test_a_back_drafts_under_the_grammar_and_output_equals_lead_alone() -> None:
             assert r.status_code == 200, r.text
             return r.json()
 
-    def lead() -> httpx.ASGITransport:
+    def lead() -> InProcessLead:
         target = FakeModel(cost_s=(0.003, 0.0005), eos_bias=-100.0)
         settings = make_settings(max_tokens=100, draft_len=4)  # drafts verified, even blind
-        return httpx.ASGITransport(app=create_app(settings, target))
+        return InProcessLead(create_app(settings, target))
+
+    async def helped_by(transport: InProcessLead, drafter: ModelDrafter) -> dict:
+        draft = drafter.model
+        worker = Worker(LeadClient("http://lead", transport=transport),
+                        drafter, draft.fingerprint(), draft.n_vocab, back_id="m")
+        task = asyncio.create_task(worker.run())
+        try:
+            await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+            return await ask(transport)
+        finally:
+            worker.stop()
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def body() -> None:
         alone = await ask(lead())
         for blind in (False, True):
-            transport = lead()
             draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
             drafter = ModelDrafter(draft, blind=blind)
-            worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                            drafter, draft.fingerprint(), draft.n_vocab, back_id="m")
-            task = asyncio.create_task(worker.run())
-            try:
-                await async_wait_until(lambda w=worker: w.state.version >= 0,  # type: ignore[misc]
-                                       what="handshake")
-                helped = await ask(transport)
-            finally:
-                worker.stop()
-                task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            async with lead() as transport:
+                helped = await helped_by(transport, drafter)
             assert helped["choices"] == alone["choices"], blind
             assert helped["usage"]["drafted_tokens"] > 0
             if not blind:

@@ -41,10 +41,10 @@ from lead.server.keys import Keys
 from lead.server.prometheus import exposition
 from shared.fake import FakeModel
 from shared.placement import LeadPlace
-from shared.protocol import SamplingParams, State, grammar_id
+from shared.protocol import SamplingParams, SessionState, Update, grammar_id
 from shared.sampling import Dist
 from shared.scrape import read_samples
-from tests.conftest import async_wait_until, make_settings
+from tests.conftest import InProcessLead, async_wait_until, make_settings
 from tests.test_sampling_exact import (
     PARAMS,
     TRIALS,
@@ -313,22 +313,16 @@ def test_arrivals_wake_the_live_panel_at_a_bounded_rate() -> None:
 # --- the grammar, once per session ---
 
 
-class Recording(httpx.AsyncBaseTransport):
-    """An ASGI transport that keeps each request's path and each /duo/state body."""
+class Recording(InProcessLead):
+    """Lead in process, keeping each HTTP request's path."""
 
     def __init__(self, app: object) -> None:
-        self.inner = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+        super().__init__(app)
         self.paths: list[str] = []
-        self.states: list[State] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        response = await self.inner.handle_async_request(request)
         self.paths.append(request.url.path)
-        if request.url.path in ("/duo/state", "/duo/draft") and response.status_code == 200:
-            body = await response.aread()
-            self.states.append(State.model_validate_json(body))
-            return httpx.Response(200, content=body, headers=response.headers)
-        return response
+        return await super().handle_async_request(request)
 
 
 WORDS = ["abc cab " * 8, "bad dab " * 8, "ace face " * 7]  # long replies: drafts pay
@@ -341,26 +335,36 @@ def test_a_back_gets_the_grammar_once_and_drafts_under_it() -> None:
     async def body() -> None:
         target = FakeModel(cost_s=(0.003, 0.0005), eos_bias=-100.0)
         app = create_app(make_settings(max_tokens=60, draft_len=4), target)
-        transport = Recording(app)
         draft = FakeModel(salt="draft", agree=0.8, cost_s=(0.0005, 0.0))
         drafter = ModelDrafter(draft)
-        worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                        drafter, draft.fingerprint(), draft.n_vocab, back_id="m")
-        task = asyncio.create_task(worker.run())
-        try:
-            await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
-            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-                for _ in range(2):  # two sessions with the same grammar
-                    r = await http.post("/v1/chat/completions", json={
-                        "messages": [{"role": "user", "content": "hi"}], "grammar": GRAMMAR})
-                    assert r.status_code == 200 and r.json()["usage"]["accepted_tokens"] > 0
-        finally:
-            worker.stop()
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        constrained = [s for s in transport.states if s.grammar_id is not None]
+        async with Recording(app) as transport:
+            worker = Worker(LeadClient("http://lead", transport=transport),
+                            drafter, draft.fingerprint(), draft.n_vocab, back_id="m")
+            news: list[SessionState] = []
+            take = worker._take
+
+            def taking(update: Update) -> None:
+                news.extend(update.sessions)
+                take(update)
+            worker._take = taking  # type: ignore[method-assign]
+            task = asyncio.create_task(worker.run())
+            try:
+                await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+                async with httpx.AsyncClient(transport=transport, base_url="http://lead") \
+                        as http:
+                    for _ in range(2):  # two sessions with the same grammar
+                        r = await http.post("/v1/chat/completions", json={
+                            "messages": [{"role": "user", "content": "hi"}],
+                            "grammar": GRAMMAR})
+                        assert r.status_code == 200
+                        assert r.json()["usage"]["accepted_tokens"] > 0
+            finally:
+                worker.stop()
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        constrained = [s for s in news if s.grammar_id is not None]
         assert constrained and {s.grammar_id for s in constrained} == {grammar_id(GRAMMAR)}
-        assert all(s.sampling.grammar is None for s in transport.states)  # text never sent
+        assert all(s.sampling is None or s.sampling.grammar is None for s in news)  # no text
         assert transport.paths.count("/duo/grammar") == 1  # once, kept by its id
         assert worker.mirror.grammars == {grammar_id(GRAMMAR): GRAMMAR}
         assert drafter._track_key is not None  # it drafted under the grammar

@@ -1,11 +1,9 @@
 """Backs that would slow lead stay quiet: beside lead, sitting out, or hushed by lead.
-In process, over httpx.ASGITransport, with fake models (some of which really contend)."""
+In process, over HTTP and the link, with fake models (some of which really contend)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import httpx
 
 from back.client import LeadClient
 from back.drafter import ModelDrafter
@@ -13,8 +11,8 @@ from back.worker import Worker
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from shared.placement import Placement
-from shared.protocol import Stop
-from tests.conftest import async_wait_until, make_settings
+from shared.protocol import SessionState, Stop, Update
+from tests.conftest import InProcessLead, async_wait_until, make_settings
 from tests.test_inprocess import ask, model_worker, new_lead, run, with_workers
 
 
@@ -49,29 +47,37 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
         clock = VirtualClock()  # steps priced at their nominal cost, however loaded the machine
         target = Contended(draft, eos_bias=-100.0, clock=clock)
         app = create_app(make_settings(max_tokens=120), target, clock=clock)
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        client = LeadClient("http://lead", transport=transport, poll_wait=1.0)
-        worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab)
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            client = LeadClient("http://lead", transport=transport)
+            worker = Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab)
+            news: list[SessionState] = []  # what lead told the back of each session
+            take = worker._take
 
-        def hushed_for_a_while() -> bool:  # and no probe due within the next reply
-            cost = engine.cost
-            return cost.hush and cost.probes.gap - cost.probes.since > 12
+            def taking(update: Update) -> None:
+                news.extend(update.sessions)
+                take(update)
+            worker._take = taking  # type: ignore[method-assign]
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            for i in range(8):  # new prompts: a repeated one, the back would draft from cache
-                await ask(transport, f"prompt number {i}", max_tokens=60)
-                if hushed_for_a_while():
-                    break
-            assert hushed_for_a_while(), "lead never hushed the back that slowed it"
-            assert worker.state.stop == Stop.SLOWED  # lead told the back
-            before = draft.evaluated
-            reply = await ask(transport, "a prompt the back has not seen", max_tokens=8)
-            assert reply["usage"]["drafted_tokens"] == 0
-            assert draft.evaluated == before  # it did not even take in the new prompt
+            def hushed_for_a_while() -> bool:  # and no probe due within the next reply
+                cost = engine.cost
+                return cost.hush and cost.probes.gap - cost.probes.since > 12
 
-        await with_workers([worker], check)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                for i in range(8):  # new prompts: a repeated one, the back would draft from cache
+                    await ask(transport, f"prompt number {i}", max_tokens=60)
+                    if hushed_for_a_while():
+                        break
+                assert hushed_for_a_while(), "lead never hushed the back that slowed it"
+                before, told = draft.evaluated, len(news)
+                reply = await ask(transport, "a prompt the back has not seen", max_tokens=8)
+                assert reply["usage"]["drafted_tokens"] == 0
+                assert draft.evaluated == before  # it did not even take in the new prompt
+                live = [n.stop for n in news[told:] if not n.done]
+                assert live and set(live) == {Stop.SLOWED}  # lead told the back why
+
+            await with_workers([worker], check)
     run(body())
 
 
@@ -85,36 +91,37 @@ def placed(worker: Worker, placement: Placement) -> Worker:
 def test_a_back_beside_lead_takes_in_nothing_while_lead_wants_no_drafts() -> None:
     async def body() -> None:
         app, _ = new_lead(draft_len=0)  # lead never asks for drafts
-        transport = httpx.ASGITransport(app=app)
-        beside = placed(model_worker(transport), Placement(frozenset({1}), 1, beside_lead=True))
-        remote = model_worker(transport, back_id="remote")  # catches up: costs lead nothing
+        async with InProcessLead(app) as transport:
+            beside = placed(model_worker(transport), Placement(frozenset({1}), 1, beside_lead=True))
+            remote = model_worker(transport, back_id="remote")  # catches up: costs lead nothing
 
-        async def check() -> None:
-            await async_wait_until(lambda: beside.state.version >= 0 <= remote.state.version,
-                                   what="handshakes")
-            await ask(transport, "a long prompt " * 8, max_tokens=16)
-            await async_wait_until(lambda: remote.drafter.model.evaluated > 0,  # type: ignore
-                                   what="the remote back to take in the prompt")
-            assert beside.drafter.model.evaluated == 0  # type: ignore[attr-defined]
+            async def check() -> None:
+                await async_wait_until(lambda: beside.state.version >= 0 <= remote.state.version,
+                                       what="handshakes")
+                await ask(transport, "a long prompt " * 8, max_tokens=16)
+                await async_wait_until(lambda: remote.drafter.model.evaluated > 0,  # type: ignore
+                                       what="the remote back to take in the prompt")
+                assert beside.drafter.model.evaluated == 0  # type: ignore[attr-defined]
 
-        await with_workers([beside, remote], check)
+            await with_workers([beside, remote], check)
     run(body())
 
 
 def test_a_back_sitting_out_does_nothing_even_when_lead_wants_drafts() -> None:
     async def body() -> None:
         app, _ = new_lead(draft_len=4)  # lead always wants drafts
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        idle = placed(model_worker(transport, agree=1.0), Placement(None, 1, sit_out=True))
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            idle = placed(model_worker(transport, agree=1.0), Placement(None, 1, sit_out=True))
 
-        async def check() -> None:
-            await async_wait_until(lambda: idle.state.version >= 0, what="handshake")
-            polls = engine.metrics.state_polls
-            reply = await ask(transport, max_tokens=40)
-            assert reply["usage"]["drafted_tokens"] == 0
-            assert idle.drafter.model.evaluated == 0  # type: ignore[attr-defined]
-            assert engine.metrics.state_polls - polls <= 3  # woken at start and end, not per step
+            async def check() -> None:
+                await async_wait_until(lambda: idle.state.version >= 0, what="handshake")
+                updates = engine.metrics.link_updates
+                reply = await ask(transport, max_tokens=40)
+                assert reply["usage"]["drafted_tokens"] == 0
+                assert idle.drafter.model.evaluated == 0  # type: ignore[attr-defined]
+                # told of the start and the end, not of each step
+                assert engine.metrics.link_updates - updates <= 3
 
-        await with_workers([idle], check)
+            await with_workers([idle], check)
     run(body())

@@ -1,4 +1,4 @@
-"""Lead app + back worker in one process over httpx.ASGITransport (fake target and draft)."""
+"""Lead app + back worker in one process, over HTTP and the link (fake target and draft)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,9 @@ from back.drafter import ModelDrafter, NgramDrafter
 from back.worker import IncompatibleModel, Worker
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
-from tests.conftest import async_wait_until, make_settings
+from tests.conftest import InProcessLead, async_wait_until, make_settings
 
 TARGET_COST = (0.003, 0.0005)  # seconds per call, per token: slow enough to overlap with backs
-
-
-class SwitchableTransport(httpx.AsyncBaseTransport):
-    """Routes to the current lead app; `app = None` is a lead that is down."""
-
-    def __init__(self, app: object | None) -> None:
-        self.app = app
-
-    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        if self.app is None:
-            raise httpx.ConnectError("lead down", request=request)
-        return await httpx.ASGITransport(app=self.app).handle_async_request(request)
 
 
 def new_lead(cost_s: tuple[float, float] = TARGET_COST, kind: type[FakeModel] = FakeModel,
@@ -41,7 +29,7 @@ def new_lead(cost_s: tuple[float, float] = TARGET_COST, kind: type[FakeModel] = 
 def model_worker(transport: httpx.AsyncBaseTransport, agree: float = 0.8,
                  salt: str = "draft", back_id: str = "m") -> Worker:
     draft = FakeModel(salt=salt, agree=agree, cost_s=(0.0005, 0.0))
-    client = LeadClient("http://lead", transport=transport, poll_wait=1.0)
+    client = LeadClient("http://lead", transport=transport)
     return Worker(client, ModelDrafter(draft), draft.fingerprint(), draft.n_vocab, back_id=back_id)
 
 
@@ -82,16 +70,16 @@ def test_output_with_back_equals_output_without() -> None:
     async def body() -> None:
         alone = await reference()
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport)
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport)
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport)
-            assert text_of(reply) == alone
-            assert reply["usage"]["accepted_tokens"] > 0
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport)
+                assert text_of(reply) == alone
+                assert reply["usage"]["accepted_tokens"] > 0
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -99,17 +87,17 @@ def test_always_wrong_draft_costs_no_correctness() -> None:
     async def body() -> None:
         alone = await reference()
         app, _ = new_lead(draft_len=4)
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=0.0, salt="nonsense")
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=0.0, salt="nonsense")
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport)
-            assert text_of(reply) == alone
-            assert reply["usage"]["drafted_tokens"] > 0
-            assert reply["usage"]["accepted_tokens"] <= reply["usage"]["drafted_tokens"] // 10
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport)
+                assert text_of(reply) == alone
+                assert reply["usage"]["drafted_tokens"] > 0
+                assert reply["usage"]["accepted_tokens"] <= reply["usage"]["drafted_tokens"] // 10
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -117,38 +105,38 @@ def test_back_joining_mid_generation_helps_that_reply() -> None:
     async def body() -> None:
         alone = await reference(max_tokens=200)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        reply_task = asyncio.create_task(ask(transport, max_tokens=200))
-        await async_wait_until(lambda: engine.session is not None
-                               and engine.session.n_generated >= 40, what="40 tokens alone")
-        assert engine.session.accepted == 0
-        worker = model_worker(transport)
-        await with_workers([worker], lambda: asyncio.shield(reply_task))  # type: ignore[arg-type]
-        reply = reply_task.result()
-        assert text_of(reply) == alone
-        assert reply["usage"]["accepted_tokens"] > 0
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            reply_task = asyncio.create_task(ask(transport, max_tokens=200))
+            await async_wait_until(lambda: engine.session is not None
+                                   and engine.session.n_generated >= 40, what="40 tokens alone")
+            assert engine.session.accepted == 0
+            worker = model_worker(transport)
+            await with_workers([worker], lambda: asyncio.shield(reply_task))  # type: ignore[arg-type]
+            reply = reply_task.result()
+            assert text_of(reply) == alone
+            assert reply["usage"]["accepted_tokens"] > 0
     run(body())
 
 
 def test_a_back_lead_wants_no_drafts_from_still_takes_in_the_prompt() -> None:
     async def body() -> None:
         app, _ = new_lead(draft_len=0)  # lead never asks for drafts
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        worker = model_worker(transport)
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            worker = model_worker(transport)
 
-        async def reply_and_check() -> None:
-            reply_task = asyncio.create_task(ask(transport, "a long prompt " * 8))
-            await async_wait_until(lambda: engine.session is not None, what="a session")
-            prompt = engine.session.tokens[: engine.session.n_prompt]
-            await async_wait_until(lambda: worker.drafter.local[: len(prompt)] == prompt,
-                                   what="the back to take in the prompt")
-            reply = await reply_task
-            assert reply["usage"]["drafted_tokens"] == 0
-            assert engine.metrics.drafts_posted == 0  # it took the tokens in, drafted none
+            async def reply_and_check() -> None:
+                reply_task = asyncio.create_task(ask(transport, "a long prompt " * 8))
+                await async_wait_until(lambda: engine.session is not None, what="a session")
+                prompt = engine.session.tokens[: engine.session.n_prompt]
+                await async_wait_until(lambda: worker.drafter.local[: len(prompt)] == prompt,
+                                       what="the back to take in the prompt")
+                reply = await reply_task
+                assert reply["usage"]["drafted_tokens"] == 0
+                assert engine.metrics.drafts_posted == 0  # it took the tokens in, drafted none
 
-        await with_workers([worker], reply_and_check)
+            await with_workers([worker], reply_and_check)
     run(body())
 
 
@@ -156,17 +144,17 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
     async def body() -> None:
         alone = await reference()
         app, _ = new_lead(cost_s=(0.0, 0.004))  # b tokens cost b times one: nothing can pay
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        worker = model_worker(transport, agree=1.0)  # a perfect draft model
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            worker = model_worker(transport, agree=1.0)  # a perfect draft model
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport)
-            assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
-            assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport)
+                assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
+                assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -181,20 +169,20 @@ def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
     async def body() -> None:
         alone = await reference()
         app, target = new_lead(kind=FourIsCheap)
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=0.9)
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=0.9)
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            target.calls.clear()  # calibration's
-            reply = await ask(transport)
-            assert text_of(reply) == alone and reply["usage"]["accepted_tokens"] > 0
-            assert not {2, 3} & set(target.calls[1:])  # after the prompt: 1 or 4 tokens
-            # and drafts of 1-2 tokens were verified too, padded to 4 (unpadded, a batch of
-            # 4 would always hold 3 draft tokens)
-            assert reply["usage"]["drafted_tokens"] < 3 * target.calls.count(4)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                target.calls.clear()  # calibration's
+                reply = await ask(transport)
+                assert text_of(reply) == alone and reply["usage"]["accepted_tokens"] > 0
+                assert not {2, 3} & set(target.calls[1:])  # after the prompt: 1 or 4 tokens
+                # and drafts of 1-2 tokens were verified too, padded to 4 (unpadded, a batch of
+                # 4 would always hold 3 draft tokens)
+                assert reply["usage"]["drafted_tokens"] < 3 * target.calls.count(4)
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -212,23 +200,23 @@ def test_steps_while_a_back_drafts_are_priced_apart() -> None:
     async def body() -> None:
         # (no memory of the first reply: lead would draft the second from it, not the back)
         app, target = new_lead(kind=SharedCpu, ngram_memory=0)
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        quiet = target.cost_of(1)
-        await ask(transport)  # lead alone: every step is quiet
-        prices = engine.cost.prices
-        assert prices.slowdown == 1.0 and prices.plain_s == pytest.approx(quiet)
-        worker = model_worker(transport, agree=1.0)  # perfect drafts: wanted at every step
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            quiet = target.cost_of(1)
+            await ask(transport)  # lead alone: every step is quiet
+            prices = engine.cost.prices
+            assert prices.slowdown == 1.0 and prices.plain_s == pytest.approx(quiet)
+            worker = model_worker(transport, agree=1.0)  # perfect drafts: wanted at every step
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            target.factor = 1.5  # type: ignore[attr-defined]
-            assert (await ask(transport))["usage"]["accepted_tokens"] > 0
-            # busy steps leave the quiet price alone and show how much slower they are
-            assert engine.cost.prices.plain_s == pytest.approx(quiet)
-            assert engine.cost.prices.slowdown == pytest.approx(1.5, abs=0.1)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                target.factor = 1.5  # type: ignore[attr-defined]
+                assert (await ask(transport))["usage"]["accepted_tokens"] > 0
+                # busy steps leave the quiet price alone and show how much slower they are
+                assert engine.cost.prices.plain_s == pytest.approx(quiet)
+                assert engine.cost.prices.slowdown == pytest.approx(1.5, abs=0.1)
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -236,42 +224,44 @@ def test_back_dropping_mid_generation_lead_finishes_alone() -> None:
     async def body() -> None:
         alone = await reference(max_tokens=200)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        worker = model_worker(transport)
-        task = asyncio.create_task(worker.run())
-        await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-        reply_task = asyncio.create_task(ask(transport, max_tokens=200))
-        await async_wait_until(lambda: engine.session is not None and engine.session.accepted > 5,
-                               what="drafts accepted")
-        task.cancel()  # the back vanishes mid-reply
-        await asyncio.gather(task, return_exceptions=True)
-        at_drop = engine.session.n_generated
-        assert at_drop < 200
-        reply = await reply_task
-        assert text_of(reply) == alone
-        assert reply["usage"]["completion_tokens"] == 200
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            worker = model_worker(transport)
+            task = asyncio.create_task(worker.run())
+            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            reply_task = asyncio.create_task(ask(transport, max_tokens=200))
+            await async_wait_until(
+                lambda: engine.session is not None and engine.session.accepted > 5,
+                what="drafts accepted")
+            task.cancel()  # the back vanishes mid-reply
+            await asyncio.gather(task, return_exceptions=True)
+            at_drop = engine.session.n_generated
+            assert at_drop < 200
+            reply = await reply_task
+            assert text_of(reply) == alone
+            assert reply["usage"]["completion_tokens"] == 200
     run(body())
 
 
 def test_lead_restart_back_reconnects_and_helps_next_reply() -> None:
     async def body() -> None:
         app, _ = new_lead()
-        transport = SwitchableTransport(app)
-        worker = model_worker(transport)
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport)
 
-        async def scenario() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            first = await ask(transport)
-            transport.app = None  # lead goes down...
-            await async_wait_until(lambda: worker.outages >= 1, what="back to notice the outage")
-            new_app, _ = new_lead()
-            transport.app = new_app  # ...and comes back with version counters reset
-            second = await ask(transport)
-            assert text_of(second) == text_of(first)
-            assert second["usage"]["accepted_tokens"] > 0
+            async def scenario() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                first = await ask(transport)
+                transport.down()  # lead goes down...
+                await async_wait_until(lambda: worker.outages >= 1,
+                                       what="back to notice the outage")
+                new_app, _ = new_lead()
+                transport.lead = new_app  # ...and comes back with version counters reset
+                second = await ask(transport)
+                assert text_of(second) == text_of(first)
+                assert second["usage"]["accepted_tokens"] > 0
 
-        await with_workers([worker], scenario)
+            await with_workers([worker], scenario)
     run(body())
 
 
@@ -280,32 +270,32 @@ def test_ngram_back_and_model_back_together() -> None:
         text = "abc abc abc abc abc"
         alone = await reference(text)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        ngram = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                       NgramDrafter(), None, None, back_id="ngram")
-        ngram.burst = 8
-        workers = [model_worker(transport), ngram]
+        async with InProcessLead(app) as transport:
+            ngram = Worker(LeadClient("http://lead", transport=transport),
+                           NgramDrafter(), None, None, back_id="ngram")
+            ngram.burst = 8
+            workers = [model_worker(transport), ngram]
 
-        async def check() -> None:
-            await async_wait_until(lambda: all(w.state.version >= 0 for w in workers),
-                                   what="both backs")
-            reply = await ask(transport, text)
-            assert text_of(reply) == alone
-            engine = app.state.engine  # type: ignore[attr-defined]
-            assert engine.feed.backs.active() == 2
+            async def check() -> None:
+                await async_wait_until(lambda: all(w.state.version >= 0 for w in workers),
+                                       what="both backs")
+                reply = await ask(transport, text)
+                assert text_of(reply) == alone
+                engine = app.state.engine  # type: ignore[attr-defined]
+                assert engine.feed.backs.active() == 2
 
-        await with_workers(workers, check)
+            await with_workers(workers, check)
     run(body())
 
 
 def test_incompatible_draft_model_is_refused() -> None:
     async def body() -> None:
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        client = LeadClient("http://lead", transport=transport)
-        worker = Worker(client, ModelDrafter(FakeModel(n_vocab=80)), "other", 80)
-        with pytest.raises(IncompatibleModel, match="vocabulary"):
-            await worker.run()
+        async with InProcessLead(app) as transport:
+            client = LeadClient("http://lead", transport=transport)
+            worker = Worker(client, ModelDrafter(FakeModel(n_vocab=80)), "other", 80)
+            with pytest.raises(IncompatibleModel, match="vocabulary"):
+                await worker.run()
     run(body())
 
 
@@ -315,43 +305,44 @@ def test_a_session_longer_than_the_draft_context_is_sat_out_not_fatal(
         long_text = "a long prompt " * 8
         alone = await reference(long_text, 40)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        draft = FakeModel(salt="draft", agree=0.9, cost_s=(0.0005, 0.0), n_ctx=80)
-        worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=1.0),
-                        ModelDrafter(draft), draft.fingerprint(), draft.n_vocab, back_id="small")
-        task = asyncio.create_task(worker.run())
+        async with InProcessLead(app) as transport:
+            draft = FakeModel(salt="draft", agree=0.9, cost_s=(0.0005, 0.0), n_ctx=80)
+            worker = Worker(LeadClient("http://lead", transport=transport),
+                            ModelDrafter(draft), draft.fingerprint(), draft.n_vocab,
+                            back_id="small")
+            task = asyncio.create_task(worker.run())
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            assert text_of(await ask(transport, long_text, 40)) == alone
-            assert not task.done()  # the back lives on, and helps a reply that fits
-            short = await ask(transport, "hi", 30)
-            assert short["usage"]["accepted_tokens"] > 0, short["usage"]
-        try:
-            await check()
-        finally:
-            worker.stop()
-            await asyncio.gather(task, return_exceptions=True)
-        assert "more than this draft model's context" in caplog.text
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                assert text_of(await ask(transport, long_text, 40)) == alone
+                assert not task.done()  # the back lives on, and helps a reply that fits
+                short = await ask(transport, "hi", 30)
+                assert short["usage"]["accepted_tokens"] > 0, short["usage"]
+            try:
+                await check()
+            finally:
+                worker.stop()
+                await asyncio.gather(task, return_exceptions=True)
+            assert "more than this draft model's context" in caplog.text
     run(body())
 
 
 def test_lead_verifies_no_draft_past_max_tokens() -> None:
     async def body() -> None:
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=1.0)  # every draft right: long ones pay
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=1.0)  # every draft right: long ones pay
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            await ask(transport, "warm up the cost model", 60)
-            usages = [(await ask(transport, f"short {i}", 6))["usage"] for i in range(4)]
-            for u in usages:  # a step emits its accepted tokens and one of its own
-                assert u["completion_tokens"] == 6, u
-                assert u["accepted_tokens"] <= u["drafted_tokens"] <= 5, u
-            assert sum(u["accepted_tokens"] for u in usages) > 0, usages
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await ask(transport, "warm up the cost model", 60)
+                usages = [(await ask(transport, f"short {i}", 6))["usage"] for i in range(4)]
+                for u in usages:  # a step emits its accepted tokens and one of its own
+                    assert u["completion_tokens"] == 6, u
+                    assert u["accepted_tokens"] <= u["drafted_tokens"] <= 5, u
+                assert sum(u["accepted_tokens"] for u in usages) > 0, usages
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 
@@ -361,36 +352,36 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
         # stale; a target about as fast as the back's post cycle can lose that race for a
         # whole reply (1 run in 20). Give the draft the lead a real one has.
         app, _ = new_lead(cost_s=(0.012, 0.001))
-        transport = httpx.ASGITransport(app=app)
-        engine = app.state.engine  # type: ignore[attr-defined]
-        posted_dists: list[bool] = []
-        original = engine.feed.post_draft
+        async with InProcessLead(app) as transport:
+            engine = app.state.engine  # type: ignore[attr-defined]
+            posted_dists: list[bool] = []
+            original = engine.feed.post_draft
 
-        def spy(session_id, start, token_ids, dists, *rest, **kw):  # type: ignore[no-untyped-def]
-            posted_dists.append(dists is not None)
-            return original(session_id, start, token_ids, dists, *rest, **kw)
+            def spy(session_id, start, token_ids, dists, *rest, **kw):  # type: ignore[no-untyped-def]
+                posted_dists.append(dists is not None)
+                return original(session_id, start, token_ids, dists, *rest, **kw)
 
-        engine.feed.post_draft = spy
+            engine.feed.post_draft = spy
 
-        async def sampled(seed: int) -> dict:
-            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-                r = await http.post("/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
-                    # Peaked enough that, after a rejection, back's next first guess often
-                    # matches lead's own sample (chance sum(p*q)), as with real LLMs.
-                    "temperature": 0.3, "top_k": 20, "seed": seed})
-                return r.json()
+            async def sampled(seed: int) -> dict:
+                async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                    r = await http.post("/v1/chat/completions", json={
+                        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60,
+                        # Peaked enough that, after a rejection, back's next first guess often
+                        # matches lead's own sample (chance sum(p*q)), as with real LLMs.
+                        "temperature": 0.3, "top_k": 20, "seed": seed})
+                    return r.json()
 
-        alone = [text_of(await sampled(11)) for _ in range(2)]
-        assert alone[0] == alone[1]  # same seed, no drafts: same output
-        assert text_of(await sampled(12)) != alone[0]
-        worker = model_worker(transport, agree=0.9)
+            alone = [text_of(await sampled(11)) for _ in range(2)]
+            assert alone[0] == alone[1]  # same seed, no drafts: same output
+            assert text_of(await sampled(12)) != alone[0]
+            worker = model_worker(transport, agree=0.9)
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await sampled(13)
-            assert reply["usage"]["accepted_tokens"] > 0, (reply["usage"], len(posted_dists))
-            assert posted_dists and all(posted_dists)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await sampled(13)
+                assert reply["usage"]["accepted_tokens"] > 0, (reply["usage"], len(posted_dists))
+                assert posted_dists and all(posted_dists)
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())

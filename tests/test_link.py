@@ -17,7 +17,7 @@ from starlette.websockets import WebSocketDisconnect
 from back import links
 from back.client import LeadClient
 from back.drafter import ModelDrafter
-from back.links import NEWS_S, PollLink, StreamLink
+from back.links import NEWS_S, Link
 from back.worker import Worker
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
@@ -234,7 +234,7 @@ def linked_lead(slots: int) -> tuple[object, FakeModel]:
 
 def linked_worker(transport: httpx.AsyncBaseTransport, slots: int) -> tuple[Worker, FakeModel]:
     draft = FakeModel(slots=slots, salt="draft", agree=0.9, cost_s=(0.0005, 0.0))
-    client = LeadClient("http://lead", transport=transport, poll_wait=1.0)
+    client = LeadClient("http://lead", transport=transport)
     drafters = [ModelDrafter(draft.slot(i)) for i in range(slots)]
     return Worker(client, drafters, draft.fingerprint(), draft.n_vocab, model=draft), draft
 
@@ -343,13 +343,13 @@ class PingedSocket:
 
 
 def measured(trips: list[float | None], monkeypatch: pytest.MonkeyPatch) -> tuple[float, int]:
-    """A StreamLink's news_s over a PingedSocket once its pings went unanswered, and the
+    """A Link's news_s over a PingedSocket once its pings went unanswered, and the
     pings it sent."""
     monkeypatch.setattr(links, "PING_S", 0.0)
     monkeypatch.setattr(links, "PONG_S", 0.01)
     now = [0.0]
     socket = PingedSocket(now, trips)
-    link = StreamLink(socket, lambda: now[0])
+    link = Link(socket, lambda: now[0])
 
     async def body() -> None:
         reading = asyncio.create_task(anext(link.updates()))
@@ -373,7 +373,7 @@ def test_the_link_measures_how_long_news_takes_by_its_round_trip(
 def test_news_is_dated_when_it_left_lead() -> None:
     drafter = ModelDrafter(FakeModel(salt="draft").slot(0))
     worker = Worker(LeadClient("http://lead"), [drafter], None, None)
-    worker._link = PollLink(worker.client, lambda _: 0, lambda: 0.0)
+    worker._link = Link(None, lambda: 0.0)
     worker._link.news_s = 0.004
     news = SessionState(session_id="a", token_ids=[1, 2, 3], n_tokens=3, n_prompt=3,
                         draft_len=2, sampling=SamplingParams())

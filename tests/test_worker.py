@@ -9,8 +9,10 @@ test_back_backoff.py.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import httpx
 import numpy as np
@@ -24,23 +26,63 @@ from lead.decode.session import Session
 from lead.server.app import create_app
 from shared.fake import FakeModel
 from shared.placement import Placement
-from shared.protocol import DraftPost, Info, SamplingParams, State
+from shared.protocol import DraftPost, Info, Posted, SamplingParams, SessionState, Update
 from shared.sampling import make_draft_rng
-from tests.conftest import async_wait_until, make_settings
+from tests.conftest import InProcessLead, async_wait_until, make_settings
 
 SEED_A, SEED_B = 11, 22
 
 
 def info(lead_id: str = "L") -> Info:
     return Info(model="fake", lead_id=lead_id, n_vocab=96, fingerprint="fake-96",
-                eos_token_ids=[0], n_ctx=2048, max_draft=8, max_post=8)
+                eos_token_ids=[0], n_ctx=2048, max_draft=8, max_post=8, link=True)
 
 
 def live(version: int, session: str, tokens: list[int], seed: int | None = None,
-         done: bool = False, lead_id: str = "L") -> State:
-    return State(version=version, lead_id=lead_id, session_id=session, token_ids=tokens,
-                 n_tokens=len(tokens), done=done, draft_len=1,
-                 sampling=SamplingParams(temperature=1.0, seed=seed))
+         done: bool = False, lead_id: str = "L") -> Update:
+    return Update(version=version, lead_id=lead_id, sessions=[SessionState(
+        session_id=session, token_ids=tokens, n_tokens=len(tokens), done=done, draft_len=1,
+        stop=None, sampling=SamplingParams(temperature=1.0, seed=seed))])
+
+
+class ScriptedLead:
+    """A lead whose link is scripted: `news()` gives each update the back reads (awaited
+    as the back asks for the next), `heard(post)` takes each draft it posts."""
+
+    async def info(self) -> Info:
+        return info()
+
+    @contextlib.asynccontextmanager
+    async def link(self) -> AsyncIterator[ScriptedSocket]:
+        yield ScriptedSocket(self)
+
+    async def news(self) -> Update:
+        await asyncio.Event().wait()  # no more news, until the worker stops
+        raise AssertionError("unreachable")
+
+    async def heard(self, post: DraftPost) -> None:
+        pass
+
+
+class ScriptedSocket:
+    """The back's end of a scripted lead's link."""
+
+    def __init__(self, lead: ScriptedLead) -> None:
+        self.lead = lead
+
+    async def receive_text(self, timeout: float) -> str:
+        return (await self.lead.news()).model_dump_json()
+
+    async def send_text(self, text: str) -> None:
+        message = json.loads(text)
+        if message["type"] == "draft":
+            await self.lead.heard(Posted.model_validate(message).draft)
+
+    async def ping(self) -> asyncio.Event:
+        return asyncio.Event()  # never answered: the link is not measured
+
+    async def close(self) -> None:
+        pass
 
 
 class GatedDrafter(NgramDrafter):
@@ -66,32 +108,24 @@ class GatedDrafter(NgramDrafter):
         return Grown(7, 0, 0)
 
 
-class SessionSwitchingLead:
+class SessionSwitchingLead(ScriptedLead):
     """Session A starts; while the back's model thread catches up on it, A ends and B
     starts; only then does the catch-up finish."""
 
     def __init__(self, drafter: GatedDrafter) -> None:
-        self.drafter, self.polls = drafter, 0
-        self.b = live(3, "B", [4, 5, 6], SEED_B)
+        self.drafter, self.sent = drafter, 0
 
-    async def info(self) -> Info:
-        return info()
-
-    async def state(self, since: int, offset: int, **_: object) -> State:
-        self.polls += 1
-        if self.polls == 1:
+    async def news(self) -> Update:
+        self.sent += 1
+        if self.sent == 1:
             return live(1, "A", [1, 2, 3], SEED_A)
-        if self.polls == 2:
+        if self.sent == 2:
             assert await asyncio.to_thread(self.drafter.entered.wait, 10), "no catch-up"
             return live(2, "A", [1, 2, 3], SEED_A, done=True)
-        if self.polls == 3:
-            return self.b
+        if self.sent == 3:
+            return live(3, "B", [4, 5, 6], SEED_B)
         self.drafter.gate.set()
-        await asyncio.Event().wait()  # no more news, until the worker stops
-        raise AssertionError("unreachable")
-
-    async def post_draft(self, post: DraftPost) -> State:
-        return self.b
+        return await super().news()
 
 
 def first_draw(seed: int) -> int:
@@ -120,52 +154,52 @@ def test_model_work_for_an_ended_session_stays_out_of_the_next() -> None:
     assert done["A"].caught_up == 0  # A's work came back after A ended: dropped
 
 
-class StaleThenRestartedLead:
-    """Lead L sends v3, then a stale v2 (a watch reply older than a post's reply taken
-    meanwhile), then v4; then another lead process, M, answers."""
+class StaleThenRestartedLead(ScriptedLead):
+    """Lead L sends v3, then a stale v2, then v4; then news from another lead process, M,
+    comes (and M answers the handshake). Records, as the back asks for each update, the
+    version it holds and the handshakes so far."""
 
     def __init__(self) -> None:
         self.infos = 0
-        self.replies = [State(version=3, lead_id="L"), State(version=2, lead_id="L"),
-                        State(version=4, lead_id="L"), State(version=0, lead_id="M")]
-        self.asked: list[tuple[int, int]] = []  # (since, handshakes so far) of each poll
+        self.updates = [Update(version=3, lead_id="L"), Update(version=2, lead_id="L"),
+                        Update(version=4, lead_id="L"), Update(version=0, lead_id="M")]
+        self.held: list[tuple[int, int]] = []
+        self.worker: Worker | None = None
 
     async def info(self) -> Info:
         self.infos += 1
         return info("L" if self.infos == 1 else "M")
 
-    async def state(self, since: int, offset: int, **_: object) -> State:
-        self.asked.append((since, self.infos))
-        if self.replies:
-            return self.replies.pop(0)
-        await asyncio.Event().wait()  # no more news, until the worker stops
-        raise AssertionError("unreachable")
-
-    async def post_draft(self, post: DraftPost) -> State:
-        raise AssertionError("no session: nothing to post")
+    async def news(self) -> Update:
+        assert self.worker is not None
+        self.held.append((self.worker.version, self.infos))
+        if self.updates:
+            return self.updates.pop(0)
+        return await super().news()
 
 
-def test_a_stale_state_is_not_taken_for_a_restart_but_another_lead_is() -> None:
+def test_a_stale_update_is_not_taken_for_a_restart_but_another_lead_is() -> None:
     lead = StaleThenRestartedLead()
     worker = Worker(lead, GatedDrafter(), None, None)  # type: ignore[arg-type]
+    lead.worker = worker
 
     async def scenario() -> None:
         task = asyncio.create_task(worker.run())
-        await async_wait_until(lambda: len(lead.asked) == 5, what="five polls")
+        await async_wait_until(lambda: len(lead.held) == 5, what="five updates asked for")
         worker.stop()
         await task
 
     asyncio.run(asyncio.wait_for(scenario(), 10))
-    # v2 was dropped (the next poll still asks since v3) and caused no handshake; M's
-    # state did, and the poll after it asks from scratch.
-    assert lead.asked == [(-1, 1), (3, 1), (3, 1), (4, 1), (-1, 2)]
+    # v2 was dropped (the back still holds v3) and caused no handshake; M's news did, and
+    # the back starts over with M
+    assert lead.held == [(-1, 1), (3, 1), (3, 1), (4, 1), (-1, 2)]
     assert worker.lead_id == "M"
 
 
 PROMPT = [1, 2, 3]
 
 
-class RepeatedPromptLead:
+class RepeatedPromptLead(ScriptedLead):
     """Session A samples (temperature 1) after PROMPT: lead rejects the back's first guess
     and takes a correction; at the back's next post A ends and B starts on the same prompt.
     Records every post it receives."""
@@ -173,28 +207,27 @@ class RepeatedPromptLead:
     def __init__(self) -> None:
         self.posts: list[DraftPost] = []
         self.current = live(1, "A", PROMPT, seed=5)
+        self.sent = 0  # the version of the last update sent
         self.correction = -1
         self._news = asyncio.Event()
 
-    async def info(self) -> Info:
-        return info()
-
-    async def state(self, since: int, offset: int, **_: object) -> State:
-        while self.current.version <= since:
+    async def news(self) -> Update:
+        while self.current.version <= self.sent:
             await self._news.wait()
+        self.sent = self.current.version
         return self.current
 
-    async def post_draft(self, post: DraftPost) -> State:
+    async def heard(self, post: DraftPost) -> None:
         self.posts.append(post)
         if post.session_id == "A" and post.start == len(PROMPT):
             self.correction = 1 if post.token_ids[0] != 1 else 2
             self._move(live(2, "A", [*PROMPT, self.correction], seed=5))
         elif post.session_id == "A":
-            self._move(live(3, "B", PROMPT, seed=6))
-        return self.current
+            self._move(Update(version=3, ended=["A"], sessions=live(3, "B", PROMPT, seed=6)
+                              .sessions, lead_id="L"))
 
-    def _move(self, state: State) -> None:
-        self.current = state
+    def _move(self, update: Update) -> None:
+        self.current = update
         news, self._news = self._news, asyncio.Event()
         news.set()
 
@@ -244,7 +277,7 @@ def info_response() -> httpx.Response:
 
 def http_worker(address: str, lead: ScriptedHttpLead | None = None) -> Worker:
     transport = httpx.MockTransport(lead) if lead is not None else None
-    worker = Worker(LeadClient(address, transport=transport, poll_wait=1.0), ModelDrafter(
+    worker = Worker(LeadClient(address, transport=transport), ModelDrafter(
         FakeModel(salt="draft")), None, None)
     worker.backoff = Backoff(first=0.001, most=0.001)
     return worker
@@ -254,10 +287,11 @@ def run_until(worker: Worker, done: Callable[[], bool]) -> None:
     async def scenario() -> None:
         task = asyncio.create_task(worker.run())
         await async_wait_until(lambda: done() or task.done(), what="the scenario")
-        worker.stop()  # (it ends a follow; a handshake left waiting is cancelled)
+        worker.stop()  # (it ends a follow; a handshake or a link left waiting is cancelled)
         if not (await asyncio.wait([task], timeout=5))[0]:
             task.cancel()
-        await task
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
     asyncio.run(asyncio.wait_for(scenario(), 20))
 
 
@@ -280,12 +314,12 @@ def test_an_address_no_retry_can_reach_stops_the_back() -> None:
 
 
 def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
-    # Connection refused, then a proxy's 404 between lead's restarts: only a back that has
-    # never reached a lead at this address takes a 404 to mean it is pointed elsewhere.
+    # Connection refused, then a proxy's 404 between lead's restarts (to the link, then to
+    # the handshake): only a back that has never reached a lead at this address takes a 404
+    # to mean it is pointed elsewhere.
     refused = httpx.ConnectError("connection refused")
     lead = ScriptedHttpLead(refused, refused, info_response(), httpx.Response(404),
-                            httpx.Response(404), info_response(),
-                            httpx.Response(200, json=State(lead_id="L").model_dump()))
+                            httpx.Response(404), info_response())
     worker = http_worker("http://lead", lead)
     run_until(worker, lambda: not lead.script)
     assert worker.outages == 2 and worker.lead_id == "L"
@@ -294,17 +328,23 @@ def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
 def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:
     # Lead prices its steps apart while a back drafts; a back that sits out slows nothing.
     app = create_app(make_settings(draft_len=4), FakeModel())
-    transport = httpx.ASGITransport(app=app)
     feed = app.state.engine.feed  # type: ignore[attr-defined]
     session = Session(id="s", tokens=PROMPT, n_prompt=3, params=SamplingParams(),
                       rng=np.random.default_rng(0))
-    worker = Worker(LeadClient("http://lead", transport=transport, poll_wait=0.01),
-                    ModelDrafter(FakeModel(salt="draft")), None, None, back_id="sitter")
 
     async def sit_out(_: Info) -> Placement:
         return Placement(None, 1, sit_out=True, reason="lead uses every CPU")
-    worker.on_attach = sit_out
-    run_until(worker, lambda: "sitter" in feed.backs.records)
+
+    async def scenario() -> None:
+        async with InProcessLead(app) as transport:
+            worker = Worker(LeadClient("http://lead", transport=transport),
+                            ModelDrafter(FakeModel(salt="draft")), None, None, back_id="sitter")
+            worker.on_attach = sit_out
+            task = asyncio.create_task(worker.run())
+            await async_wait_until(lambda: "sitter" in feed.backs.records, what="the back")
+            worker.stop()
+            await task
+    asyncio.run(asyncio.wait_for(scenario(), 20))
     assert not feed.back_drafting(session)
     feed.back_seen("drafter")  # a back that drafts when asked
     assert feed.back_drafting(session)
