@@ -37,7 +37,7 @@ class Follower:
         return self.mirror.state
 
     def take(self, state: State, now: float) -> Taken | None:
-        """Take a state of this session (from an update or a post's reply)."""
+        """Take a state of this session (from an update on the link)."""
         taken = self.mirror.take(state)
         if taken is None or taken.refetch:
             return taken

@@ -62,8 +62,8 @@ class LeadMirror:
 
     def take(self, state: State) -> Taken | None:
         """Take `state` (its tokens from `state.offset` on); None: it is older than ours, or
-        from a lead this back no longer follows (a post's reply from before a restart: its
-        version, high, would hold off the new lead's states until they passed it)."""
+        from a lead this back no longer follows (news from before a restart: its version,
+        high, would hold off the new lead's states until they passed it)."""
         if self.other_lead(state) or state.version < max(self.state.version, self._floor):
             return None
         new_session = state.session_id != self.state.session_id
