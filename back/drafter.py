@@ -2,7 +2,8 @@
 
 `catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead
 has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
-only what is missing is evaluated. `grow` proposes one more token, drawn from
+only what is missing is evaluated. Each growth (`begin_growth`, a model call,
+`end_growth`) proposes one more token, drawn from
 the draft's logits adjusted by the request's penalties and bias as lead adjusts the
 target's (shared/penalties.py), then masked by the request's grammar in the state after
 the reply's tokens so far, lead's and its own (back/track.py), so that greedy
@@ -36,7 +37,6 @@ from shared.constraint import Constraint, best, masked
 from shared.grammar_bounds import check_gbnf
 from shared.model import (
     MAIN,
-    EvaluationAborted,
     Forking,
     Model,
     can_fork,
@@ -56,7 +56,7 @@ log = logging.getLogger("back")
 
 @dataclass(frozen=True)
 class Grown:
-    """What one `grow` call did: the draft's next guess (None: it was not grown), tokens
+    """What one growth did: the draft's next guess (None: it was not grown), tokens
     evaluated, branches that grew a token."""
 
     guess: int | None
@@ -84,16 +84,22 @@ class Drafter(Protocol):
 
     def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int: ...
 
-    def grow(self, params: SamplingParams, rng: np.random.Generator,
-             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
-             width: int = 0, depth: int = 0) -> Grown | None: ...
-
     def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
-                     depth: int = 0) -> dict[int, list[int]] | None: ...
+                     depth: int = 0) -> dict[int, list[int]] | None:
+        """The tokens the next model call evaluates for this drafter, per sequence (MAIN or
+        a branch; empty: no call needed); None: nothing to do."""
+        ...
+
+    def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
+                 ) -> dict[int, np.ndarray]:
+        """`batch` evaluated on the drafter's own model: each sequence's next-token row."""
+        ...
 
     def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
                    params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
-                   chain: bool = True, width: int = 0) -> Grown: ...
+                   chain: bool = True, width: int = 0) -> Grown:
+        """The guesses from `rows` (what the call evaluated `batch` into)."""
+        ...
 
     def dist_at(self, pos: int) -> Dist | None: ...
 
@@ -136,7 +142,7 @@ class ModelDrafter:
     """A draft model's guesses. A guess is handed out as soon as it is sampled and only
     evaluated (to get the logits for the next one) on the next call: the first guess after
     catching up is ready one draft step sooner, when lead most needs it, right after a
-    rejection. Over a model that forks, `grow` also grows branches (back/branching.py) in the
+    rejection. Over a model that forks, each growth also grows branches (back/branching.py) in the
     same call as the next guess."""
 
     free = False  # a guess costs a model call
@@ -166,7 +172,7 @@ class ModelDrafter:
 
     def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
         """Hold lead's tokens; the tokens evaluated. `defer`: leave the last one for the
-        next `grow` to evaluate (in a batch with other sessions' guesses)."""
+        next growth to evaluate (in a batch with other sessions' guesses)."""
         self._n_lead = len(lead_tokens)
         if self._growing and common_prefix(self.local, lead_tokens) < len(lead_tokens):
             self._adopt(lead_tokens)
@@ -207,26 +213,11 @@ class ModelDrafter:
             self._growing.pop(slot, None)
             cast(Forking, self.model).fork(slot, 0)  # its cells go back to the shared buffer
 
-    def grow(self, params: SamplingParams, rng: np.random.Generator,
-             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
-             width: int = 0, depth: int = 0) -> Grown | None:
-        """One model call: the next guess of the draft (if `chain`), and a token more on
-        each of up to `width` branches at the likeliest sites, up to `depth` guesses after
-        each root. None if there was nothing to do, or `abort` said stop midway (then
-        nothing changed)."""
-        batch = self.begin_growth(params, chain, width, depth)
-        if batch is None:
-            return None
-        try:
-            rows = self._evaluate(batch, abort) if batch else {}
-        except EvaluationAborted:
-            return None  # pending guesses stay pending: nothing changed
-        return self.end_growth(batch, rows, params, rng, n_prompt, chain, width)
-
     def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
                      depth: int = 0) -> dict[int, list[int]] | None:
-        """The first half of `grow`: the tokens its model call evaluates, per sequence
-        (MAIN or a branch; empty: no call needed); None: nothing to do."""
+        """The tokens the next model call evaluates: the pending guess of the draft (if
+        `chain`) and of up to `width` branches at the likeliest sites, up to `depth` guesses
+        after each root, per sequence (empty: no call needed); None: nothing to do."""
         if (self._logits is None and not self._pending) or len(self.local) >= self.model.n_ctx:
             return None
         width = width if self.can_branch else 0
@@ -243,7 +234,8 @@ class ModelDrafter:
     def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
                    params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
                    chain: bool = True, width: int = 0) -> Grown:
-        """The second half of `grow`, once `batch` was evaluated into `rows`."""
+        """The draft's next guess (if `chain`) and a token more on each branch, once
+        `batch` was evaluated into `rows`."""
         width = width if self.can_branch else 0
         guess = self._grow_chain(rows, params, rng, n_prompt, width > 0) if chain else None
         full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
@@ -251,8 +243,8 @@ class ModelDrafter:
             self._grow_branch(self._growing[slot], rows[slot], rng, n_prompt, full)
         return Grown(guess, sum(len(t) for t in batch.values()), len(rows) - (MAIN in rows))
 
-    def _evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None
-                  ) -> dict[int, np.ndarray]:
+    def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
+                 ) -> dict[int, np.ndarray]:
         if self.can_branch:
             return cast(Forking, self.model).evaluate_many(batch, abort)
         return {MAIN: self.model.evaluate(batch[MAIN], 1, abort)[-1]}
@@ -392,11 +384,9 @@ class NgramDrafter:
             self.local = list(lead_tokens)
         return len(lead_tokens) - keep
 
-    def grow(self, params: SamplingParams, rng: np.random.Generator,
-             abort: Callable[[], bool] | None = None, n_prompt: int = 0, chain: bool = True,
-             width: int = 0, depth: int = 0) -> Grown | None:
-        grown = self.end_growth({}, {}, params, rng, n_prompt, chain)
-        return grown if grown.guess is not None else None
+    def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
+                 ) -> dict[int, np.ndarray]:
+        return {}  # (its batches are empty)
 
     def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
                      depth: int = 0) -> dict[int, list[int]] | None:

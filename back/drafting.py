@@ -73,7 +73,8 @@ class Drafting:
                           not self.drafters[f.slot].free))
                 for f in drafting]
         began = time.monotonic()
-        results = await self._on_model([f.session_id for f in drafting], self._extend,
+        results = await self._on_model([f.session_id for f in drafting], jobs.extend_many,
+                                       self.model,
                                        [(f.slot, self.drafters[f.slot], job) for f, job in work])
         now = time.monotonic()
         next_job_ends = now + 1.5 * (now - began)  # (the next job as long as this one, and
@@ -91,11 +92,6 @@ class Drafting:
                 await self._link.post(post)
             changed = changed or drafted.changed or post is not None
         return changed
-
-    def _extend(self, work: list[tuple[int, Drafter, jobs.DraftJob]]) -> list[jobs.Drafted]:
-        if len(work) == 1 or self.model is None:
-            return [jobs.extend(drafter, job) for _, drafter, job in work]
-        return jobs.extend_many(self.model, work)
 
     async def _catch_up(self) -> None:
         for follower in [f for f in self.followers.values()

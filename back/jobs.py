@@ -113,35 +113,14 @@ def catch_up(drafter: Drafter, lead_tokens: Sequence[int], defer: bool = False) 
                 catch_up_s=time.perf_counter() - t0 if evaluated else 0.0)
 
 
-def extend(drafter: Drafter, job: DraftJob) -> Drafted:
-    """Catch up with lead, then draft up to `job.burst` more tokens, growing branches in
-    the same calls; with the draft `job.ahead` past lead, branches alone. A draft
-    evaluation stops once lead's news leaves its path: right after a rejection, evaluating
-    lead's correction cannot wait for a guess on the dead path to finish."""
-    caught = catch_up(drafter, job.lead_tokens)
-    kept = len(drafter.local)
-    room = job.ahead - (kept - len(job.lead_tokens))  # local agrees with lead up to there
-    growth = Growth(drafter, job, caught, kept, room)
-    for _ in range(job.burst):
-        left = job.latest.left(tuple(drafter.local))
-        t0 = time.perf_counter()
-        step = drafter.grow(job.sampling, job.rng, left, job.n_prompt, growth.chain,
-                            job.width, job.depth)
-        if step is None:
-            growth.cut_short = int(left())
-            break
-        growth.calls.append((step.evaluated, time.perf_counter() - t0))
-        growth.last_call_s = growth.calls[-1][1]
-        if not growth.took(step) or growth.enough():
-            break
-    return growth.drafted()
-
-
 def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> list[Drafted]:
-    """`extend` for several sessions at once, each on its own slot of `model`: every model
-    call grows every session's draft by a guess (the first call also evaluates what each
-    catch-up left, lead's last token). A call is stopped only where lead has left the path
-    of every session in it."""
+    """Catch each session's drafter up with lead, then draft up to its job's `burst` more
+    tokens (branches grown in the same calls; with the draft `ahead` past lead, branches
+    alone), every session on its own slot of `model` (None: one session, on its drafter's
+    own): each model call grows every session's draft by a guess, the first also
+    evaluating what each catch-up left, lead's last token. A call stops midway once lead's
+    news leaves the path of every session in it: right after a rejection, evaluating
+    lead's correction cannot wait for a guess on a dead path to finish."""
     growths = []
     for _, drafter, job in jobs:
         caught = catch_up(drafter, job.lead_tokens, defer=True)
@@ -170,8 +149,7 @@ def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) 
     checks = [g.job.latest.left(tuple(g.drafter.local)) for _, g, _ in batches]
     t0 = time.perf_counter()
     try:
-        rows = model.evaluate_many_slots([(slot, b) for slot, _, b in batches],
-                                         lambda: all(check() for check in checks))
+        rows = _evaluate(model, batches, lambda: all(check() for check in checks))
     except EvaluationAborted:
         for _, g, _ in batches:
             g.cut_short, g.open = 1, False
@@ -185,6 +163,17 @@ def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) 
                                      g.chain, g.job.width)
         g.open = g.took(grown)
     return True
+
+
+def _evaluate(model: Any, batches: Sequence[tuple[int, Growth, dict[int, list[int]]]],
+              abort: Callable[[], bool]) -> list[dict[int, np.ndarray]]:
+    """Every batch's rows, in one model call (none where no batch holds a token: an n-gram
+    drafter's guesses are free); one session's on its drafter's own model."""
+    if not any(tokens for _, _, batch in batches for tokens in batch.values()):
+        return [{} for _ in batches]
+    if model is None or len(batches) == 1:
+        return [g.drafter.evaluate(batch, abort) for _, g, batch in batches]
+    return model.evaluate_many_slots([(slot, batch) for slot, _, batch in batches], abort)
 
 
 class Growth:

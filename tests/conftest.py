@@ -14,10 +14,14 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from httpx_ws.transport import ASGIWebSocketTransport
 
+from back.drafter import Drafter, Grown
+from back.jobs import Drafted, DraftJob, extend_many
 from bench.procs import wait_until
 from lead.server.app import create_app
 from lead.server.settings import LeadSettings
 from shared.fake import FakeModel
+from shared.model import EvaluationAborted
+from shared.protocol import SamplingParams
 
 pytest_plugins = ("tests.tiers",)  # unit / process / real: see tests/tiers.py
 
@@ -155,3 +159,22 @@ class InProcessLead(ASGIWebSocketTransport):
             await lead(scope, until_gone, send)
         finally:
             self._gone.discard(gone)
+
+
+def grow(drafter: Drafter, params: SamplingParams, rng: np.random.Generator,
+         abort: Callable[[], bool] | None = None, n_prompt: int = 0) -> Grown | None:
+    """One growth of a drafter's draft alone, as a back's job makes it (None: nothing to
+    do, or `abort` stopped its model call)."""
+    batch = drafter.begin_growth(params)
+    if batch is None:
+        return None
+    try:
+        rows = drafter.evaluate(batch, abort) if batch else {}
+    except EvaluationAborted:
+        return None
+    return drafter.end_growth(batch, rows, params, rng, n_prompt)
+
+
+def extend(drafter: Drafter, job: DraftJob) -> Drafted:
+    """One session's job, as a back drafting for it alone runs it."""
+    return extend_many(None, [(0, drafter, job)])[0]

@@ -13,7 +13,7 @@ import pytest
 
 from back.branching import Sprout
 from back.drafter import ModelDrafter
-from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for, extend
+from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
 from back.posts import PostBook
 from back.worker import Worker
 from shared.branch import Branch
@@ -29,6 +29,7 @@ from shared.protocol import (
     Update,
 )
 from shared.sampling import Dist
+from tests.conftest import extend
 
 GREEDY = SamplingParams()
 HOT = SamplingParams(temperature=1.0)

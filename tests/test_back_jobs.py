@@ -12,11 +12,12 @@ import numpy as np
 import pytest
 
 from back.drafter import ModelDrafter, NgramDrafter
-from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend, extend_many
+from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend_many
 from back.mirror import LeadMirror
 from back.posts import PostBook
 from shared.fake import EOS, FakeModel
 from shared.protocol import SamplingParams, State
+from tests.conftest import extend
 
 GREEDY = SamplingParams()
 

@@ -17,6 +17,7 @@ from shared.cli import parse_settings
 from shared.fake import FakeModel
 from shared.protocol import SamplingParams
 from shared.sampling import distribution, sample
+from tests.conftest import grow
 
 # --- draft board ---
 
@@ -96,7 +97,7 @@ def test_utf8_split_across_tokens_streams_intact() -> None:
 
 def guess(drafter: Drafter, abort: Callable[[], bool] | None = None) -> int | None:
     """The drafter's next guess, greedy (None: none, or `abort` stopped it)."""
-    grown = drafter.grow(SamplingParams(), np.random.default_rng(0), abort)
+    grown = grow(drafter, SamplingParams(), np.random.default_rng(0), abort)
     return grown.guess if grown is not None else None
 
 

@@ -23,7 +23,7 @@ from shared import grammar_bounds as gb
 from shared import schema_bounds as sb
 from shared.fake import FakeModel
 from shared.protocol import SamplingParams
-from tests.conftest import chat_body, make_settings
+from tests.conftest import chat_body, grow, make_settings
 
 
 def refused(text: str) -> str:
@@ -364,10 +364,10 @@ def test_a_back_refuses_a_bomb_in_one_line_and_drafts_blind(
     rng = np.random.default_rng(0)
     bomb = SamplingParams(grammar=nested(100_000))
     with caplog.at_level(logging.WARNING, logger="back"):
-        guesses = [drafter.grow(bomb, rng, n_prompt=len(prompt)) for _ in range(4)]
+        guesses = [grow(drafter, bomb, rng, n_prompt=len(prompt)) for _ in range(4)]
     blind = ModelDrafter(FakeModel())
     blind.catch_up(prompt)
-    expected = [blind.grow(SamplingParams(), rng, n_prompt=len(prompt)) for _ in range(4)]
+    expected = [grow(blind, SamplingParams(), rng, n_prompt=len(prompt)) for _ in range(4)]
     assert [g.guess for g in guesses if g] == [e.guess for e in expected if e]
     assert Counting.parsed == 0  # refused before any parser saw it
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -388,14 +388,14 @@ def test_a_back_drops_a_grammar_that_takes_seconds_a_guess_and_drafts_blind(
     rng = np.random.default_rng(0)
     slow = SamplingParams(grammar='root ::= "yes" | "no"')
     with caplog.at_level(logging.WARNING, logger="back"):
-        guesses = [drafter.grow(slow, rng, n_prompt=len(prompt)) for _ in range(4)]
+        guesses = [grow(drafter, slow, rng, n_prompt=len(prompt)) for _ in range(4)]
     spent = clock()
     assert guesses[0] is not None and FakeModel().token_bytes(guesses[0].guess) in (b"y", b"n")
     blind = ModelDrafter(FakeModel(eos_bias=-100.0))
     blind.catch_up([*prompt, guesses[0].guess])  # the first guess was under the grammar...
-    expected = [blind.grow(SamplingParams(), rng, n_prompt=len(prompt))
+    expected = [grow(blind, SamplingParams(), rng, n_prompt=len(prompt))
                 for _ in range(3)]
     assert [g.guess for g in guesses[1:] if g] == [e.guess for e in expected if e]  # ...then blind
-    assert drafter.grow(slow, rng, n_prompt=len(prompt)) and clock() == spent
+    assert grow(drafter, slow, rng, n_prompt=len(prompt)) and clock() == spent
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert len(warnings) == 1 and "drafting without it" in warnings[0], warnings
