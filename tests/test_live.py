@@ -24,7 +24,7 @@ from lead.server.webroutes import live_events
 from shared.fake import FakeModel
 from shared.httpclient import sse_events
 from shared.protocol import SamplingParams
-from tests.conftest import async_wait_until, event_stream, make_settings
+from tests.conftest import InProcessLead, async_wait_until, event_stream, make_settings
 from tests.test_inprocess import model_worker, new_lead, run, with_workers
 
 KEY = {"Authorization": "Bearer s3cret"}
@@ -209,28 +209,28 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
     async def body() -> None:
         app, _ = new_lead()
         engine = app.state.engine  # type: ignore[attr-defined]
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, back_id="drafter-1")
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, back_id="drafter-1")
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-                r = await http.post("/v1/chat/completions", json={
-                    "messages": [{"role": "user", "content": "hi"}], "stream": True})
-            events = list(sse_events(r))
-            usage = events[-1]["usage"]
-            drafted = [e["duo"] for e in events if e["duo"]["accepted"]]
-            assert usage["accepted_tokens"] > 0
-            assert sum(d["accepted"] for d in drafted) == usage["accepted_tokens"]
-            assert {d["back"] for d in drafted} == {"drafter-1"}
-            assert all("back" not in e["duo"] for e in events if not e["duo"]["accepted"])
-            record = engine.feed.backs.records["drafter-1"]
-            assert (record.drafted, record.accepted) == (usage["drafted_tokens"],
-                                                         usage["accepted_tokens"])
-            assert record.address == "127.0.0.1"
-            assert [r.accepted for r in engine.live.replies] == [usage["accepted_tokens"]]
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
+                    r = await http.post("/v1/chat/completions", json={
+                        "messages": [{"role": "user", "content": "hi"}], "stream": True})
+                events = list(sse_events(r))
+                usage = events[-1]["usage"]
+                drafted = [e["duo"] for e in events if e["duo"]["accepted"]]
+                assert usage["accepted_tokens"] > 0
+                assert sum(d["accepted"] for d in drafted) == usage["accepted_tokens"]
+                assert {d["back"] for d in drafted} == {"drafter-1"}
+                assert all("back" not in e["duo"] for e in events if not e["duo"]["accepted"])
+                record = engine.feed.backs.records["drafter-1"]
+                assert (record.drafted, record.accepted) == (usage["drafted_tokens"],
+                                                             usage["accepted_tokens"])
+                assert record.address == "127.0.0.1"
+                assert [r.accepted for r in engine.live.replies] == [usage["accepted_tokens"]]
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     run(body())
 
 

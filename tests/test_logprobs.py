@@ -17,7 +17,7 @@ from shared.fake import ALPHABET, FakeModel
 from shared.logprobs import TokenLogprob, log_softmax, token_logprob
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
-from tests.conftest import ScriptedModel, async_wait_until, chat_body, make_settings
+from tests.conftest import InProcessLead, ScriptedModel, async_wait_until, chat_body, make_settings
 from tests.test_api import ask as ask_scripted
 from tests.test_api import scripted_client, sse_events
 from tests.test_inprocess import model_worker, new_lead, with_workers
@@ -170,19 +170,19 @@ def test_logprobs_with_a_back_equal_logprobs_without(params: dict) -> None:
     async def run() -> None:
         alone = await ask(httpx.ASGITransport(app=new_lead()[0]), **params)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=0.8)
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=0.8)
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport, **params)
-            assert reply["usage"]["accepted_tokens"] > 0
-            assert entries_of(reply) == entries_of(alone)  # exactly: the fake is deterministic
-            streamed = await ask(transport, stream=True, **params)
-            assert streamed["usage"]["accepted_tokens"] > 0
-            assert streamed["content"] == entries_of(alone)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport, **params)
+                assert reply["usage"]["accepted_tokens"] > 0
+                assert entries_of(reply) == entries_of(alone)  # exactly: the fake is deterministic
+                streamed = await ask(transport, stream=True, **params)
+                assert streamed["usage"]["accepted_tokens"] > 0
+                assert streamed["content"] == entries_of(alone)
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     asyncio.run(asyncio.wait_for(run(), 60))
 
 

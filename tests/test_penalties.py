@@ -16,7 +16,7 @@ from shared.fake import FakeModel
 from shared.penalties import adjust, adjust_rows
 from shared.protocol import SamplingParams
 from shared.sampling import distribution, greedy, is_greedy, make_rng, sample
-from tests.conftest import async_wait_until
+from tests.conftest import InProcessLead, async_wait_until
 from tests.test_inprocess import model_worker, new_lead, text_of, with_workers
 
 PENALISED = SamplingParams(frequency_penalty=1.5, presence_penalty=0.5, repeat_penalty=1.4,
@@ -173,19 +173,19 @@ def test_a_back_drafting_with_penalties_changes_no_reply_and_keeps_its_acceptanc
         plain = await ask(httpx.ASGITransport(app=new_lead()[0]), max_tokens=80)
         assert text_of(alone) != text_of(plain)  # the settings matter here
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=1.0)  # the draft model is the target
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=1.0)  # the draft model is the target
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport, max_tokens=80, **body)
-            assert text_of(reply) == text_of(alone)
-            usage = reply["usage"]
-            # drafted under the same penalties, a perfect draft model is always right
-            assert usage["drafted_tokens"] > 10
-            assert usage["accepted_tokens"] == usage["drafted_tokens"], usage
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport, max_tokens=80, **body)
+                assert text_of(reply) == text_of(alone)
+                usage = reply["usage"]
+                # drafted under the same penalties, a perfect draft model is always right
+                assert usage["drafted_tokens"] > 10
+                assert usage["accepted_tokens"] == usage["drafted_tokens"], usage
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     asyncio.run(asyncio.wait_for(run(), 60))
 
 
@@ -197,15 +197,15 @@ def test_frequency_and_presence_with_a_back_change_no_reply(temperature: float) 
     async def run() -> None:
         alone = await ask(httpx.ASGITransport(app=new_lead()[0]), max_tokens=80, **body)
         app, _ = new_lead()
-        transport = httpx.ASGITransport(app=app)
-        worker = model_worker(transport, agree=0.8)
+        async with InProcessLead(app) as transport:
+            worker = model_worker(transport, agree=0.8)
 
-        async def check() -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
-            reply = await ask(transport, max_tokens=80, **body)
-            assert reply["usage"]["drafted_tokens"] > 0
-            if temperature == 0.0:  # sampled replies match in law only (rejection sampling)
-                assert text_of(reply) == text_of(alone)
+            async def check() -> None:
+                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                reply = await ask(transport, max_tokens=80, **body)
+                assert reply["usage"]["drafted_tokens"] > 0
+                if temperature == 0.0:  # sampled replies match in law only (rejection sampling)
+                    assert text_of(reply) == text_of(alone)
 
-        await with_workers([worker], check)
+            await with_workers([worker], check)
     asyncio.run(asyncio.wait_for(run(), 60))
