@@ -48,6 +48,7 @@ class LinkClosed(HTTPXWSException):
         self.code = code
 
 
+NOT_UPGRADED = (404, 405, 426)  # a plain GET reaching the link's route answers so
 LINK_MESSAGE_BYTES = 16 << 20  # an update can carry several sessions' prompts
 
 
@@ -97,7 +98,8 @@ class LeadClient:
         if not isinstance(exc, WebSocketUpgradeError):
             return exc
         status = exc.response.status_code
-        return LeadError(f"lead refused the link ({status})", status)
+        hint = ": a proxy between may not pass WebSockets on" if status in NOT_UPGRADED else ""
+        return LeadError(f"lead refused the link ({status}){hint}", status)
 
 
 def _model(model: type[M], response: httpx.Response) -> M:

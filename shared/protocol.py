@@ -79,7 +79,7 @@ class Info(BaseModel):
     slots: int = Field(1, description="generations lead runs at once: a back on the link "
                        "may draft for as many")
     link: bool = Field(False, description="lead serves the link (GET /duo/link, a "
-                       "WebSocket); a lead that predates it is followed by long-polls")
+                       "WebSocket), which duo's back follows it by")
 
 
 STEP_LEFT = ("seconds until the step lead is taking is due to end, as lead prices it, when "

@@ -204,3 +204,18 @@ def test_the_client_turns_any_answer_into_the_model_or_a_lead_error() -> None:
             with pytest.raises(kind, match=words):
                 await client.info()
     asyncio.run(body())
+
+
+@pytest.mark.parametrize(("code", "hint"), [(404, True), (426, True), (503, False)])
+def test_a_refused_link_says_when_a_proxy_may_be_why(code: int, hint: bool) -> None:
+    # a proxy that does not pass the upgrade on hands the link's route a plain GET
+    transport = httpx.MockTransport(lambda _: status(code)())
+    client = LeadClient("http://lead", transport=transport)
+
+    async def body() -> None:
+        with pytest.raises(LeadError) as refused:
+            async with client.link():
+                pass
+        assert refused.value.status == code
+        assert ("may not pass WebSockets" in str(refused.value)) is hint
+    asyncio.run(body())

@@ -273,7 +273,7 @@ def test_a_back_on_the_link_drafts_for_every_session_in_one_call() -> None:
                     assert text_of(r) == alone[text]  # drafts change nothing
                     # (how many, depends on how much CPU the back gets beside lead)
                     assert r["usage"]["accepted_tokens"] > 0, r["usage"]
-                assert engine.metrics.link_updates > 0 and engine.metrics.state_polls == 0
+                assert engine.metrics.link_updates > 0
                 assert max(draft.slot_calls) >= 3  # guesses of several sessions in one call
 
             await with_workers([worker], check)

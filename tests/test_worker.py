@@ -308,6 +308,13 @@ def test_a_lead_that_is_not_one_or_refuses_the_key_stops_the_back(
     assert "\n" not in str(fatal.value)  # the one line the back stops with
 
 
+def test_a_lead_that_serves_no_link_stops_the_back() -> None:
+    lead = ScriptedHttpLead(httpx.Response(200, json=info().model_copy(
+        update={"link": False}).model_dump()))
+    with pytest.raises(BackFatal, match="serves no link"):
+        run_until(http_worker("http://lead", lead), lambda: False)
+
+
 def test_an_address_no_retry_can_reach_stops_the_back() -> None:
     with pytest.raises(BackFatal, match="ftp://"):
         run_until(http_worker("ftp://lead:5555"), lambda: False)
