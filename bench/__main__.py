@@ -285,6 +285,7 @@ def sim_flags(a: argparse.Namespace) -> tuple[list[str], list[str]]:
              "--cover", str(a.cover), "--branches", str(a.sim_branches)])
 
 
+PEERS = (llamaserver.PLAIN, llamaserver.SPEC_DEFAULT)  # every configuration set against each
 SIM_CHAINS = "SIM duo, chains only (lead --tree 0)"
 
 
@@ -365,13 +366,16 @@ def show(a: argparse.Namespace, data: dict, out: Path) -> None:
           "rounds, configurations interleaved per prompt")
     if not a.sim:
         print(f"placement {a.placement.upper()}: lead {a.lead_where}; back {a.back_where}\n")
-    print(report.markdown(summaries, base_name, llamaserver.PLAIN))
+    print(report.markdown(summaries, base_name, PEERS))
+    limit = report.prefill_line(report.first_round(results)[base_name], summaries)
+    if limit:
+        print(f"\n{limit}")
     first, first_summaries = results, summaries
     if a.repeat > 1:
         print(f"\nFirst round only ({report.FIRST_ROUND}):\n")
         first = report.first_round(results)
         first_summaries = [report.summarise(n, rs, first[base_name]) for n, rs in first.items()]
-        print(report.markdown(first_summaries, base_name, llamaserver.PLAIN))
+        print(report.markdown(first_summaries, base_name, PEERS))
     for note in data.get("notes", []):
         print(note)
     client = report.client_note({s.config: s.tok_s for s in summaries})

@@ -1,10 +1,13 @@
 """python -m bench.load: several clients at once, duo beside llama.cpp's llama-server.
 
 At each level (1, 2, 4, 8 clients by default) every client sends one request at the same
-moment (a bench prompt each, greedy, streamed); per configuration it prints the aggregate
-decode rate (all tokens over the wall time from the first send to the last token), and the
+moment (a bench prompt each, or with --workload edit a whole file to edit; greedy,
+streamed); per configuration it prints the aggregate decode rate (all tokens over the wall
+time from the first send to the last token), that rate over the server's own prefill rate
+(measured first: what verifying drafted tokens in batches could reach at most), and the
 median and 95th percentile of time to first token and of a request's whole latency. The
-configurations are interleaved level by level, their order flipped each round. Then a short
+configurations (lead, llama-server plain and with its n-gram drafts, --spec-default, four
+slots each) are interleaved level by level, their order flipped each round. Then a short
 request is sent while a long reply runs, and its latency set against its latency alone.
 
 With --sim the same runs over simulated models (lead alone against lead + back, the
@@ -20,7 +23,7 @@ import json
 import shlex
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -80,6 +83,26 @@ async def request(http: httpx.AsyncClient, config: str, clients: int, text: str,
     return Sample(config, clients, int(usage.get("completion_tokens", 0)),
                   (first or done) - sent, done - sent, sent, done,
                   int(usage.get("drafted_tokens", 0)), int(usage.get("accepted_tokens", 0)))
+
+
+async def prefill_rate(http: httpx.AsyncClient, text: str,
+                       clock: Callable[[], float] = time.perf_counter) -> float:
+    """Prompt tokens a second evaluating `text` (one reply token asked): never sent before,
+    so evaluated whole."""
+    body = {"messages": [{"role": "user", "content": text}], "max_tokens": 1,
+            "temperature": 0}
+    sent = clock()
+    r = await http.post("/v1/chat/completions", json=body)
+    r.raise_for_status()
+    return int(r.json()["usage"]["prompt_tokens"]) / (clock() - sent)
+
+
+async def prefill_rates(urls: dict[str, str], text: str) -> dict[str, float]:
+    rates = {}
+    for name, url in urls.items():  # one at a time: each alone on the CPUs
+        async with httpx.AsyncClient(base_url=url, timeout=1800) as http:
+            rates[name] = await prefill_rate(http, text)
+    return rates
 
 
 async def level(url: str, config: str, texts: Sequence[str], tokens: int) -> list[Sample]:
@@ -144,6 +167,15 @@ def free_draft_bound(sessions: int, alpha: float, price: tuple[float, float],
     return max(rate(k) for k in range(most + 1)) / rate(0)
 
 
+def _peer(names: Sequence[str]) -> str | None:
+    """The peer every figure is set against: llama-server with its n-gram drafts where it
+    ran (what a user of llama-server would run), else plain."""
+    from bench.llamaserver import SPEC_DEFAULT
+
+    peers = [name for name in names if name.startswith("peer")]
+    return SPEC_DEFAULT if SPEC_DEFAULT in peers else next(iter(peers), None)
+
+
 def _pct(samples: list[Sample], field: str, q: int) -> float:
     values = sorted(getattr(s, field) for s in samples)
     if len(values) == 1:
@@ -170,25 +202,33 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
         stack.callback(lead.stop)
         urls[name] = lead.url
     if a.llama_server_bin is not None:
-        from bench.llamaserver import PLAIN, LlamaServer, server_args
+        from bench.llamaserver import PLAIN, SPEC_DEFAULT, LlamaServer, server_args
         from shared.presets import resolve_model
 
-        server = LlamaServer(a.llama_server_bin, server_args(  # its 4 slots: 4 requests' room
-            resolve_model(a.target), a.threads, 0, [], 4 * a.ctx))
-        stack.callback(server.stop)
-        urls[PLAIN] = server.url
+        for name, extra in ((PLAIN, []), (SPEC_DEFAULT, ["--spec-default"])):
+            server = LlamaServer(a.llama_server_bin, server_args(  # 4 slots: 4 requests' room
+                resolve_model(a.target), a.threads, 0, ["-np", "4", *extra], 4 * a.ctx))
+            stack.callback(server.stop)
+            urls[name] = server.url
     return urls
 
 
+PROBE = "(A prompt evaluated once, to time it.) "  # a prefix no other request has
+
+
 def run(a: argparse.Namespace) -> dict:
-    texts = [p["text"] for p in prompt_sets.load("bench")]
-    edits = long_prompts(texts, a.sim)
+    shorts = [p["text"] for p in prompt_sets.load("bench")]
+    texts = [p["text"] for p in prompt_sets.load(a.workload)]
+    edits = long_prompts(shorts, a.sim)
     results: dict[str, dict[int, list[Sample]]] = {}
     latencies: dict[str, list[tuple[float, float]]] = {}
     with ExitStack() as stack:
         urls = start(a, stack)
         for url in urls.values():  # a server's first reply pages its weights in: not counted
             asyncio.run(level(url, "warm-up", [WARM_UP], SHORT_TOKENS))
+        prefill = asyncio.run(prefill_rates(urls, PROBE + "\n\n".join(shorts)))
+        print("  prefill tok/s: " + ", ".join(f"{n} {r:.0f}" for n, r in prefill.items()),
+              flush=True)
         watch = LoadWatch()
         for round_ in range(a.repeat):
             for n in a.levels:
@@ -202,28 +242,31 @@ def run(a: argparse.Namespace) -> dict:
                           f"{summary(got)['tok_s']:.1f} tok/s", flush=True)
             for name in urls:
                 pair = asyncio.run(short_during_long(urls[name], name, edits[round_ % len(edits)],
-                                                     texts[round_ % len(texts)]))
+                                                     shorts[round_ % len(shorts)]))
                 latencies.setdefault(name, []).append(pair)
         foreign = watch.share()
-    return {"results": results, "latencies": latencies, "foreign_cpu": foreign}
+    return {"results": results, "latencies": latencies, "foreign_cpu": foreign,
+            "prefill": prefill}
 
 
 def report(a: argparse.Namespace, data: dict) -> str:
-    results = data["results"]
+    results, prefill = data["results"], data.get("prefill", {})
     names = sorted(results, key=lambda name: name.startswith("peer"))  # duo first
-    peer = next((name for name in names if name.startswith("peer")), None)
-    lines = [f"{a.tokens}-token greedy streamed replies, all clients at once; {a.repeat} "
-             f"round{'s' * (a.repeat > 1)}; {MEMORY_OFF}", "",
+    peer = _peer(names)
+    lines = [f"{a.workload} workload, up to {a.tokens}-token greedy streamed replies, all "
+             f"clients at once; {a.repeat} round{'s' * (a.repeat > 1)}; {MEMORY_OFF}", "",
              "| clients | configuration | aggregate tok/s | vs " + (peer or "-") +
-             " | TTFT p50 / p95 s | latency p50 / p95 s | accepted / drafted |",
-             "|---|---|---|---|---|---|---|"]
+             " | of its prefill rate | TTFT p50 / p95 s | latency p50 / p95 s "
+             "| accepted / drafted |", "|---|---|---|---|---|---|---|---|"]
     for n in a.levels:
         sums = {name: summary(results[name][n]) for name in names}
         for name in names:
             s = sums[name]
             ratio = f"{s['tok_s'] / sums[peer]['tok_s']:.2f}x" if peer and sums[peer]['tok_s'] \
                 else "-"
-            lines.append(f"| {n} | {name} | {s['tok_s']:.1f} | {ratio} | {s['ttft_p50']:.2f} / "
+            limit = f"{s['tok_s'] / prefill[name]:.2f}" if prefill.get(name) else "-"
+            lines.append(f"| {n} | {name} | {s['tok_s']:.1f} | {ratio} | {limit} | "
+                         f"{s['ttft_p50']:.2f} / "
                          f"{s['ttft_p95']:.2f} | {s['lat_p50']:.2f} / {s['lat_p95']:.2f} | "
                          f"{s['accepted']} / {s['drafted']} |")
     if a.sim:
@@ -252,8 +295,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.load", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--target", default="qwen2.5-coder-1.5b", help="preset name or GGUF path")
-    p.add_argument("--levels", default="1,2,4,8", help="clients at once, per level")
-    p.add_argument("--tokens", type=int, default=128, help="tokens per reply")
+    p.add_argument("--workload", choices=("bench", "edit"), default="bench",
+                   help="bench: bench/prompts.json; edit: bench/edits.json, whole files to "
+                   "edit, the file asked back")
+    p.add_argument("--levels", default=None, help="clients at once, per level (default: "
+                   "1,2,4,8; --workload edit: 1,4)")
+    p.add_argument("--tokens", type=int, default=None, help="tokens per reply (default: 128; "
+                   f"--workload edit: {prompt_sets.EDIT_TOKENS}, the longest file)")
     p.add_argument("--repeat", type=int, default=1, help="rounds over the levels")
     p.add_argument("--threads", type=int, default=0, help="lead's and llama-server's threads "
                    "(0: one per CPU)")
@@ -268,7 +316,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    "(repeatable; e.g. --lead-variant='--flash-attn on')")
     p.add_argument("--out", default="bench-results", help="folder for load.json")
     a = p.parse_args(argv)
-    a.levels = [int(x) for x in a.levels.split(",") if x]
+    edit = a.workload == "edit"
+    a.levels = [int(x) for x in (a.levels or ("1,4" if edit else "1,2,4,8")).split(",") if x]
+    a.tokens = a.tokens or (prompt_sets.EDIT_TOKENS if edit else 128)
+    if edit and a.sim:
+        p.error("--workload edit: real models only (the simulation's text is a token a "
+                "character: the files would not fit its context)")
     a.threads = a.threads or len(__import__("os").sched_getaffinity(0))
     a.sim_lead = ["--call-s", str(SIM_TARGET[0]), "--token-s", str(SIM_TARGET[1]),
                   "--parallel", str(max(a.levels))]
@@ -291,7 +344,8 @@ def main(argv: list[str] | None = None) -> None:
     out.mkdir(parents=True, exist_ok=True)
     serial = {"results": {name: {n: [asdict(s) for s in ss] for n, ss in by.items()}
                           for name, by in data["results"].items()},
-              "latencies": data["latencies"], "foreign_cpu": data["foreign_cpu"]}
+              "latencies": data["latencies"], "foreign_cpu": data["foreign_cpu"],
+              "prefill": data["prefill"]}
     (out / "load.json").write_text(json.dumps(serial, indent=1))
 
 

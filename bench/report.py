@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,17 +101,32 @@ def per_prompt(results: dict[str, list[Result]], baseline: str, configs: list[st
     return "\n".join(lines)
 
 
-def markdown(summaries: list[Summary], baseline: str, peer: str | None = None) -> str:
-    """The summary table: each configuration against lead alone and, where `peer` (plain
-    llama-server) ran, against it too."""
+def markdown(summaries: list[Summary], baseline: str, peers: Sequence[str] = ()) -> str:
+    """The summary table: each configuration against lead alone and against each of `peers`
+    (llama-server plain, with its n-gram drafts) that ran."""
     speeds = {s.config: s.tok_s for s in summaries}
-    against = [baseline] + ([peer] if peer in speeds else [])
-    titles = " | ".join(["vs lead alone", "vs llama-server"][:len(against)])
+    against = [baseline] + [peer for peer in peers if peer in speeds]
+    titles = " | ".join(["vs lead alone"] + [f"vs {peer.removeprefix('peer: ')}"
+                                             for peer in against[1:]])
     lines = [f"| configuration | tok/s | {titles} | acceptance | tokens/step | TTFT s | "
              "replies differing from lead alone | ready after rejection |",
              "|---|---|" + "---|" * len(against) + "---|---|---|---|---|"]
     bases = [speeds.get(name, 0.0) for name in against]
     return "\n".join(lines + [_row(s, bases) for s in summaries])
+
+
+def prefill_line(reference: list[Result], summaries: list[Summary]) -> str | None:
+    """The limit drafting works toward: `reference`'s prompts evaluated per second (prompt
+    tokens over time to first token, each prompt new to its server), and each decode rate
+    over it. None where the server did not count its prompts' tokens."""
+    counted = [r for r in reference if r.prompt_tokens > 0 and r.ttft_s > 0]
+    if not counted:
+        return None
+    rate = sum(r.prompt_tokens for r in counted) / sum(r.ttft_s for r in counted)
+    shares = ", ".join(f"{s.config} {s.tok_s / rate:.2f}" for s in summaries)
+    return (f"prefill (the limit: drafted tokens verified in batches at best run at it): "
+            f"{rate:.1f} tok/s, {reference[0].config}'s prompts over their time to first "
+            f"token; each decode rate over it: {shares}")
 
 
 def _row(s: Summary, bases: list[float]) -> str:

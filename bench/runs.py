@@ -33,6 +33,7 @@ class Result:
     token_ids: list[int] = field(default_factory=list)  # the raw loop's reply, for the bound
     after_rejection: int | None = None  # lead's steps that followed a rejecting step
     ready_after_rejection: int | None = None  # of those, steps that found a draft ready
+    prompt_tokens: int = 0  # the prompt's, as the server counted them (0: not told)
 
     @property
     def tok_s(self) -> float:
@@ -75,7 +76,8 @@ def via_lead(config: str, lead: Lead, index: int, text: str, n: int,
                   counted["duo_rejecting_steps_total"],
                   after_rejection=counted_since(before, after, "duo_steps_after_rejection_total"),
                   ready_after_rejection=counted_since(before, after,
-                                                      "duo_ready_after_rejection_total"))
+                                                      "duo_ready_after_rejection_total"),
+                  prompt_tokens=usage.get("prompt_tokens", 0))
 
 
 def counted_since(before: dict[str, float], after: dict[str, float], name: str) -> int | None:

@@ -198,6 +198,26 @@ def test_ready_after_rejection_is_a_dash_where_lead_does_not_count_it() -> None:
     assert table.splitlines()[3].endswith("| - | 50% |")
 
 
+def test_every_figure_is_set_against_both_llama_servers_and_the_prefill_rate() -> None:
+    from bench.llamaserver import PLAIN, SPEC_DEFAULT
+    from bench.report import markdown, prefill_line, summarise
+    from bench.runs import Result
+
+    def reply(config: str, decode_s: float) -> Result:  # 41 tokens: 40 after the first
+        return Result(config, 0, 41, decode_s, ttft_s=2.0, prompt_tokens=300)
+
+    summaries = [summarise(c, [reply(c, s)], None)
+                 for c, s in (("lead", 1.0), (PLAIN, 4.0), (SPEC_DEFAULT, 2.0))]
+    table = markdown(summaries, "lead", (PLAIN, SPEC_DEFAULT)).splitlines()
+    assert "| vs lead alone | vs llama-server (its defaults) | vs llama-server --spec-default |" \
+        in table[0]
+    assert table[2].startswith("| lead | 40.00 | 1.00x | 4.00x | 2.00x |")
+    line = prefill_line([reply("lead", 1.0)], summaries)  # 300 tokens in 2 s
+    assert line is not None and "150.0 tok/s" in line
+    assert "lead 0.27, peer: llama-server (its defaults) 0.07" in line
+    assert prefill_line([Result("lead", 0, 41, 1.0, 2.0)], summaries) is None  # not counted
+
+
 def test_with_matplotlib_the_sweep_is_plotted(tmp_path: Path) -> None:
     from bench.report import plot_sweep
 
@@ -328,6 +348,78 @@ def test_the_load_benchmark_runs_each_lead_variant_beside_the_default(
     assert list(urls) == ["duo lead (its defaults)", "duo lead, --flash-attn off"]
     assert FakeLead.made[1][-2:] == ("--flash-attn", "off")
     assert "--flash-attn" not in FakeLead.made[0]
+
+
+def test_the_load_benchmark_sets_lead_beside_both_llama_servers_on_four_slots(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from contextlib import ExitStack
+
+    from bench import llamaserver, load, prompts
+
+    made: list[list[str]] = []
+
+    class Fake:
+        def __init__(self, *args: object) -> None:
+            made.append([str(x) for x in (args[1] if len(args) > 1 else args)])
+            self.url = f"http://server{len(made)}"
+
+        def stop(self) -> None:
+            pass
+
+    server = tmp_path / "llama-server"
+    server.write_text("#!/bin/sh\n")
+    server.chmod(0o755)
+    monkeypatch.setattr(load, "Lead", Fake)
+    monkeypatch.setattr(llamaserver, "LlamaServer", Fake)
+    a = load.parse(["--workload", "edit", "--llama-server", str(server)])
+    assert (a.levels, a.tokens) == ([1, 4], prompts.EDIT_TOKENS)
+    with ExitStack() as stack:
+        urls = load.start(a, stack)
+    assert list(urls)[1:] == [llamaserver.PLAIN, llamaserver.SPEC_DEFAULT]
+    plain, spec = made[1], made[2]
+    assert "--spec-default" in spec and "--spec-default" not in plain
+    assert all(args[args.index("-np") + 1] == "4" for args in (plain, spec))
+    with pytest.raises(SystemExit):
+        load.parse(["--workload", "edit", "--sim"])
+
+
+def test_the_load_report_sets_each_rate_against_the_n_gram_peer_and_its_own_prefill() -> None:
+    from bench import llamaserver, load
+
+    def samples(config: str, tokens: int) -> list[load.Sample]:  # 2 clients over 2 s
+        return [load.Sample(config, 2, tokens, 0.1, 2.0, 0.0, 2.0) for _ in range(2)]
+
+    lead, spec = "duo lead (its defaults)", llamaserver.SPEC_DEFAULT
+    data = {"results": {lead: {2: samples(lead, 60)}, spec: {2: samples(spec, 40)},
+                        llamaserver.PLAIN: {2: samples(llamaserver.PLAIN, 20)}},
+            "latencies": {}, "foreign_cpu": None, "prefill": {lead: 120.0, spec: 80.0}}
+    a = load.parse(["--levels", "2", "--llama-server", ""])
+    rows = {line.split(" | ")[1]: line for line in load.report(a, data).splitlines()
+            if line.startswith("| 2 |")}
+    assert "| 60.0 | 1.50x | 0.50 |" in rows[lead]  # 120 tokens in 2 s; 40 tok/s; of 120
+    assert "| 40.0 | 1.00x | 0.50 |" in rows[spec]
+    assert "| 20.0 | 0.50x | - |" in rows[llamaserver.PLAIN]
+
+
+def test_the_prefill_probe_asks_one_token_and_counts_the_prompts_tokens() -> None:
+    import asyncio
+
+    import httpx
+
+    from bench.load import prefill_rate
+
+    asked: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content))
+        return httpx.Response(200, json={"usage": {"prompt_tokens": 500}})
+
+    async def probe() -> float:
+        transport = httpx.MockTransport(answer)
+        async with httpx.AsyncClient(transport=transport, base_url="http://x") as http:
+            return await prefill_rate(http, "a file", iter([10.0, 12.5]).__next__)
+    assert asyncio.run(probe()) == 200.0  # 500 tokens in 2.5 s
+    assert asked[0]["max_tokens"] == 1 and asked[0]["messages"][0]["content"] == "a file"
 
 
 def test_the_simulated_long_reply_is_never_the_short_requests_prompt() -> None:
