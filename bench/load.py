@@ -285,8 +285,19 @@ def report(a: argparse.Namespace, data: dict) -> str:
         during = statistics.median(p[1] for p in pairs)
         lines.append(f"- {name}: {during:.2f} s during, {alone:.2f} s alone "
                      f"({during / alone:.2f}x)")
-    note = caveat(data.get("foreign_cpu"))
-    return "\n".join(lines + ([note] if note else []))
+    notes = [n for n in (_pool_note(a, names), caveat(data.get("foreign_cpu"))) if n]
+    return "\n".join(lines + notes)
+
+
+def _pool_note(a: argparse.Namespace, names: Sequence[str]) -> str | None:
+    """Where the rounds repeat prompts, what --spec-default may draft from that lead may not."""
+    from bench.llamaserver import SPEC_DEFAULT
+
+    if a.repeat < 2 or SPEC_DEFAULT not in names:
+        return None
+    return (f"\nnote: {SPEC_DEFAULT} keeps one n-gram pool for all requests, so from the "
+            "second round it may draft a reply from the same reply before; lead's memory of "
+            "replies is off (the per-round lines above show the first round apart)")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

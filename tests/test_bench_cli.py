@@ -399,6 +399,9 @@ def test_the_load_report_sets_each_rate_against_the_n_gram_peer_and_its_own_pref
     assert "| 60.0 | 1.50x | 0.50 |" in rows[lead]  # 120 tokens in 2 s; 40 tok/s; of 120
     assert "| 40.0 | 1.00x | 0.50 |" in rows[spec]
     assert "| 20.0 | 0.50x | - |" in rows[llamaserver.PLAIN]
+    assert "n-gram pool" not in load.report(a, data)  # one round: nothing drafted from before
+    again = load.parse(["--levels", "2", "--llama-server", "", "--repeat", "2"])
+    assert "keeps one n-gram pool for all requests" in load.report(again, data)
 
 
 def test_the_prefill_probe_asks_one_token_and_counts_the_prompts_tokens() -> None:
