@@ -130,7 +130,8 @@ def test_the_report_sets_each_configuration_against_llama_server_too(
     out = capsys.readouterr().out
     saved = json.loads((tmp_path / "sim.json").read_text())
     assert saved["args"]["llama_server_bin"] == str(binary)  # a path, written as text
-    assert "| configuration | tok/s | vs lead alone | vs llama-server | acceptance |" in out
+    assert ("| configuration | tok/s | vs lead alone | vs llama-server (its defaults) | "
+            "acceptance |") in out
     assert "| SIM lead alone | 39.00 | 1.00x | 0.50x | - | - | 0.10 | 0/1 | - |" in out
     assert f"| {PLAIN} | 78.00 | 2.00x | 1.00x | 0.50 | - | 0.20 | 0/1 | - |" in out
     assert "llama-server ran with its defaults (test)\n" in out
