@@ -32,6 +32,7 @@ import httpx
 
 from bench import prompts as prompt_sets
 from bench.cpuwatch import LoadWatch, caveat
+from bench.llamaserver import PLAIN, SPEC_DEFAULT
 from bench.procs import Lead, SimBack, SimLead
 from shared.httpclient import asse_events
 
@@ -170,8 +171,6 @@ def free_draft_bound(sessions: int, alpha: float, price: tuple[float, float],
 def _peer(names: Sequence[str]) -> str | None:
     """The peer every figure is set against: llama-server with its n-gram drafts where it
     ran (what a user of llama-server would run), else plain."""
-    from bench.llamaserver import SPEC_DEFAULT
-
     peers = [name for name in names if name.startswith("peer")]
     return SPEC_DEFAULT if SPEC_DEFAULT in peers else next(iter(peers), None)
 
@@ -202,7 +201,7 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
         stack.callback(lead.stop)
         urls[name] = lead.url
     if a.llama_server_bin is not None:
-        from bench.llamaserver import PLAIN, SPEC_DEFAULT, LlamaServer, server_args
+        from bench.llamaserver import LlamaServer, server_args
         from shared.presets import resolve_model
 
         for name, extra in ((PLAIN, []), (SPEC_DEFAULT, ["--spec-default"])):
@@ -291,8 +290,6 @@ def report(a: argparse.Namespace, data: dict) -> str:
 
 def _pool_note(a: argparse.Namespace, names: Sequence[str]) -> str | None:
     """Where the rounds repeat prompts, what --spec-default may draft from that lead may not."""
-    from bench.llamaserver import SPEC_DEFAULT
-
     if a.repeat < 2 or SPEC_DEFAULT not in names:
         return None
     return (f"\nnote: {SPEC_DEFAULT} keeps one n-gram pool for all requests, so from the "
