@@ -108,27 +108,6 @@ def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
     assert [counts(rate) for rate in odds.rates.values()] == before
 
 
-def test_a_match_resuming_the_copy_under_way_past_an_edit_is_priced_apart() -> None:
-    rng = np.random.default_rng(1)
-    source = [int(t) for t in rng.integers(100, 10_000, 80)]
-    own = OwnDrafts(longest=8)
-    kind = own.kinds["ngram"]
-    for _ in range(50):  # resumed copies have turned out right, matches elsewhere wrong
-        kind.resumed[3].record(True, False)
-        kind.odds[3].record(False, True)
-    copying = [*source, 1, *source[:20]]  # the reply echoes the source: a copy under way
-    assert own.propose("s1", copying).token_ids == tuple(source[20:28])  # type: ignore[union-attr]
-    # an edit: two new tokens in place of one, then the copy resumes where it left off
-    edited = [*copying, 2, 3, *source[21:24]]
-    resumed = own.propose("s1", edited)
-    assert resumed is not None and resumed.token_ids == tuple(source[24:32])
-    assert resumed.odds[0] == pytest.approx(kind.resumed[3].value) and resumed.odds[0] > 0.9
-    # the same tokens matched in another session, where no copy was under way
-    elsewhere = own.propose("s2", [*source, 1, 2, 3, *source[21:24]])
-    assert elsewhere is not None and elsewhere.token_ids == resumed.token_ids
-    assert elsewhere.odds[0] == pytest.approx(kind.odds[3].value) and elsewhere.odds[0] < 0.1
-
-
 # --- the length that pays, per token ---
 
 CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0, 24: 8.0, 32: 9.0, 48: 12.0,

@@ -1,9 +1,6 @@
 """What every kind of lead's own drafter shares (pure): a copy proposed with per-token odds
 by the length of the match it follows, those odds learned per band of match lengths from
-what lead emitted after each proposal (lead/drafts/own.py); apart for a match that resumes
-the copy under way past an edit (a file echoed back with a change: once the change is
-written, the reply goes on copying from about where it left off), which is right far more
-often than a short match elsewhere."""
+what lead emitted after each proposal (lead/drafts/own.py)."""
 
 from __future__ import annotations
 
@@ -16,12 +13,8 @@ from shared.ngram import Match
 # Bands of match lengths (their lower ends) and the odds lead starts from in each: short
 # matches in prose draft wrong tokens that cost a batch each (docs/cost-model.md).
 PRIOR = {3: 0.2, 6: 0.35, 12: 0.55, 24: 0.75, 48: 0.85}
-# A match resuming the copy under way, past an edit: how often the rest of the copy holds.
-RESUMED = {3: 0.6, 6: 0.7, 12: 0.8, 24: 0.9, 48: 0.95}
 PRIOR_WEIGHT = 4.0  # outcomes the prior counts as
 DECAY = 0.995  # per outcome in a band: it follows a change of work within a few hundred
-ANCHOR = 12  # a match this long is a copy under way: how far behind its source lies is kept
-SHIFT = 48  # a match whose source lies that far behind, give or take this, resumes it
 
 
 def bands(prior: dict[int, float] = PRIOR) -> Bands:
@@ -42,11 +35,9 @@ class Copier:
     the same for every kind."""
 
     def __init__(self) -> None:
-        self.odds = bands()  # of matches elsewhere
-        self.resumed = bands(RESUMED)  # of matches continuing or resuming the copy under way
+        self.odds = bands()
         self._offered: dict[str, tuple[int, Match, Bands]] = {}  # per session: its length,
         # the copy, the odds it was priced by
-        self._behind: dict[str, int] = {}  # per session: how far behind the copy's source is
 
     def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         raise NotImplementedError
@@ -59,26 +50,18 @@ class Copier:
         match = self.copy(session_id, tokens, most)
         if match is None:
             return None
-        odds = self._odds_of(session_id, match, len(tokens))
+        odds = self._odds_of(session_id, match)
         self._offered[session_id] = (len(tokens), match, odds)
         return Proposal(match.token_ids, tuple(odds[match.length + i].value
                                                for i in range(len(match.token_ids))))
 
-    def _odds_of(self, session_id: str, match: Match, n: int) -> Bands:
-        """`resumed` where the match's source lies about as far behind the sequence's end
-        (`n`) as the copy under way's, past an edit's insertions and deletions; else `odds`."""
-        if match.source is None:
-            return self.odds
-        behind, under_way = n - match.source, self._behind.get(session_id)
-        if match.length >= ANCHOR:
-            self._behind[session_id] = behind
-        resumes = under_way is not None and abs(behind - under_way) <= SHIFT
-        return self.resumed if resumes else self.odds
+    def _odds_of(self, session_id: str, match: Match) -> Bands:
+        """The odds `match` is priced by (a kind may keep more than one)."""
+        return self.odds
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         """The session ended with `tokens`."""
         self._offered.pop(session_id, None)
-        self._behind.pop(session_id, None)
 
     def _settle(self, session_id: str, tokens: Sequence[int]) -> None:
         offered = self._offered.pop(session_id, None)

@@ -18,29 +18,54 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lead.drafts.copier import Copier, Proposal
+from lead.drafts.copier import Copier, Proposal, bands
+from lead.drafts.edits import FOLLOWING, Follow, followed, moved, started
 from lead.drafts.memory import Recalled
-from lead.policy.acceptance import expected_yield
+from lead.policy.acceptance import Bands, expected_yield
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
 
 
 class SessionCopies(Copier):
-    """`ngram`: copies from the session's own prompt and reply."""
+    """`ngram`: copies from the session's own prompt and reply; a copy under way followed
+    past each change (lead/drafts/edits.py), priced by odds of its own."""
 
     def __init__(self) -> None:
         super().__init__()
+        self.following = bands(FOLLOWING)
         self.indexes: dict[str, NgramIndex] = {}  # per session
+        self.follows: dict[str, Follow] = {}
+        self._followed: dict[str, Match | None] = {}  # the copy last proposed from following
 
     def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         index = self.indexes.setdefault(session_id, NgramIndex())
         index.sync(tokens)
-        return index.lookup(most)
+        follow = self.follows.get(session_id)
+        if follow is not None and follow.seq > len(tokens):
+            follow = None  # (another sequence than the one followed)
+        if follow is not None:
+            moved(follow, tokens)
+        if follow is None or follow.left is not None:  # a copy to follow (again)?
+            follow = started(index, follow) or follow
+        if follow is None:
+            return index.lookup(most)
+        self.follows[session_id] = follow
+        match = index.lookup(most) if follow.left is not None else None
+        if match is not None:  # left the copy: a match elsewhere goes before a guess
+            return match
+        self._followed[session_id] = match = followed(tokens, follow, most)
+        return match
+
+    def _odds_of(self, session_id: str, match: Match) -> Bands:
+        if match is self._followed.get(session_id):
+            return self.following
+        return super()._odds_of(session_id, match)
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         super().end(session_id, tokens)
-        self.indexes.pop(session_id, None)
+        for held in (self.indexes, self.follows, self._followed):
+            held.pop(session_id, None)
 
 
 # each kind by name, made from the tokens of finished sessions lead may remember
