@@ -113,6 +113,14 @@ async def level(url: str, config: str, texts: Sequence[str], tokens: int) -> lis
                                            for t in texts)))
 
 
+def sent(texts: Sequence[str], levels: Sequence[int], round_: int, n: int) -> list[str]:
+    """Level n's prompts in round `round_`: the next n of `texts`, taken in turn over the
+    rounds and levels, so no prompt is sent twice while there are new ones (a server that
+    drafts from earlier replies would copy the reply to a prompt sent again)."""
+    start = round_ * sum(levels) + sum(levels[:levels.index(n)])
+    return [texts[(start + i) % len(texts)] for i in range(n)]
+
+
 def long_prompts(texts: list[str], sim: bool) -> list[str]:
     """The long replies' prompts, round r taking [r % len]: whole files to edit; with
     simulated models (their text is one token a character, files too long for their
@@ -233,7 +241,7 @@ def run(a: argparse.Namespace) -> dict:
             for n in a.levels:
                 order = list(urls) if (round_ + n) % 2 == 0 else list(reversed(urls))
                 for name in order:
-                    chosen = [texts[(round_ * 8 + n + i) % len(texts)] for i in range(n)]
+                    chosen = sent(texts, a.levels, round_, n)
                     got = [replace(s, round=round_) for s in
                            asyncio.run(level(urls[name], name, chosen, a.tokens))]
                     results.setdefault(name, {}).setdefault(n, []).extend(got)
@@ -289,12 +297,12 @@ def report(a: argparse.Namespace, data: dict) -> str:
 
 
 def _pool_note(a: argparse.Namespace, names: Sequence[str]) -> str | None:
-    """Where the rounds repeat prompts, what --spec-default may draft from that lead may not."""
-    if a.repeat < 2 or SPEC_DEFAULT not in names:
+    """Where prompts are sent again, what --spec-default may draft from that lead may not."""
+    if a.repeat * sum(a.levels) <= len(prompt_sets.load(a.workload)) or SPEC_DEFAULT not in names:
         return None
-    return (f"\nnote: {SPEC_DEFAULT} keeps one n-gram pool for all requests, so from the "
-            "second round it may draft a reply from the same reply before; lead's memory of "
-            "replies is off (the per-round lines above show the first round apart)")
+    return (f"\nnote: {SPEC_DEFAULT} keeps one n-gram pool for all requests, so it may draft "
+            "the reply to a prompt sent again from the reply before; lead's memory of replies "
+            "is off (the per-round lines above show the first round apart)")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

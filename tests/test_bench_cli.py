@@ -399,8 +399,8 @@ def test_the_load_report_sets_each_rate_against_the_n_gram_peer_and_its_own_pref
     assert "| 60.0 | 1.50x | 0.50 |" in rows[lead]  # 120 tokens in 2 s; 40 tok/s; of 120
     assert "| 40.0 | 1.00x | 0.50 |" in rows[spec]
     assert "| 20.0 | 0.50x | - |" in rows[llamaserver.PLAIN]
-    assert "n-gram pool" not in load.report(a, data)  # one round: nothing drafted from before
-    again = load.parse(["--levels", "2", "--llama-server", "", "--repeat", "2"])
+    assert "n-gram pool" not in load.report(a, data)  # no prompt sent twice
+    again = load.parse(["--levels", "2", "--llama-server", "", "--repeat", "5"])  # 10 of 8
     assert "keeps one n-gram pool for all requests" in load.report(again, data)
 
 
@@ -434,6 +434,17 @@ def test_the_simulated_long_reply_is_never_the_short_requests_prompt() -> None:
     assert sorted(longs) == sorted(texts)
     assert all(longs[r % len(longs)] != texts[r % len(texts)] for r in range(16))
     assert long_prompts(texts, sim=False) == [p["text"] for p in prompts.load("edit")]
+
+
+def test_each_request_of_the_load_benchmark_gets_a_prompt_not_sent_before_while_any_is_left(
+        ) -> None:
+    from bench.load import sent
+
+    files = [f"file {i}" for i in range(9)]
+    asked = [t for r in range(2) for n in (1, 4) for t in sent(files, [1, 4], r, n)]
+    assert len(asked) == 10 and len(set(asked)) == 9  # nine files: one sent twice, no more
+    assert all(len(set(sent(files, [1, 4], r, 4))) == 4 for r in range(3))
+    assert sent(files, [1, 4], 0, 1) == ["file 0"] and sent(files, [1, 4], 1, 1) == ["file 5"]
 
 
 def test_with_rounds_repeated_the_first_round_is_shown_on_its_own(
