@@ -41,10 +41,10 @@ WARM_UP = "Say hello."  # no bench prompt: none of them is cached by it
 SIM_TARGET = (0.03, 0.0005)  # seconds per call, per token: bench --sim's GPU-like target
 SIM_AGREE = 0.8
 SIM_NAMES = ("SIM lead alone", "SIM duo: lead + back")
-# Every level asks the same eight prompts again: lead remembering replies would draft them
-# from the last time, which llama-server (no drafts of its own) cannot, and which says
-# nothing of serving several clients.
-MEMORY_OFF = "lead's memory of earlier replies off (--ngram-memory 0): the prompts repeat"
+# Once the prompts run out (15 requests a round over 8 bench prompts), they are asked again:
+# lead remembering replies would draft them from the last time, which plain llama-server
+# cannot, and which says nothing of serving several clients.
+MEMORY_OFF = "lead's memory of earlier replies off (--ngram-memory 0): prompts may repeat"
 
 
 @dataclass(frozen=True)
