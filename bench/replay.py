@@ -31,6 +31,10 @@ LONGEST = 64  # lead's --ngram-max default
 # 48, 65 (docs/benchmarks.md, 2026-11-28, fifteenth session); sizes between are interpolated.
 EPYC_25 = {1: 1.0, 2: 1.62, 3: 2.09, 4: 2.26, 5: 2.94, 6: 3.51, 7: 4.12, 8: 4.70, 9: 6.63,
            24: 12.96, 32: 13.70, 48: 20.05, 65: 29.09}
+# A 2-core AMD EPYC (family 26), where batches are cheaper: b=48 at about 12 single steps.
+FAMILY_26 = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0, 24: 8.0, 32: 9.0,
+             48: 12.0, 65: 15.0}
+SHAPES = {"epyc-25": EPYC_25, "family-26": FAMILY_26}
 
 
 @dataclass(frozen=True)
@@ -140,14 +144,16 @@ def main(argv: list[str] | None = None) -> None:
     run.add_argument("replies", type=Path)
     run.add_argument("--model", default=None, help="the target GGUF whose tokenizer the "
                      "replies are read with (default: the default pair's target)")
+    run.add_argument("--shape", choices=sorted(SHAPES), default="epyc-25", help="the "
+                     "relative prices of a CPU measured before (default: %(default)s)")
     run.add_argument("--verify-cost", type=prices_arg, default=None, help="a batch of 2, "
-                     "3, ... tokens over one token, as lead's flag (default: a 2-core EPYC's)")
+                     "3, ... tokens over one token, as lead's flag (instead of --shape)")
     a = parser.parse_args(argv)
     if a.command == "record":
         return record(a.lead, a.out)
     from shared.presets import PRESETS, cache_dir
     model = a.model or str(cache_dir() / PRESETS["qwen2.5-coder-1.5b"].filename)
-    pairs, points = tokenized(a.replies, model), a.verify_cost or EPYC_25
+    pairs, points = tokenized(a.replies, model), a.verify_cost or SHAPES[a.shape]
     print(report(replay_all(pairs, points), replay_all(pairs, points, oracle=True)))
 
 

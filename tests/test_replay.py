@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bench.replay import EPYC_25, prices_arg, relative, replay_all
+from bench.replay import EPYC_25, FAMILY_26, prices_arg, relative, replay_all
 
 
 def echo_with_an_edit() -> tuple[list[int], list[int]]:
@@ -31,3 +31,9 @@ def test_where_batches_never_pay_every_step_is_plain() -> None:
 def test_prices_between_the_given_sizes_are_interpolated() -> None:
     price = relative({1: 1.0, 9: 5.0, 65: 29.0})
     assert (price(1), price(5), price(9), price(37), price(130)) == (1.0, 3.0, 5.0, 17.0, 58.0)
+
+
+def test_where_batches_are_cheaper_the_same_drafts_are_verified_longer_and_pay_more() -> None:
+    pairs = [echo_with_an_edit()]
+    [dear], [cheap] = replay_all(pairs, EPYC_25), replay_all(pairs, FAMILY_26)
+    assert cheap.steps < dear.steps and cheap.speedup > dear.speedup
