@@ -41,21 +41,27 @@ class SessionCopies(Copier):
     def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         index = self.indexes.setdefault(session_id, NgramIndex())
         index.sync(tokens)
+        follow = self._follow(session_id, index, tokens)
+        match = index.lookup(most) if follow is None or follow.left is not None else None
+        if match is not None or follow is None:  # a match goes before a guess past a change
+            return match
+        self._followed[session_id] = match = followed(tokens, follow, most)
+        return match
+
+    def _follow(self, session_id: str, index: NgramIndex, tokens: Sequence[int]
+                ) -> Follow | None:
+        """The session's copy under way, moved on to `tokens`; a new one where none is
+        followed or the reply left it and its end matches a copy elsewhere."""
         follow = self.follows.get(session_id)
         if follow is not None and follow.seq > len(tokens):
             follow = None  # (another sequence than the one followed)
         if follow is not None:
             moved(follow, tokens)
-        if follow is None or follow.left is not None:  # a copy to follow (again)?
+        if follow is None or follow.left is not None:
             follow = started(index, follow) or follow
-        if follow is None:
-            return index.lookup(most)
-        self.follows[session_id] = follow
-        match = index.lookup(most) if follow.left is not None else None
-        if match is not None:  # left the copy: a match elsewhere goes before a guess
-            return match
-        self._followed[session_id] = match = followed(tokens, follow, most)
-        return match
+        if follow is not None:
+            self.follows[session_id] = follow
+        return follow
 
     def _odds_of(self, session_id: str, match: Match) -> Bands:
         if match is self._followed.get(session_id):
