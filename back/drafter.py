@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol, cast
+from typing import cast
 
 import numpy as np
 
@@ -31,25 +31,15 @@ from back.branching import (
     rejection_odds,
     taken_by_lead,
 )
-from back.track import Track
-from shared.bounded import Lru
+from back.track import Grammars
 from shared.constraint import Constraint, best, masked
-from shared.grammar_bounds import check_gbnf
-from shared.model import (
-    MAIN,
-    Forking,
-    Model,
-    can_fork,
-    common_prefix,
-    sync_cache,
-)
+from shared.model import MAIN, Forking, Model, can_fork, common_prefix, sync_cache
 from shared.ngram import NgramIndex
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, is_greedy, sample
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
-MAX_GRAMMARS = 8  # parsed grammars kept, by text
 GRAMMAR_PICK_S = 1.0  # a grammar taking longer than this on one guess is dropped
 log = logging.getLogger("back")
 
@@ -64,49 +54,47 @@ class Grown:
     branches_grown: int
 
 
-class Drafter(Protocol):
-    """What the back's jobs (back/jobs.py) ask of every kind of drafter: hold lead's tokens,
-    grow the draft past them a guess per call (with branches where it `can_branch`), and
-    tell how each guess was drawn. `free`: a guess costs no model call, so a job drafts
-    as far ahead as it may at once."""
+class Drafter:
+    """What the back's jobs (back/jobs.py) ask of every kind of drafter: hold lead's tokens
+    (`catch_up`), grow the draft past them a guess per call (`begin_growth`: what the model
+    call evaluates, per sequence, MAIN or a branch, empty for none, None: nothing to do;
+    `end_growth`: the guesses from its rows), with branches where it `can_branch`, and
+    tell how each guess was drawn. The defaults are a drafter's that needs no model:
+    `free`, a guess costs no model call, so a job drafts as far ahead as it may at once."""
 
     local: list[int]
-
-    @property
-    def free(self) -> bool: ...
-
-    @property
-    def can_branch(self) -> bool: ...
+    free: bool = True
+    can_branch: bool = False
+    branches: tuple[Sprout, ...] = ()
 
     def fits(self, n_tokens: int) -> bool:
         """Whether it can hold this many of lead's tokens and draft past them."""
-        ...
+        return True
 
-    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int: ...
+    def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
+        raise NotImplementedError
 
     def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
                      depth: int = 0) -> dict[int, list[int]] | None:
-        """The tokens the next model call evaluates for this drafter, per sequence (MAIN or
-        a branch; empty: no call needed); None: nothing to do."""
-        ...
+        return {} if chain else None  # no model call
 
     def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
                  ) -> dict[int, np.ndarray]:
-        """`batch` evaluated on the drafter's own model: each sequence's next-token row."""
-        ...
+        return {}
 
     def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
                    params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
                    chain: bool = True, width: int = 0) -> Grown:
-        """The guesses from `rows` (what the call evaluated `batch` into)."""
-        ...
+        raise NotImplementedError
 
-    def dist_at(self, pos: int) -> Dist | None: ...
+    def dist_at(self, pos: int) -> Dist | None:
+        """The distribution the guess at `pos` was drawn from (None: greedy, not a guess,
+        or none known: lead verifies by sample-and-compare)."""
+        return None
 
-    def prob_at(self, pos: int) -> float | None: ...
-
-    @property
-    def branches(self) -> tuple[Sprout, ...]: ...
+    def prob_at(self, pos: int) -> float | None:
+        """The drafter's probability of its guess at `pos` (None: not a guess, or none)."""
+        return None
 
 
 def _runner_up(row: np.ndarray, state: Constraint | None, token: int) -> int | None:
@@ -138,7 +126,7 @@ def _prob(row: np.ndarray, token: int) -> float:
     return float(shifted[token] / shifted.sum(dtype=np.float64))
 
 
-class ModelDrafter:
+class ModelDrafter(Drafter):
     """A draft model's guesses. A guess is handed out as soon as it is sampled and only
     evaluated (to get the logits for the next one) on the next call: the first guess after
     catching up is ready one draft step sooner, when lead most needs it, right after a
@@ -156,9 +144,7 @@ class ModelDrafter:
         self.clock = clock
         self._logits: np.ndarray | None = None  # next-token logits after model.cached
         self._pending: list[int] = []  # a guess handed out, not yet evaluated
-        self._grammars: Lru[str, Constraint | None] = Lru(MAX_GRAMMARS)  # text -> start (None: bad)
-        self._track: Track | None = None  # the grammar's state along `local`
-        self._track_key: tuple[str, int] | None = None  # (grammar, n_prompt) it follows
+        self.grammars = Grammars(lambda text: model.constraint(text))
         self._picks: dict[int, Pick] = {}  # position in local -> how its guess was picked
         self._growing: dict[int, Growing] = {}  # slot -> the branch it holds
         self._n_lead = 0  # lead's tokens at the last catch-up: sites lie past them
@@ -282,20 +268,19 @@ class ModelDrafter:
         grows branches: each guess is a site a branch may start at)."""
         # q is what the guess is drawn from: the adjusted, masked logits, as lead's p
         row = adjust(logits, params, path, n_prompt)
+        grammar = None if self.blind else params.grammar
         started = self.clock()
-        state = self._grammar_state(params.grammar, n_prompt, path)
+        state = self.grammars.state(grammar, n_prompt, path)
         pick = _draw(row, state, params, rng, ranked)
-        if state is not None and params.grammar and self.clock() - started > GRAMMAR_PICK_S:
-            self._give_up(params.grammar, self.clock() - started)
+        if state is not None and grammar and self.clock() - started > GRAMMAR_PICK_S:
+            self.grammars.give_up(grammar, self.clock() - started, GRAMMAR_PICK_S)
         return pick
 
     def dist_at(self, pos: int) -> Dist | None:
-        """The distribution the guess at `pos` was drawn from (None: greedy, or not one)."""
         pick = self._picks.get(pos)
         return pick.dist if pick is not None else None
 
     def prob_at(self, pos: int) -> float | None:
-        """The draft model's probability of its guess at `pos` (None: not a guess)."""
         pick = self._picks.get(pos)
         return pick.prob if pick is not None else None
 
@@ -332,50 +317,14 @@ class ModelDrafter:
         its evaluated tokens (all but the pending last one)."""
         return sum(len(g.tokens) - 1 for g in self._growing.values())
 
-    def _grammar_state(self, grammar: str | None, n_prompt: int,
-                       path: Sequence[int]) -> Constraint | None:
-        """The grammar's state after `path` (None: no grammar, or drafting blind)."""
-        if not grammar or self.blind:
-            return None
-        if self._track_key != (grammar, n_prompt):
-            root = self._parsed(grammar)
-            self._track = None if root is None else Track(root, n_prompt)
-            self._track_key = (grammar, n_prompt)
-        # None if lead's tokens leave the grammar (they cannot): then drafted blind
-        return self._track.at(path) if self._track is not None else None
 
-    def _give_up(self, grammar: str, seconds: float) -> None:
-        """Draft without a grammar too slow to apply (lead ends such replies: the back's
-        model thread would be held just as long)."""
-        log.warning("the request's grammar took %.1f s to apply to one guess (over %.1f s); "
-                    "drafting without it", seconds, GRAMMAR_PICK_S)
-        self._grammars[grammar] = None
-        self._track = self._track_key = None
-
-    def _parsed(self, grammar: str) -> Constraint | None:
-        if grammar not in self._grammars:
-            try:  # lead checked and parsed it; another lead or llama.cpp may not have
-                check_gbnf(grammar)  # before any parser: a bomb would crash this back
-                self._grammars[grammar] = self.model.constraint(grammar)
-            except ValueError as exc:
-                log.warning("the request's grammar cannot be used here (%s); drafting "
-                            "without it", exc)
-                self._grammars[grammar] = None
-        return self._grammars[grammar]
-
-
-class NgramDrafter:
+class NgramDrafter(Drafter):
     """Prompt lookup, as lead's own drafts (shared/ngram.py): what followed the longest
     earlier match of lead's tokens' end, copied a guess at a time."""
-
-    free, can_branch, branches = True, False, ()
 
     def __init__(self) -> None:
         self.index = NgramIndex()  # over lead's tokens only: a wrong guess re-indexes nothing
         self.local: list[int] = []
-
-    def fits(self, n_tokens: int) -> bool:
-        return True
 
     def catch_up(self, lead_tokens: Sequence[int], defer: bool = False) -> int:
         keep = common_prefix(self.local, lead_tokens)
@@ -383,14 +332,6 @@ class NgramDrafter:
         if keep < len(lead_tokens):
             self.local = list(lead_tokens)
         return len(lead_tokens) - keep
-
-    def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
-                 ) -> dict[int, np.ndarray]:
-        return {}  # (its batches are empty)
-
-    def begin_growth(self, params: SamplingParams, chain: bool = True, width: int = 0,
-                     depth: int = 0) -> dict[int, list[int]] | None:
-        return {} if chain else None  # no model call
 
     def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
                    params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
@@ -401,9 +342,3 @@ class NgramDrafter:
             return Grown(None, 0, 0)
         self.local.append(match.token_ids[ahead])
         return Grown(match.token_ids[ahead], 0, 0)
-
-    def dist_at(self, pos: int) -> Dist | None:
-        return None  # no probabilities: lead verifies by sample-and-compare
-
-    def prob_at(self, pos: int) -> float | None:
-        return None

@@ -34,20 +34,6 @@ class LatestTokens:
     def publish(self, tokens: tuple[int, ...]) -> None:
         self._tokens = tokens
 
-    def changed(self, since: tuple[int, ...]) -> Callable[[], bool]:
-        """An abort check: whether lead's latest tokens are other than `since` (lead took a
-        step). Compares once per snapshot."""
-        seen: tuple[int, ...] | None = None
-        changed = False
-
-        def check() -> bool:
-            nonlocal seen, changed
-            tokens = self._tokens
-            if tokens is not seen:
-                seen, changed = tokens, tokens != since
-            return changed
-        return check
-
     def left(self, path: Sequence[int]) -> Callable[[], bool]:
         """An abort check: whether lead's latest tokens leave `path`. Polled hundreds of
         times per token, it compares once per snapshot."""

@@ -31,7 +31,7 @@ from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brie
 from back.follower import Follower
 from back.links import NEWS_S, Link
 from back.mirror import LeadMirror
-from back.sessions import History, SessionStats
+from back.sessions import History
 from back.width import DraftPrices
 from shared.model import reusing_slot
 from shared.modelthread import ModelThread
@@ -85,10 +85,6 @@ class Worker(Drafting):
 
     # --- views ---
     @property
-    def drafter(self) -> Drafter:
-        return self.drafters[0]
-
-    @property
     def state(self) -> State:
         """Lead's state of the session news came for last (before any: the version)."""
         if self.latest is not None:
@@ -98,22 +94,6 @@ class Worker(Drafting):
     @property
     def mirror(self) -> LeadMirror:
         return self.latest.mirror if self.latest is not None else LeadMirror()
-
-    @property
-    def stats(self) -> SessionStats | None:
-        """The stats of the session news came for last, while it is followed."""
-        latest = self.latest
-        return latest.stats if latest is not None and latest.session_id in self.followers \
-            else None
-
-    @property
-    def sessions_done(self) -> list[SessionStats]:
-        """The last few sessions that ended (`history.totals` counts all of them)."""
-        return list(self.history.recent)
-
-    @property
-    def outages(self) -> int:
-        return self.backoff.outages
 
     def stop(self) -> None:
         self._stop.set()

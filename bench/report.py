@@ -292,7 +292,7 @@ def _replayed_branches(data: dict, alone: list[Result], speedup: float) -> dict:
 def _per_token(data: dict, alone: list[Result]) -> float:
     """The replayed ideal with branches, each step's length chosen by its tokens' odds."""
     from bench.ideal import band_odds, padded, per_token_ideal
-    from lead.drafts.backodds import BANDS
+    from lead.drafts.rank import BANDS
     from lead.server.settings import LeadSettings
 
     prompts = sorted(data["agreement"])

@@ -7,40 +7,50 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from lead.drafts.backodds import DECAY, WEIGHT, BackOdds
 from lead.drafts.board import DraftBoard, post_candidates
+from lead.drafts.rank import BAND_DECAY, WEIGHT, BackScores
+from lead.policy.acceptance import Rate
 from lead.policy.cost import CostModel
+from shared.bounded import Lru
 from shared.protocol import DraftPost
 
 CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0}  # a 2-core CPU's batches
 
 
+def scores_at(alpha: float, *keys: str) -> BackScores:
+    """Scores where each back of `keys` has acceptance `alpha` (set, not learned)."""
+    scores = BackScores()
+    for key in keys:
+        scores.scores[key] = Rate((2 * alpha, 2 * (1 - alpha)))
+    return scores
+
+
 def test_odds_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> None:
-    odds = BackOdds()
-    assert odds.odds("b", [0.05, 0.999], alpha=0.7) == pytest.approx((0.7, 0.7))
+    scores = scores_at(0.7, "b", "other")
+    assert scores.odds("b", [0.05, 0.999]) == pytest.approx((0.7, 0.7))
     for _ in range(20):  # sure tokens right, unsure ones wrong
-        odds.record("b", [0.999, 0.999, 0.2], offered=[5, 6, 7], emitted=[5, 6, 9])
-    sure, unsure = odds.odds("b", [0.995, 0.1], alpha=0.7)
+        scores.record_probs("b", [0.999, 0.999, 0.2], offered=[5, 6, 7], emitted=[5, 6, 9])
+    sure, unsure = scores.odds("b", [0.995, 0.1])
     assert sure > 0.9 and unsure < 0.2
-    assert odds.odds("other", [0.995], alpha=0.7) == pytest.approx((0.7,))  # another back
+    assert scores.odds("other", [0.995]) == pytest.approx((0.7,))  # another back
 
 
 def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
-    odds = BackOdds()
-    odds.record("b", [0.99, 0.99, 0.4, 0.6], offered=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
-    bands = odds.bands["b"]
-    assert (bands[0.99].right, bands[0.99].wrong) == pytest.approx((DECAY + 1, 0.0))
+    scores = scores_at(0.5, "b")
+    scores.record_probs("b", [0.99, 0.99, 0.4, 0.6], offered=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
+    bands = scores.bands["b"]
+    assert (bands[0.99].right, bands[0.99].wrong) == pytest.approx((BAND_DECAY + 1, 0.0))
     assert (bands[0.3].right, bands[0.3].wrong) == pytest.approx((0.0, 1.0))
     assert (bands[0.6].right, bands[0.6].wrong) == (0.0, 0.0)  # after the miss: not observed
     assert bands.band(0.999) == 0.99 and bands.band(0.0) == 0.0 and bands.band(0.94) == 0.85
-    assert odds.odds("b", [0.4], alpha=0.5) == pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
+    assert scores.odds("b", [0.4]) == pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
 
 
 def test_only_the_latest_backs_are_kept() -> None:
-    odds = BackOdds(kept=2)
+    scores = BackScores(bands=Lru(2))
     for key in ("a", "b", "c"):
-        odds.record(key, [0.9], [1], [1])
-    assert list(odds.bands) == ["b", "c"]
+        scores.record_probs(key, [0.9], [1], [1])
+    assert list(scores.bands) == ["b", "c"]
 
 
 def priced() -> CostModel:
@@ -62,7 +72,7 @@ def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
     tokens are right and its near-ties seldom are, it verifies a draft up to the near-tie."""
     board = board_with([0.999] * 6)
     for _ in range(30):
-        board.scores.odds.record("b@10.0.0.2", [0.999, 0.999, 0.2], [5, 6, 7], [5, 6, 0])
+        board.scores.record_probs("b@10.0.0.2", [0.999, 0.999, 0.2], [5, 6, 7], [5, 6, 0])
     sure_then_unsure = [0.999, 0.999, 0.999, 0.2, 0.2, 0.2]
     board.post([1, 2, 3], *post_candidates("b", 3, [4, 5, 6, 7, 8, 9], None,
                                            address="10.0.0.2", probs=sure_then_unsure))
@@ -90,8 +100,8 @@ def test_what_a_backs_q_is_worth_is_learned_and_a_liar_loses() -> None:
         assert chosen is not None
         tokens = [*tokens, n + 1, n + 2, n + 3, n + 4]  # lead accepted the right ones
     assert chosen.back_id == "honest"
-    liar = board.scores.odds.odds("liar", [0.999], board.scores.alpha("liar"))[0]
-    honest = board.scores.odds.odds("honest", [0.999], board.scores.alpha("honest"))[0]
+    liar = board.scores.odds("liar", [0.999])[0]
+    honest = board.scores.odds("honest", [0.999])[0]
     assert liar < 0.3 < 0.9 < honest
 
 

@@ -109,7 +109,7 @@ def test_bad_answers_5xx_and_refused_posts_are_survived(
             await following(worker, check)
         # two outages (each link refused; the handshakes failing between them, the first's),
         # each logged in one line
-        assert worker.outages == 2
+        assert worker.backoff.outages == 2
         unusable = [r for r in caplog.records if "answer is unusable" in r.getMessage()]
         assert len(unusable) == 2 and all(r.exc_info is None for r in unusable)
         refused = [r for r in caplog.records if "refused a draft post" in r.getMessage()]
@@ -153,7 +153,7 @@ def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
             await following(worker, check)
         failed = [r for r in caplog.records if "the draft model failed" in r.getMessage()]
         assert len(failed) == 1 and str(error) in failed[0].getMessage()
-        assert worker.outages == 0  # lead was never at fault
+        assert worker.backoff.outages == 0  # lead was never at fault
     asyncio.run(asyncio.wait_for(body(), 60))
 
 

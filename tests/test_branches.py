@@ -232,7 +232,7 @@ def test_ready_after_rejection_counts_a_matching_branch() -> None:
 
     def tree(engine: Engine, s: Session) -> None:
         if s.n_generated == 1:  # once, after the first token: the next step verifies it
-            engine.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
+            engine.feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
                               [Branch(2, tuple(truth[3:8]))])
 
     assert asyncio.run(_reply(engine, prompt, 30, tree)) == truth
@@ -254,7 +254,7 @@ def test_a_rejection_with_no_branch_for_its_correction_finds_no_draft_ready() ->
 
     def tree(engine: Engine, s: Session) -> None:
         if s.n_generated == 1:
-            engine.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
+            engine.feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
                               [Branch(2, (other, *truth[4:8]))])
 
     assert asyncio.run(_reply(engine, prompt, 30, tree)) == truth

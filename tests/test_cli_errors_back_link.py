@@ -55,11 +55,12 @@ def test_a_link_lead_turns_away_for_now_is_retried_with_backoff(
             worker.backoff = Backoff(first=0.001, most=0.001)
             task = asyncio.create_task(worker.run())
             # the back's count, not lead's: a link lead took may not be counted yet
-            await async_wait_until(lambda: worker.outages >= 3 or task.done(), what="retries")
+            await async_wait_until(lambda: worker.backoff.outages >= 3 or task.done(),
+                                   what="retries")
             assert not task.done(), task  # neither fatal nor ended
             worker.stop()
             await task
-            assert len(links) >= 3 and worker.outages >= 3  # each turned away: an outage,
+            assert len(links) >= 3 and worker.backoff.outages >= 3  # each turned away: an outage,
             assert worker.flaps.count >= 2  # waited out longer each time (no tight loop)
 
     with caplog.at_level(logging.WARNING, logger="back"):

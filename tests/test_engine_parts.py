@@ -42,14 +42,14 @@ def test_one_runs_max_queue_wait_in_order_and_the_rest_are_refused() -> None:
         release = asyncio.Event()
 
         async def request(i: int) -> None:
-            async with admission.turn():
+            async with admission.reserve().turn():
                 order.append(i)
                 await release.wait()
 
         tasks = [asyncio.create_task(request(i)) for i in range(3)]
         await async_wait_until(lambda: order == [0] and admission.waiting == 2, what="queue")
         with pytest.raises(QueueFull):  # at once, not after a wait
-            await asyncio.wait_for(admission.turn().__aenter__(), 1)
+            await asyncio.wait_for(admission.reserve().turn().__aenter__(), 1)
         release.set()
         await asyncio.gather(*tasks)
         assert order == [0, 1, 2] and admission.waiting == 0 and not admission.running
@@ -62,7 +62,7 @@ def test_a_cancelled_waiter_gives_its_place_back() -> None:
         release = asyncio.Event()
 
         async def hold() -> None:
-            async with admission.turn():
+            async with admission.reserve().turn():
                 await release.wait()
 
         running = asyncio.create_task(hold())

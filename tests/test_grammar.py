@@ -320,9 +320,9 @@ def test_a_back_drafts_under_the_grammar_and_output_equals_lead_alone() -> None:
             assert helped["usage"]["drafted_tokens"] > 0
             if not blind:
                 assert helped["usage"]["accepted_tokens"] > 0
-                assert drafter._track_key is not None  # it drafted under the grammar
+                assert drafter.grammars.followed is not None  # it drafted under the grammar
             else:
-                assert drafter._track_key is None
+                assert drafter.grammars.followed is None
 
     asyncio.run(asyncio.wait_for(body(), 60))
 

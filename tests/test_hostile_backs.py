@@ -210,8 +210,8 @@ def test_a_good_back_beside_long_junk_is_verified_and_junk_is_not() -> None:
     def offered_after_posts(s: Session):  # type: ignore[no-untyped-def]
         tokens, at = s.tokens, len(s.tokens) - len(prompt)
         wrong = 1 if reference[at] != 1 else 2
-        engine.post_draft(s.id, len(tokens), reference[at:at + 6], None, "good")
-        engine.post_draft(s.id, len(tokens), [wrong] + [9] * 15, None, "junk")
+        engine.feed.post_draft(s.id, len(tokens), reference[at:at + 6], None, "good")
+        engine.feed.post_draft(s.id, len(tokens), [wrong] + [9] * 15, None, "junk")
         draft = original(s)
         chosen.append(draft.back_id if draft else None)
         return draft
@@ -367,7 +367,7 @@ def test_a_back_gets_the_grammar_once_and_drafts_under_it() -> None:
         assert all(s.sampling is None or s.sampling.grammar is None for s in news)  # no text
         assert transport.paths.count("/duo/grammar") == 1  # once, kept by its id
         assert worker.mirror.grammars == {grammar_id(GRAMMAR): GRAMMAR}
-        assert drafter._track_key is not None  # it drafted under the grammar
+        assert drafter.grammars.followed is not None  # it drafted under the grammar
     asyncio.run(asyncio.wait_for(body(), 60))
 
 

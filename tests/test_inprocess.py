@@ -130,7 +130,7 @@ def test_a_back_lead_wants_no_drafts_from_still_takes_in_the_prompt() -> None:
                 reply_task = asyncio.create_task(ask(transport, "a long prompt " * 8))
                 await async_wait_until(lambda: engine.session is not None, what="a session")
                 prompt = engine.session.tokens[: engine.session.n_prompt]
-                await async_wait_until(lambda: worker.drafter.local[: len(prompt)] == prompt,
+                await async_wait_until(lambda: worker.drafters[0].local[: len(prompt)] == prompt,
                                        what="the back to take in the prompt")
                 reply = await reply_task
                 assert reply["usage"]["drafted_tokens"] == 0
@@ -253,7 +253,7 @@ def test_lead_restart_back_reconnects_and_helps_next_reply() -> None:
                 await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
                 first = await ask(transport)
                 transport.down()  # lead goes down...
-                await async_wait_until(lambda: worker.outages >= 1,
+                await async_wait_until(lambda: worker.backoff.outages >= 1,
                                        what="back to notice the outage")
                 new_app, _ = new_lead()
                 transport.lead = new_app  # ...and comes back with version counters reset

@@ -197,7 +197,7 @@ async def engine_reply(stop: list[str], reference: list[int] | None = None
         entries, text = entries + e.logprobs, text + e.text
         s = engine.session
         if reference and s is not None and not s.done:
-            engine.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
+            engine.feed.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
     session = engine.session
     assert session is not None and (reference is None or session.accepted > 0)
     return session.tokens[3:], entries, text

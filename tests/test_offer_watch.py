@@ -56,7 +56,7 @@ async def _reply(engine: Engine, prompt: list[int], n: int, grow: bool,
         s = engine.session
         if grow and reference and s is not None and not s.done:
             at = s.n_generated
-            engine.post_draft(s.id, len(s.tokens), reference[at: at + 1 + s.steps % 3], None,
+            engine.feed.post_draft(s.id, len(s.tokens), reference[at: at + 1 + s.steps % 3], None,
                               "back")
     assert engine.session is not None
     return engine.session.tokens[len(prompt):]
@@ -77,7 +77,7 @@ def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None
         async for _ in engine.generate(request):
             s = engine.session
             if s is not None and not s.done and s.n_generated == 10 and not posted:
-                engine.post_draft(s.id, len(s.tokens), reference[10:18], None, "back")
+                engine.feed.post_draft(s.id, len(s.tokens), reference[10:18], None, "back")
                 posted = True
 
     asyncio.run(run())

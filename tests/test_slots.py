@@ -338,7 +338,7 @@ def test_the_slots_show_what_each_holds_and_whose_drafts_are_on_its_board() -> N
         async for e in engine.generate(req):
             session = engine.session
             if e.n_tokens and session is not None and not seen:
-                engine.post_draft(session.id, len(session.tokens), [5, 6], None, "b1")
+                engine.feed.post_draft(session.id, len(session.tokens), [5, 6], None, "b1")
                 seen.append(engine.slot_views())
 
     run(body())

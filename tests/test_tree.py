@@ -204,7 +204,7 @@ def wrong_at_1_with_its_branch(truth: list[int]):  # type: ignore[no-untyped-def
         n = s.n_generated
         if n + 7 <= len(truth):
             main = [truth[n], truth[n + 1] % 90 + 1, *truth[n + 2:n + 4]]
-            engine.post_draft(s.id, len(s.tokens), main, None, "b",
+            engine.feed.post_draft(s.id, len(s.tokens), main, None, "b",
                               [Branch(1, tuple(truth[n + 1:n + 6]))])
     return poster
 

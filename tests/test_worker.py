@@ -149,7 +149,7 @@ def test_model_work_for_an_ended_session_stays_out_of_the_next() -> None:
     draws = dict(drafter.draws)
     assert draws[(1, 2, 3)] == first_draw(SEED_A)  # (B's generator would draw another)
     assert draws[(4, 5, 6)] == first_draw(SEED_B)
-    done = {s.session_id: s for s in worker.sessions_done}
+    done = {s.session_id: s for s in worker.history.recent}
     assert done["B"].caught_up == 3  # its own 3 tokens, not also A's
     assert done["A"].caught_up == 0  # A's work came back after A ended: dropped
 
@@ -329,7 +329,7 @@ def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
                             httpx.Response(404), info_response())
     worker = http_worker("http://lead", lead)
     run_until(worker, lambda: not lead.script)
-    assert worker.outages == 2 and worker.lead_id == "L"
+    assert worker.backoff.outages == 2 and worker.lead_id == "L"
 
 
 def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:

@@ -31,16 +31,6 @@ class Admission:
         self.waiting += 1
         return Place(self)
 
-    @asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """Reserve a place and hold a running one for the body (QueueFull at once)."""
-        place = self.reserve()
-        try:
-            async with place.turn():
-                yield
-        finally:
-            place.leave()
-
 
 class Place:
     """One request's place in line, from `reserve` until its turn ends or it leaves."""

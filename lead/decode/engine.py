@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 
 from lead.decode.admission import Admission, Place, QueueFull
-from lead.decode.calibration import Calibration
 from lead.decode.decoder import Clock, Decoder, Job, Step
 from lead.decode.live import LiveNews
 from lead.decode.metrics import Metrics
@@ -37,11 +36,10 @@ from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
-from shared.branch import Branch
 from shared.model import Model, slots_of
 from shared.modelthread import ModelThread
 from shared.protocol import MAX_DRAFT_WIRE
-from shared.sampling import Dist, make_rng
+from shared.sampling import make_rng
 
 __all__ = ["Emission", "Engine", "GenRequest", "QueueFull", "Session"]
 log = logging.getLogger("lead")
@@ -79,9 +77,8 @@ class Engine:
         self.model_thread = ModelThread("model")  # every model call, calibration too
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, cache_bytes)
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
-        tree_slots = self.cost.tree_width = min(tree, self.decoder.tree_slots)
-        self.planner = Planner(self.cost, model.n_ctx, tree_slots)
-        self.calibration = Calibration(model, self.cost, self.model_thread, clock, tree_slots)
+        self.cost.tree_width = min(tree, self.decoder.tree_slots)
+        self.planner = Planner(self.cost, model.n_ctx, self.cost.tree_width)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
@@ -99,7 +96,7 @@ class Engine:
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches before serving (blocking)."""
-        self.calibration.calibrate(self.max_draft, passes, self.own.longest if self.own else 0)
+        self.decoder.calibrate(self.max_draft, passes, self.own.longest if self.own else 0)
 
     def reserve(self) -> Place:
         """A place in line for one generation, or QueueFull (counted) if there is none."""
@@ -275,8 +272,8 @@ class Engine:
                                  bool(job.draft and offered and offered.branch))
         self.metrics.record_tree(result.tree, result.verdict.branch is not None)
         run.after_rejection = result.rejected
-        if result.covered is not None:
-            self.cost.record_cover(result.covered)
+        if result.covered is not None:  # was a rejection's correction a branch's root
+            self.cost.cover.record(result.covered, not result.covered)
         if offered is not None and offered.back_id != OWN:  # verified or not, a back's
             # offer shows what backs' drafts are worth (lead's own are priced apart)
             run.offers.offered(job.tokens, offered.token_ids, first)
@@ -313,11 +310,6 @@ class Engine:
                   len(offered.token_ids) if offered else 0, result.batch - 1,
                   len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
                   cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
-
-    def post_draft(self, session_id: str, start: int, token_ids: list[int],
-                   dists: list[Dist] | None, back_id: str, branches: Sequence[Branch] = ()
-                   ) -> bool:
-        return self.feed.post_draft(session_id, start, token_ids, dists, back_id, branches)
 
     def slot_views(self) -> list[dict[str, object]]:
         """What each slot holds now: idle, a prompt being evaluated, or a reply decoding,

@@ -3,22 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING
 
-
-class _Session(Protocol):
-    n_prompt: int
-    prompt_evaluated: int
-    drafted: int
-    accepted: int
-    rejections: int
-    steps: int
-    t_start: float
-    t_decode: float
-    finish_reason: str | None
-
-    @property
-    def n_generated(self) -> int: ...
+if TYPE_CHECKING:
+    from lead.decode.session import Session
 
 
 @dataclass
@@ -50,7 +38,7 @@ class Metrics:
     def count_cut(self) -> None:
         self.clients_cut += 1
 
-    def record_session(self, s: _Session, now: float) -> None:
+    def record_session(self, s: Session, now: float) -> None:
         self.requests += 1
         self.prompt_tokens += s.n_prompt
         self.prompt_evaluated += s.prompt_evaluated
@@ -75,7 +63,7 @@ class Metrics:
         self.tree_taken += taken
 
     @staticmethod
-    def session_line(s: _Session, now: float) -> str:
+    def session_line(s: Session, now: float) -> str:
         prefill = (s.t_decode or now) - s.t_start
         decode = max(now - s.t_decode, 1e-9) if s.t_decode else 0.0
         rate = s.n_generated / decode if decode else 0.0

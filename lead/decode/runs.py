@@ -10,24 +10,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.textstream import TextStream
 from lead.drafts.board import DraftBoard
 from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN
+from shared.model import Model
 
 log = logging.getLogger("lead")
-
-
-class Vocab(Protocol):
-    """What applying a verdict asks of the target (a Model is one)."""
-
-    n_ctx: int
-    eos_token_ids: frozenset[int]
-
-    def token_bytes(self, token_id: int) -> bytes: ...
 
 
 @dataclass
@@ -57,7 +48,7 @@ class Run:
         if not self.todo:
             self.session.t_decode = now
 
-    def apply(self, result: StepResult, vocab: Vocab, grammar_s: float) -> None:
+    def apply(self, result: StepResult, vocab: Model, grammar_s: float) -> None:
         """What a verify step's verdict does: the session extended by the tokens it emits
         (cut at max_tokens, an EOS, a stop string), counted, finished where it ends, and its
         emissions to the reader (the last one carrying the session, if it finished)."""
@@ -82,7 +73,7 @@ class Run:
         if s.finish_reason is not None:
             self.emit(Emission(self.text.finish(), 0, 0, session=s, sid=s.id))
 
-    def _texts(self, emitted: list[int], vocab: Vocab) -> list[str]:
+    def _texts(self, emitted: list[int], vocab: Model) -> list[str]:
         """The text each token releases, up to the one that completes a stop string."""
         chunks: list[str] = []
         for token in emitted:
@@ -163,7 +154,7 @@ def _grammar_too_slow(s: Session, result: StepResult, grammar_s: float) -> bool:
     return True
 
 
-def _emission(result: StepResult, i: int, token: int, chunk: str, sid: str, vocab: Vocab
+def _emission(result: StepResult, i: int, token: int, chunk: str, sid: str, vocab: Model
               ) -> Emission:
     """The step's i-th token, `token`, releasing `chunk`."""
     drafted = result.from_draft(i)

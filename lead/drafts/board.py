@@ -201,8 +201,7 @@ class DraftBoard:
         lead has learned them so far), lead's own as they came."""
         if c.odds is not None or c.probs is None:
             return c
-        return replace(c, odds=self.scores.odds.odds(c.poster, c.probs,
-                                                     self.scores.alpha(c.poster)))
+        return replace(c, odds=self.scores.odds(c.poster, c.probs))
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]
@@ -210,8 +209,9 @@ class DraftBoard:
         self.candidates = {back: kept for back, kept in live.items() if kept}
 
     def clear(self) -> None:
+        """A reply ended: what was offered at its last step is compared with nothing."""
         self.candidates.clear()
-        self.scores.forget_step()
+        self.scores.watched = None
 
 
 def _tails(tokens: Sequence[int], ready: Sequence[Candidate]) -> dict[str, Candidate]:

@@ -96,7 +96,7 @@ class BackFeed:
 
     # --- sessions ---
     def start(self, session: Session) -> None:
-        board = DraftBoard(scores=BackScores(scores=self.scores.scores, odds=self.scores.odds))
+        board = DraftBoard(scores=BackScores(scores=self.scores.scores, bands=self.scores.bands))
         self.followed[session.id] = FeedEntry.of(session, board, self.version)
         self.session = session
         self.notify([session.id])

@@ -1,10 +1,15 @@
-"""Which back's draft a step verifies: each back's own acceptance and the tokens its draft
-is expected to yield (pure).
+"""Which back's draft a step verifies: each back's own acceptance, and per token the odds
+its draft model's probability of it turns out to be worth (pure).
 
 Every back's best candidate on the board at a step is compared with the tokens lead then
 emits, verified or not, so a back is judged by its own guesses whether or not it was
 chosen: junk loses within a step or two and stays lost while it posts junk, and a good
 back that joins late is measured (and wins) without lead first verifying its drafts.
+
+A draft model sure of a token (q near 1) is usually right; one choosing among near-ties often
+is not. How often depends on the pair of models and the work, so lead learns it per back and
+per band of q, up to a draft's first miss. A back's q is worth what it turns out to be: one
+that claims q = 1 for junk teaches lead what its 1 is worth within a few outcomes.
 """
 
 from __future__ import annotations
@@ -12,8 +17,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from lead.drafts.backodds import BackOdds
-from lead.policy.acceptance import Rate, draft_outcome
+from lead.policy.acceptance import Bands, Rate, agreement, draft_outcome
 from shared.bounded import Lru
 
 # Pseudo (matches, misses) of a back not yet seen: 0.8 with the weight of two outcomes, so
@@ -22,6 +26,12 @@ PRIOR = (1.6, 0.4)
 DECAY = 0.9  # per outcome: about the last ten carry the estimate
 RECENT = 3  # outcomes in the recent estimate: a back turning bad loses within a few steps
 KEPT = 256  # backs whose estimate is kept (least recently updated dropped first)
+# Bands of q (their lower ends), each with decayed counts of right and wrong tokens over a
+# prior of the back's acceptance worth WEIGHT outcomes: where q says nothing (or a back sends
+# noise) every band stays near the back's acceptance.
+BANDS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
+WEIGHT = 4.0
+BAND_DECAY = 0.99  # per outcome in a band
 
 
 def score() -> Rate:
@@ -30,6 +40,10 @@ def score() -> Rate:
     back good for long, matches pile up: misses alone would take a score of steps to bring
     it down)."""
     return Rate(PRIOR, DECAY, RECENT)
+
+
+def bands() -> Bands:
+    return Bands({b: Rate((0.0, 0.0), BAND_DECAY) for b in BANDS})
 
 
 @dataclass(frozen=True)
@@ -46,11 +60,11 @@ class Watched:
 class BackScores:
     """Acceptance per back, learned by comparing what backs offered at a step (`watch`)
     with the tokens lead emitted (`settle`, at the next step); per token where a back gave
-    its draft model's probabilities (`odds`)."""
+    its draft model's probabilities (`bands`, per back)."""
 
     scores: Lru[str, Rate] = field(default_factory=lambda: Lru(KEPT))
+    bands: Lru[str, Bands] = field(default_factory=lambda: Lru(KEPT))
     watched: Watched | None = None
-    odds: BackOdds = field(default_factory=BackOdds)
 
     def alpha(self, key: str) -> float:
         return (self.scores.get(key) or score()).value
@@ -68,7 +82,7 @@ class BackScores:
         for key, tail in watched.tails.items():
             self.record(key, *draft_outcome(tail, emitted))
             if key in watched.probs:
-                self.odds.record(key, watched.probs[key], tail, emitted)
+                self.record_probs(key, watched.probs[key], tail, emitted)
 
     def record(self, key: str, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:
@@ -77,6 +91,16 @@ class BackScores:
         rate.record(matches, int(missed))
         self.scores[key] = rate  # the least recently updated back goes first
 
-    def forget_step(self) -> None:
-        """A reply ended: what was offered at its last step is compared with nothing."""
-        self.watched = None
+    def odds(self, key: str, probs: Sequence[float]) -> tuple[float, ...]:
+        """Per token of a back's draft whose draft-model probabilities are `probs`: the odds
+        that lead accepts it, given the ones before it."""
+        rates, alpha = self.bands.get(key) or bands(), self.alpha(key)
+        prior = (WEIGHT * alpha, WEIGHT * (1 - alpha))
+        return tuple(rates[q].given(prior) for q in probs)
+
+    def record_probs(self, key: str, probs: Sequence[float], offered: Sequence[int],
+                     emitted: Sequence[int]) -> None:
+        rates = self.bands.get(key) or bands()
+        for q, right in zip(probs, agreement(offered, emitted), strict=False):
+            rates[q].record(right, not right)
+        self.bands[key] = rates  # the least recently updated back goes first

@@ -64,11 +64,6 @@ class CostModel:
         if counted and self.probes.probing and self.probes.outcome():
             self._end_probe()
 
-    def record_cover(self, hit: bool) -> None:
-        """A draft token was rejected where a branch was offered: was its root the token
-        emitted instead."""
-        self.cover.record(hit, not hit)
-
     def _schedule_probe(self) -> None:
         probes = self.probes
         if probes.probing:
