@@ -7,9 +7,11 @@ from __future__ import annotations
 import asyncio
 
 import numpy as np
+import pytest
 
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
+from lead.drafts.edits import FOLLOWING
 from lead.drafts.memory import Memory, Recalled
 from lead.drafts.own import OWN, OwnDrafts
 from shared.fake import FakeModel, VirtualClock
@@ -120,6 +122,26 @@ def test_a_remembered_copy_agreeing_longer_but_stopping_sooner_loses_to_the_sess
     recalled = memory.memory.lookup(prompt + [5] * 20, 64)
     assert recalled is not None and len(recalled.token_ids) <= 8
     assert copied(own, "new", prompt + [5] * 20) == (5,) * 64
+
+
+def test_a_reply_asked_again_is_followed_on_past_a_token_where_it_parted() -> None:
+    # the same reply again but for one token at 40 (a near-tie that went the other way in
+    # a batch), the same after it; distinct tokens: no match but the copy's own
+    rng = np.random.default_rng(3)
+    prompt = [int(t) for t in rng.permutation(np.arange(100, 1100))[:30]]
+    reply = [int(t) for t in rng.permutation(np.arange(2000, 3000))[:120]]
+    again = [*reply[:40], 5, *reply[41:]]
+    recalled = Recalled(4096)
+    recalled.end("old", prompt + reply)
+    first = recalled.draft("new", prompt, 64)  # the whole prompt agrees: a copy followed
+    assert first is not None and first.token_ids == tuple(reply[:64])
+    assert first.odds[0] == pytest.approx(FOLLOWING[24])  # priced as one
+    copies = [recalled.copy("new", prompt + again[:i], 64) for i in range(1, 44)]
+    for i in (41, 42, 43):  # from the token after the one that parted, on
+        copy = copies[i - 1]
+        assert copy is not None and copy.token_ids[:40] == tuple(again[i:i + 40])
+        # where a lookup alone has nothing: no KEY tokens since the change agree
+        assert i > 42 or recalled.memory.lookup(prompt + again[:i], 64) is None
 
 
 # --- the engine ---

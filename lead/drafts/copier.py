@@ -1,12 +1,14 @@
-"""What every kind of lead's own drafter shares (pure): a copy proposed with per-token odds
-by the length of the match it follows, those odds learned per band of match lengths from
-what lead emitted after each proposal (lead/drafts/own.py)."""
+"""What every kind of lead's own drafter shares (pure): a copy under way followed past each
+change, a copy proposed with per-token odds by the length of the match it follows (or the
+tokens agreed since a followed copy (re)started), those odds learned per band from what
+lead emitted after each proposal (lead/drafts/own.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lead.drafts.edits import FOLLOWING, Follow, followed, moved
 from lead.policy.acceptance import Bands, Rate, agreement
 from shared.ngram import Match
 
@@ -31,16 +33,52 @@ class Proposal:
 
 
 class Copier:
-    """A kind of own drafter: `copy` finds the match; proposing, pricing and learning are
-    the same for every kind."""
+    """A kind of own drafter: `lookup` finds a match, and `start` a copy to follow where
+    the match is long (lead/drafts/edits.py); following, proposing, pricing and learning
+    are the same for every kind."""
 
     def __init__(self) -> None:
         self.odds = bands()
+        self.following = bands(FOLLOWING)  # a followed copy's, by tokens agreed since it
+        # (re)started
+        self.follows: dict[str, Follow] = {}  # per session: the copy under way
+        self._followed: dict[str, Match | None] = {}  # the copy last proposed from it
         self._offered: dict[str, tuple[int, Match, Bands]] = {}  # per session: its length,
         # the copy, the odds it was priced by
 
-    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+    def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         raise NotImplementedError
+
+    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
+              ) -> Follow | None:
+        """A copy to follow from `tokens`' end (keeping the changes learned on the one the
+        reply `left`); None where none matches long enough."""
+        return None
+
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+        """The copy under way past `tokens`, or where the reply has left it, a match looked
+        up (which goes before a guess past the change)."""
+        follow = self._follow(session_id, tokens)
+        match = self.lookup(session_id, tokens, most) \
+            if follow is None or follow.left is not None else None
+        if match is not None or follow is None:
+            return match
+        self._followed[session_id] = match = followed(tokens, follow, most)
+        return match
+
+    def _follow(self, session_id: str, tokens: Sequence[int]) -> Follow | None:
+        """The session's copy under way, moved on to `tokens`; a new one where none is
+        followed or the reply left it and its end matches a copy elsewhere."""
+        follow = self.follows.get(session_id)
+        if follow is not None and follow.seq > len(tokens):
+            follow = None  # (another sequence than the one followed)
+        if follow is not None:
+            moved(follow, tokens)
+        if follow is None or follow.left is not None:
+            follow = self.start(session_id, tokens, follow) or follow
+        if follow is not None:
+            self.follows[session_id] = follow
+        return follow
 
     def draft(self, session_id: str, tokens: Sequence[int], most: int) -> Proposal | None:
         """A copy past `tokens`, `most` tokens at most, priced per token; None where
@@ -50,18 +88,15 @@ class Copier:
         match = self.copy(session_id, tokens, most)
         if match is None:
             return None
-        odds = self._odds_of(session_id, match)
+        odds = self.following if match is self._followed.get(session_id) else self.odds
         self._offered[session_id] = (len(tokens), match, odds)
         return Proposal(match.token_ids, tuple(odds[match.length + i].value
                                                for i in range(len(match.token_ids))))
 
-    def _odds_of(self, session_id: str, match: Match) -> Bands:
-        """The odds `match` is priced by (a kind may keep more than one)."""
-        return self.odds
-
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         """The session ended with `tokens`."""
-        self._offered.pop(session_id, None)
+        for held in (self._offered, self.follows, self._followed):
+            held.pop(session_id, None)
 
     def _settle(self, session_id: str, tokens: Sequence[int]) -> None:
         offered = self._offered.pop(session_id, None)

@@ -1,12 +1,14 @@
-"""A copy under way followed past each change, for lead's own `ngram` drafts (pure over ids).
+"""A copy under way followed past each change, for lead's own drafts (pure over ids).
 
-A file echoed back with changes copies its source but where it changes it. Once the
-sequence's end matches ANCHOR tokens somewhere before, that copy is followed: it
-drafts the source from where the reply has got to, with each change seen so far made again
-where its old tokens come again (a rename, learned at its first use, is drafted at every
-later one), and past a change it finds where the copy resumes from the first tokens that
-agree with the source near where the reply left it, without waiting for a KEY-token match
-(shared/ngram.py). A change that turns out not to be made again is forgotten.
+A file echoed back with changes copies its source but where it changes it; a reply asked
+for again copies the last one but where a near-tie went the other way. Once the sequence's
+end matches ANCHOR tokens of a source (earlier in the sequence, or a remembered session),
+that copy is followed: it drafts the source from where the reply has got to, with each
+change seen so far made again where its old tokens come again (a rename, learned at its
+first use, is drafted at every later one), and past a change it finds where the copy
+resumes from the first tokens that agree with the source near where the reply left it,
+without waiting for a KEY-token match (shared/ngram.py). A change that turns out not to be
+made again is forgotten.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class Follow:
     """A copy followed: the reply's tokens up to `seq` copy the source up to `src` (with
     `changes` made), agreeing for `agreed` tokens; `left`: where the reply left the copy
     (its position and the source's), until it resumes; `trial`: where it left the copy
-    last and the change made there, until the copy resumed there is confirmed."""
+    last and the change made there, until the copy resumed there is confirmed; `source`:
+    the tokens copied where they are not the sequence's own (None: they are)."""
 
     seq: int
     src: int
@@ -43,26 +46,29 @@ class Follow:
     changes: Changes = field(default_factory=dict)
     left: tuple[int, int] | None = None
     trial: tuple[tuple[int, int], Change | None] | None = None
+    source: Sequence[int] | None = None
 
 
-def drafted(tokens: Sequence[int], src: int, changes: Changes, most: int
+def drafted(tokens: Sequence[int], src: int, changes: Changes, most: int,
+            source: Sequence[int] | None = None
             ) -> list[tuple[int, int | None, tuple[int, ...] | None]]:
-    """Up to `most` tokens copied from `tokens[src:]` with `changes` made, running on into
-    its own tokens past the sequence's end (a repeating pattern): per token, the source
-    position the copy is at after it (None inside a change's new tokens) and the change (its
-    old tokens) it came from, if any."""
+    """Up to `most` tokens copied from `source[src:]` (`tokens`' own where None) with
+    `changes` made, running on into its own tokens past the sequence's end (a repeating
+    pattern): per token, the source position the copy is at after it (None inside a
+    change's new tokens) and the change (its old tokens) it came from, if any."""
     out: list[tuple[int, int | None, tuple[int, ...] | None]] = []
-    n, i = len(tokens), src
+    text = tokens if source is None else source
+    n, i = len(text), src
     while len(out) < most:
         if i >= n:  # past the sequence's end the copy reads itself
-            if i - n >= len(out):
+            if source is not None or i - n >= len(out):
                 break
             out.append((out[i - n][0], i + 1, None))
             i += 1
             continue
-        old = next((o for o in changes if tuple(tokens[i:i + len(o)]) == o), None)
+        old = next((o for o in changes if tuple(text[i:i + len(o)]) == o), None)
         if old is None:
-            out.append((tokens[i], i + 1, None))
+            out.append((text[i], i + 1, None))
             i += 1
         else:
             new, i = changes[old], i + len(old)
@@ -77,7 +83,8 @@ def advance(f: Follow, tokens: Sequence[int]) -> None:
     emitted, parted = tokens[f.seq:], False
     seq, src = f.seq, f.src
     for j, ((t, after, change), token) in enumerate(
-            zip(drafted(tokens, f.src, f.changes, len(emitted)), emitted, strict=False)):
+            zip(drafted(tokens, f.src, f.changes, len(emitted), f.source), emitted,
+                strict=False)):
         if t != token:
             if change is not None:
                 del f.changes[change]
@@ -111,15 +118,16 @@ def resync(f: Follow, tokens: Sequence[int]) -> None:
     change, made again where they recur once the copy is confirmed."""
     assert f.left is not None
     (p, q), n = f.left, len(tokens)
+    text, bound = (tokens, p) if f.source is None else (f.source, len(f.source))
     places: dict[int, list[int]] = {}
-    for t in range(q, min(q + NEAR, p)):
-        places.setdefault(tokens[t], []).append(t)
+    for t in range(q, min(q + NEAR, bound)):
+        places.setdefault(text[t], []).append(t)
     for r in range(max(p, n - NEAR), n):  # the longest run first
         run = list(tokens[r:n])
-        t = next((t for t in places.get(tokens[r], ()) if t + len(run) <= p
-                  and list(tokens[t:t + len(run)]) == run), None)
+        t = next((t for t in places.get(tokens[r], ()) if t + len(run) <= bound
+                  and list(text[t:t + len(run)]) == run), None)
         if t is not None:
-            old, new = tuple(tokens[q:t]), tuple(tokens[p:r])
+            old, new = tuple(text[q:t]), tuple(tokens[p:r])
             change = (old, new) if old and old != new and max(len(old), len(new)) <= CHANGE \
                 else None
             f.seq, f.src, f.agreed, f.left = n, t + len(run), len(run), None
@@ -152,13 +160,14 @@ def followed(tokens: Sequence[int], f: Follow, most: int) -> Match | None:
     the reply has left it and not resumed, a guess: that the change kept the length."""
     if f.left is not None:
         p, q = f.left
-        return _match(tokens, q + len(tokens) - p, f.changes, most, 0)
-    return _match(tokens, f.src, f.changes, most, f.agreed, len(tokens) - f.seq)
+        return _match(tokens, f, q + len(tokens) - p, most, 0)
+    return _match(tokens, f, f.src, most, f.agreed, len(tokens) - f.seq)
 
 
-def _match(tokens: Sequence[int], src: int, changes: Changes, most: int, agreed: int,
+def _match(tokens: Sequence[int], f: Follow, src: int, most: int, agreed: int,
            emitted: int = 0) -> Match | None:
     """The copy from `src` past the `emitted` tokens of it the sequence ends with (part of
     a change's new tokens)."""
-    copy = tuple(t for t, _, _ in drafted(tokens, src, changes, most + emitted))[emitted:]
-    return Match(copy, agreed + emitted, src) if copy else None
+    copy = tuple(t for t, _, _ in drafted(tokens, src, f.changes, most + emitted,
+                                          f.source))[emitted:]
+    return Match(copy, agreed + emitted, src if f.source is None else None) if copy else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from lead.drafts.copier import Copier
+from lead.drafts.edits import ANCHOR, Follow
 from shared.ngram import KEY, Match, agreeing, kept
 
 Spot = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
@@ -48,17 +49,32 @@ class Memory:
         """Up to `k` tokens copied after the remembered occurrences that agree longest with
         `query`'s end, as far as they agree with each other; None where its last KEY tokens
         occur in no remembered session, or those occurrences went on differently."""
-        if k <= 0 or len(query) < KEY:
+        if k <= 0:
             return None
-        ends = self._ends.get(tuple(query[-KEY:]))
-        if not ends:
+        found = self._agreeing(query)
+        if not found:
             return None
-        lengths = [agreeing(self.sessions[n], end, query) for n, end in ends]
-        longest = max(lengths)
-        copy = _agreed([self.sessions[n][end:end + k]
-                        for (n, end), length in zip(ends, lengths, strict=True)
+        longest = found[0][1]
+        copy = _agreed([self.sessions[n][end:end + k] for (n, end), length in found
                         if length == longest])
         return Match(copy, longest) if copy else None
+
+    def source(self, query: Sequence[int]) -> tuple[tuple[int, ...], int, int] | None:
+        """The remembered session agreeing longest with `query`'s end (the latest of those),
+        where the copy starts in it, and how many tokens agree; None where none does."""
+        found = self._agreeing(query)
+        if not found:
+            return None
+        (number, end), length = found[0]
+        return self.sessions[number], end, length
+
+    def _agreeing(self, query: Sequence[int]) -> list[tuple[Spot, int]]:
+        """The places `query`'s last KEY tokens end at, with how far each agrees with it;
+        the longest first (of those, the latest)."""
+        ends = self._ends.get(tuple(query[-KEY:])) if len(query) >= KEY else None
+        found = [(spot, agreeing(self.sessions[spot[0]], spot[1], query))
+                 for spot in ends or ()]
+        return sorted(found, key=lambda f: -f[1])  # stable: latest first among equals
 
     def _drop(self, number: int) -> None:
         tokens = self.sessions.pop(number)
@@ -99,8 +115,17 @@ class Recalled(Copier):
         super().__init__()
         self.memory = Memory(budget)
 
-    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+    def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         return self.memory.lookup(tokens, most)
+
+    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
+              ) -> Follow | None:
+        found = self.memory.source(tokens)
+        if found is None or found[2] < ANCHOR:
+            return None
+        source, end, length = found
+        return Follow(len(tokens), end, length, left.changes if left is not None else {},
+                      source=source)
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         super().end(session_id, tokens)

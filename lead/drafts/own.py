@@ -18,60 +18,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lead.drafts.copier import Copier, Proposal, bands
-from lead.drafts.edits import FOLLOWING, Follow, followed, moved, started
+from lead.drafts.copier import Copier, Proposal
+from lead.drafts.edits import Follow, started
 from lead.drafts.memory import Recalled
-from lead.policy.acceptance import Bands, expected_yield
+from lead.policy.acceptance import expected_yield
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
 
 
 class SessionCopies(Copier):
-    """`ngram`: copies from the session's own prompt and reply; a copy under way followed
-    past each change (lead/drafts/edits.py), priced by odds of its own."""
+    """`ngram`: copies from the session's own prompt and reply."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.following = bands(FOLLOWING)
         self.indexes: dict[str, NgramIndex] = {}  # per session
-        self.follows: dict[str, Follow] = {}
-        self._followed: dict[str, Match | None] = {}  # the copy last proposed from following
 
     def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
-        index = self.indexes.setdefault(session_id, NgramIndex())
-        index.sync(tokens)
-        follow = self._follow(session_id, index, tokens)
-        match = index.lookup(most) if follow is None or follow.left is not None else None
-        if match is not None or follow is None:  # a match goes before a guess past a change
-            return match
-        self._followed[session_id] = match = followed(tokens, follow, most)
-        return match
+        self.indexes.setdefault(session_id, NgramIndex()).sync(tokens)
+        return super().copy(session_id, tokens, most)
 
-    def _follow(self, session_id: str, index: NgramIndex, tokens: Sequence[int]
-                ) -> Follow | None:
-        """The session's copy under way, moved on to `tokens`; a new one where none is
-        followed or the reply left it and its end matches a copy elsewhere."""
-        follow = self.follows.get(session_id)
-        if follow is not None and follow.seq > len(tokens):
-            follow = None  # (another sequence than the one followed)
-        if follow is not None:
-            moved(follow, tokens)
-        if follow is None or follow.left is not None:
-            follow = started(index, follow) or follow
-        if follow is not None:
-            self.follows[session_id] = follow
-        return follow
+    def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+        return self.indexes[session_id].lookup(most)
 
-    def _odds_of(self, session_id: str, match: Match) -> Bands:
-        if match is self._followed.get(session_id):
-            return self.following
-        return super()._odds_of(session_id, match)
+    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
+              ) -> Follow | None:
+        return started(self.indexes[session_id], left)
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         super().end(session_id, tokens)
-        for held in (self.indexes, self.follows, self._followed):
-            held.pop(session_id, None)
+        self.indexes.pop(session_id, None)
 
 
 # each kind by name, made from the tokens of finished sessions lead may remember
