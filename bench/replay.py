@@ -1,8 +1,9 @@
 """python -m bench.replay: lead's own drafts replayed over recorded replies, without a model.
 
-`record` asks a running lead for the edit workload's replies (greedy) and keeps each prompt
-and reply; `run` replays them: at each step lead's own drafters (lead/drafts/own.py) propose
-as lead would, the cost model (lead/policy/cost.py) picks the length to verify at the
+`record` asks a running lead for a workload's replies (greedy; the edits, or the bench
+prompts, `--rounds 2`: each asked again) and keeps each prompt and reply; `run` replays
+them: at each step lead's own drafters (lead/drafts/own.py) propose as lead would, the
+cost model (lead/policy/cost.py) picks the length to verify at the
 relative prices given, and the recorded reply says how much of it was right. It prints per
 reply the steps, the simulated time in one-token steps, the speedup over plain decoding
 and the draft tokens verified in vain, beside an oracle that verifies exactly what is
@@ -89,19 +90,24 @@ def replay_all(pairs: Sequence[tuple[list[int], list[int]]], points: dict[int, f
     return [replay(p, r, own, cost, price, f"s{i}", oracle) for i, (p, r) in enumerate(pairs)]
 
 
-def record(lead: str, out: Path) -> None:
+def record(lead: str, out: Path, workload: str = "edit", rounds: int = 1) -> None:
+    """Each prompt's reply, `rounds` times over the prompts (a later round's replies are
+    drafted from lead's memory of the earlier, and part from them where batches tip a
+    near-tie), in the order asked."""
     import httpx
 
     from shared.httpclient import lead_url
-    kept = []
-    for i, prompt in enumerate(bench_prompts.load("edit")):
+    prompts, kept = bench_prompts.load(workload), []
+    most = bench_prompts.EDIT_TOKENS if workload == "edit" else 128
+    for n in range(rounds * len(prompts)):
+        prompt = prompts[n % len(prompts)]
         r = httpx.post(f"{lead_url(lead)}/v1/chat/completions", timeout=1800, json={
             "messages": [{"role": "user", "content": prompt["text"]}],
-            "max_tokens": bench_prompts.EDIT_TOKENS, "temperature": 0})
+            "max_tokens": most, "temperature": 0})
         r.raise_for_status()
         kept.append({"prompt": prompt["text"], "reply": r.json()["choices"][0]["message"]
                      ["content"]})
-        print(f"{i + 1}/9 {prompt['file']}", file=sys.stderr, flush=True)
+        print(f"{n + 1}/{rounds * len(prompts)}", file=sys.stderr, flush=True)
     out.write_text(json.dumps(kept))
 
 
@@ -137,9 +143,12 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.replay", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
-    rec = sub.add_parser("record", help="the edit workload's replies from a running lead")
+    rec = sub.add_parser("record", help="a workload's replies from a running lead")
     rec.add_argument("--lead", default="127.0.0.1:5555")
     rec.add_argument("--out", type=Path, default=Path("replies.json"))
+    rec.add_argument("--workload", choices=sorted(bench_prompts.WORKLOADS), default="edit")
+    rec.add_argument("--rounds", type=int, default=1, help="times over the prompts (2: "
+                     "each question asked again, drafted from lead's memory)")
     run = sub.add_parser("run", help="replay recorded replies")
     run.add_argument("replies", type=Path)
     run.add_argument("--model", default=None, help="the target GGUF whose tokenizer the "
@@ -150,7 +159,7 @@ def main(argv: list[str] | None = None) -> None:
                      "3, ... tokens over one token, as lead's flag (instead of --shape)")
     a = parser.parse_args(argv)
     if a.command == "record":
-        return record(a.lead, a.out)
+        return record(a.lead, a.out, a.workload, max(a.rounds, 1))
     from shared.presets import PRESETS, cache_dir
     model = a.model or str(cache_dir() / PRESETS["qwen2.5-coder-1.5b"].filename)
     pairs, points = tokenized(a.replies, model), a.verify_cost or SHAPES[a.shape]

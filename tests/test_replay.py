@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
-import numpy as np
+import json
+from pathlib import Path
 
-from bench.replay import EPYC_25, FAMILY_26, prices_arg, relative, replay_all
+import httpx
+import numpy as np
+import pytest
+
+from bench import prompts as bench_prompts
+from bench.replay import EPYC_25, FAMILY_26, prices_arg, record, relative, replay_all
 
 
 def echo_with_an_edit() -> tuple[list[int], list[int]]:
@@ -37,3 +43,22 @@ def test_where_batches_are_cheaper_the_same_drafts_are_verified_longer_and_pay_m
     pairs = [echo_with_an_edit()]
     [dear], [cheap] = replay_all(pairs, EPYC_25), replay_all(pairs, FAMILY_26)
     assert cheap.steps < dear.steps and cheap.speedup > dear.speedup
+
+
+def test_recording_twice_over_asks_every_prompt_again_after_the_first_round(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[tuple[str, int]] = []
+
+    def post(url: str, timeout: float, json: dict) -> httpx.Response:
+        text = json["messages"][0]["content"]
+        asked.append((text, json["max_tokens"]))
+        body = {"choices": [{"message": {"content": f"reply {len(asked)}"}}]}
+        return httpx.Response(200, json=body, request=httpx.Request("POST", url))
+
+    monkeypatch.setattr(httpx, "post", post)
+    record("127.0.0.1:1", tmp_path / "r.json", "bench", rounds=2)
+    texts = [p["text"] for p in bench_prompts.load("bench")]
+    assert [t for t, _ in asked] == texts + texts and {n for _, n in asked} == {128}
+    kept = json.loads((tmp_path / "r.json").read_text())
+    assert [k["prompt"] for k in kept] == texts + texts
+    assert kept[-1]["reply"] == f"reply {2 * len(texts)}"
