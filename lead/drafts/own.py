@@ -11,7 +11,8 @@ kind learns its odds per band of match lengths from its every proposal compared 
 tokens lead then emitted, verified or not, so that a band that does not pay (and so is
 not verified) is still measured. A draft's i-th token follows a match i tokens longer, if
 the ones before it were right. Of the kinds' proposals, the one expected to yield most is
-offered. A new kind is a `Copier` with its `copy` (and `end`), and its name in KINDS.
+offered. A new kind is a `Copier` with its `lookup` (and `start`, `end`), and its name
+in KINDS.
 """
 
 from __future__ import annotations
