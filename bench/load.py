@@ -42,9 +42,9 @@ SIM_TARGET = (0.03, 0.0005)  # seconds per call, per token: bench --sim's GPU-li
 SIM_AGREE = 0.8
 SIM_NAMES = ("SIM lead alone", "SIM duo: lead + back")
 # Once the prompts run out (15 requests a round over 8 bench prompts), they are asked again:
-# lead remembering replies would draft them from the last time, which plain llama-server
-# cannot, and which says nothing of serving several clients.
-MEMORY_OFF = "lead's memory of earlier replies off (--ngram-memory 0): prompts may repeat"
+# each server as its users start it, so lead drafts them from its memory of replies and
+# --spec-default from its n-gram pool; round 1 alone is new prompts to every server.
+REPEATS = "each server with its defaults: a prompt sent again may be drafted from its reply before"
 
 
 @dataclass(frozen=True)
@@ -205,7 +205,7 @@ def start(a: argparse.Namespace, stack: ExitStack) -> dict[str, str]:
     for name, flags in [("duo lead (its defaults)", "")] + \
             [(f"duo lead, {f}", f) for f in a.lead_variant]:
         lead = Lead(a.target, "--threads", str(a.threads), "--ctx-size", str(a.ctx),
-                    "--ngram-memory", "0", *shlex.split(flags))
+                    *shlex.split(flags))
         stack.callback(lead.stop)
         urls[name] = lead.url
     if a.llama_server_bin is not None:
@@ -261,7 +261,7 @@ def report(a: argparse.Namespace, data: dict) -> str:
     names = sorted(results, key=lambda name: name.startswith("peer"))  # duo first
     peer = _peer(names)
     lines = [f"{a.workload} workload, up to {a.tokens}-token greedy streamed replies, all "
-             f"clients at once; {a.repeat} round{'s' * (a.repeat > 1)}; {MEMORY_OFF}", "",
+             f"clients at once; {a.repeat} round{'s' * (a.repeat > 1)}; {REPEATS}", "",
              "| clients | configuration | aggregate tok/s | vs " + (peer or "-") +
              " | of its prefill rate | TTFT p50 / p95 s | latency p50 / p95 s "
              "| accepted / drafted |", "|---|---|---|---|---|---|---|---|"]
@@ -297,12 +297,14 @@ def report(a: argparse.Namespace, data: dict) -> str:
 
 
 def _pool_note(a: argparse.Namespace, names: Sequence[str]) -> str | None:
-    """Where prompts are sent again, what --spec-default may draft from that lead may not."""
-    if a.repeat * sum(a.levels) <= len(prompt_sets.load(a.workload)) or SPEC_DEFAULT not in names:
+    """Where prompts are sent again, which servers may draft a reply from the one before."""
+    if a.repeat * sum(a.levels) <= len(prompt_sets.load(a.workload)):
         return None
-    return (f"\nnote: {SPEC_DEFAULT} keeps one n-gram pool for all requests, so it may draft "
-            "the reply to a prompt sent again from the reply before; lead's memory of replies "
-            "is off (the per-round lines above show the first round apart)")
+    spec = f" and {SPEC_DEFAULT} (one n-gram pool for all requests)" \
+        if SPEC_DEFAULT in names else ""
+    return (f"\nnote: prompts were sent again; lead (its memory of replies){spec} may draft "
+            "the reply to one from the reply before (the per-round lines above show the "
+            "first round, new prompts only, apart)")
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:

@@ -348,6 +348,7 @@ def test_the_load_benchmark_runs_each_lead_variant_beside_the_default(
     assert list(urls) == ["duo lead (its defaults)", "duo lead, --flash-attn off"]
     assert FakeLead.made[1][-2:] == ("--flash-attn", "off")
     assert "--flash-attn" not in FakeLead.made[0]
+    assert "--ngram-memory" not in FakeLead.made[0]  # as users start it: it remembers replies
 
 
 def test_the_load_benchmark_sets_lead_beside_both_llama_servers_on_four_slots(
@@ -401,7 +402,8 @@ def test_the_load_report_sets_each_rate_against_the_n_gram_peer_and_its_own_pref
     assert "| 20.0 | 0.50x | - |" in rows[llamaserver.PLAIN]
     assert "n-gram pool" not in load.report(a, data)  # no prompt sent twice
     again = load.parse(["--levels", "2", "--llama-server", "", "--repeat", "5"])  # 10 of 8
-    assert "keeps one n-gram pool for all requests" in load.report(again, data)
+    note = load.report(again, data)
+    assert "one n-gram pool for all requests" in note and "its memory of replies" in note
 
 
 def test_the_prefill_probe_asks_one_token_and_counts_the_prompts_tokens() -> None:
