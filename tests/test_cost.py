@@ -62,6 +62,14 @@ def test_prices_set_a_sizes_shape_from_its_first_price_at_the_slowdown_as_it_sta
     assert prices.shape[3] == pytest.approx(3.0)
 
 
+def test_prices_say_how_much_faster_drafts_right_every_time_could_decode() -> None:
+    prices = Prices()
+    assert prices.ceiling() == (1.0, 1)  # nothing priced: one token a step
+    prices.calibrate({1: 0.1, 4: 0.24, 32: 1.2, 64: 2.6})  # 4/2.4, 32/12, 64/26 tokens a step
+    assert prices.ceiling() == (pytest.approx(32 / 12), 32)  # the longest batch is not the best
+    assert "at most 2.67x as fast (b=32)" in prices.describe()
+
+
 # --- acceptance ---
 
 

@@ -108,7 +108,15 @@ class Prices:
         """Seconds a step of `batch_size` tokens takes while a back drafts."""
         return self.plain() * self.relative(batch_size) * self.slowdown
 
+    def ceiling(self) -> tuple[float, int]:
+        """(how many times plain decoding's rate verifying reaches were every draft token
+        right, the batch size that reaches it): what no drafter can beat here."""
+        best = max(self.shape, key=lambda b: (b / self.shape[b], -b))
+        return best / self.shape[best], best
+
     def describe(self) -> str:
-        """One line on the priced batch sizes."""
+        """One line on the priced batch sizes and what they allow at most."""
         sizes = ", ".join(f"b={b} {x:.2f}x" for b, x in sorted(self.shape.items()) if b > 1)
-        return f"verify cost over one token ({self.plain() * 1000:.1f} ms): {sizes}"
+        most, b = self.ceiling()
+        return (f"verify cost over one token ({self.plain() * 1000:.1f} ms): {sizes}; drafts "
+                f"right every time would decode at most {most:.2f}x as fast (b={b})")
