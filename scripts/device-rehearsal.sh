@@ -11,8 +11,18 @@ CACHE=${DUO_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/duo}/device
 VENV=$CACHE/py312
 # what the device's image holds of duo's dependencies (KINDS.md); the pack brings the rest
 HAS="numpy httpx jinja2 pyyaml tqdm prometheus-client uvloop requests packaging click annotated-doc"
+# a python3.12 that runs (pyenv's shim is on PATH even where 3.12 is not its version)
+find_py312() {
+  local c
+  for c in "${PY312:-}" "$(command -v python3.12)" "${PYENV_ROOT:-$HOME/.pyenv}"/versions/3.12*/bin/python3.12 \
+      /usr/bin/python3.12 /usr/local/bin/python3.12; do
+    [ -n "$c" ] && [ -x "$c" ] && "$c" -c 'import sys; assert sys.version_info[:2] == (3, 12)' \
+      2> /dev/null && { echo "$c"; return 0; }
+  done
+  return 1
+}
 if [ ! -x "$VENV/bin/python" ]; then
-  PY312=${PY312:-$(command -v python3.12)} ||
+  PY312=$(find_py312) ||
     { echo "device-rehearsal: no python3.12 (the pack's wheels are for CPython 3.12)"; exit 2; }
   echo "device-rehearsal: a Python 3.12 like the device's in $VENV"
   "$PY312" -m venv "$VENV" && "$VENV/bin/pip" install -q $HAS || exit 2
