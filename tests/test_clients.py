@@ -299,7 +299,11 @@ def test_an_agent_finishes_a_turn(smol: Lead, place: Place, client: Callable[...
                                   path: str) -> None:
     logged = Logged(smol)
     ran = client(place, smol.url, "Say hi", lean=True)
-    assert ran.rc == 0, ran
+    # the client sends no temperature, so SmolLM2 samples: a reply that runs on to lead's
+    # --max-tokens is answered as incomplete for that reason, which Codex reports and exits 1
+    capped = client is codex and "Incomplete response returned, reason: max_output_tokens" \
+        in ran.err
+    assert ran.rc == 0 or capped, ran
     requests = assert_all_answered(logged, ran)
     assert {r.path for r in requests} == {path}, requests
 
