@@ -32,10 +32,9 @@ class Pick:
 
 @dataclass(frozen=True)
 class Sprout:
-    """A branch as grown so far, `at` the position of its site in the drafter's sequence
-    (its dists: each token's distribution, the root's the row it was ranked in; None where
-    any token was picked greedily), and `stem`, the sequence it hangs off: up to and
-    including the draft's guess at its site."""
+    """A branch as grown so far (`at`: its site's position in the drafter's sequence; dists
+    None where any token was picked greedily) and `stem`, the sequence it hangs off: up to
+    and including the draft's guess at its site."""
 
     stem: tuple[int, ...]
     branch: Branch

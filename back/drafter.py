@@ -1,15 +1,12 @@
 """Drafters: keep a local sequence (lead's tokens + own guesses) and extend it.
 
-`catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead
-has overtaken correctly is kept, a wrong one is cut back to the common prefix, and
-only what is missing is evaluated. Each growth (`begin_growth`, a model call,
-`end_growth`) proposes one more token, drawn from
-the draft's logits adjusted by the request's penalties and bias as lead adjusts the
-target's (shared/penalties.py), then masked by the request's grammar in the state after
-the reply's tokens so far, lead's and its own (back/track.py), so that greedy
-drafts follow lead's choices. A `ModelDrafter` over a model that forks also drafts
-`branch`es off its draft: the runner-up where lead likely rejects a guess, then a draft
-after it, on the model's second sequence (docs/back-loop.md, "Branches").
+`catch_up(lead_tokens)` makes the local sequence agree with lead: a draft that lead has
+overtaken correctly is kept, a wrong one is cut back to the common prefix, and only what is
+missing is evaluated. Each growth (`begin_growth`, a model call, `end_growth`) proposes one
+more token from the draft's logits adjusted as lead adjusts the target's
+(shared/penalties.py), then masked by the request's grammar after the reply's tokens so far
+(back/track.py), so that greedy drafts follow lead's choices. A `ModelDrafter` over a model
+that forks also grows branches off its draft (docs/back-loop.md, "Branches").
 """
 
 from __future__ import annotations
@@ -37,7 +34,7 @@ from shared.model import MAIN, Forking, Model, can_fork, common_prefix, sync_cac
 from shared.ngram import NgramIndex
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
-from shared.sampling import Dist, distribution, is_greedy, sample
+from shared.sampling import distribution, is_greedy, sample
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
 GRAMMAR_PICK_S = 1.0  # a grammar taking longer than this on one guess is dropped
@@ -46,11 +43,10 @@ log = logging.getLogger("back")
 
 @dataclass(frozen=True)
 class Grown:
-    """What one growth did: the draft's next guess (None: it was not grown), tokens
-    evaluated, branches that grew a token."""
+    """What one growth did: the draft's next guess (None: it was not grown), branches that
+    grew a token."""
 
     guess: int | None
-    evaluated: int
     branches_grown: int
 
 
@@ -87,13 +83,9 @@ class Drafter:
                    chain: bool = True, width: int = 0) -> Grown:
         raise NotImplementedError
 
-    def dist_at(self, pos: int) -> Dist | None:
-        """The distribution the guess at `pos` was drawn from (None: greedy, not a guess,
-        or none known: lead verifies by sample-and-compare)."""
-        return None
-
-    def prob_at(self, pos: int) -> float | None:
-        """The drafter's probability of its guess at `pos` (None: not a guess, or none)."""
+    def pick_at(self, pos: int) -> Pick | None:
+        """How the guess at `pos` was picked (None: not a guess, or not known: lead verifies
+        by sample-and-compare, without the drafter's q)."""
         return None
 
 
@@ -127,11 +119,10 @@ def _prob(row: np.ndarray, token: int) -> float:
 
 
 class ModelDrafter(Drafter):
-    """A draft model's guesses. A guess is handed out as soon as it is sampled and only
-    evaluated (to get the logits for the next one) on the next call: the first guess after
-    catching up is ready one draft step sooner, when lead most needs it, right after a
-    rejection. Over a model that forks, each growth also grows branches (back/branching.py) in the
-    same call as the next guess."""
+    """A draft model's guesses. A guess is handed out as soon as it is sampled and evaluated
+    (for the next one's logits) on the next call: the first guess after catching up is ready
+    a draft step sooner, right after a rejection. Over a model that forks, each growth also
+    grows branches (back/branching.py) in the same call."""
 
     free = False  # a guess costs a model call
 
@@ -206,7 +197,6 @@ class ModelDrafter(Drafter):
         after each root, per sequence (empty: no call needed); None: nothing to do."""
         if (self._logits is None and not self._pending) or len(self.local) >= self.model.n_ctx:
             return None
-        width = width if self.can_branch else 0
         self._open(width, params)
         batch = self._batch(chain, depth)
         if self._growing and len(self.model.cached) + self._branch_cells() + \
@@ -227,7 +217,7 @@ class ModelDrafter(Drafter):
         full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
         for slot in rows.keys() - {MAIN}:
             self._grow_branch(self._growing[slot], rows[slot], rng, n_prompt, full)
-        return Grown(guess, sum(len(t) for t in batch.values()), len(rows) - (MAIN in rows))
+        return Grown(guess, len(rows) - (MAIN in rows))
 
     def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
                  ) -> dict[int, np.ndarray]:
@@ -276,13 +266,8 @@ class ModelDrafter(Drafter):
             self.grammars.give_up(grammar, self.clock() - started, GRAMMAR_PICK_S)
         return pick
 
-    def dist_at(self, pos: int) -> Dist | None:
-        pick = self._picks.get(pos)
-        return pick.dist if pick is not None else None
-
-    def prob_at(self, pos: int) -> float | None:
-        pick = self._picks.get(pos)
-        return pick.prob if pick is not None else None
+    def pick_at(self, pos: int) -> Pick | None:
+        return self._picks.get(pos)
 
     # --- branches ---
     @property
@@ -339,6 +324,6 @@ class NgramDrafter(Drafter):
         ahead = len(self.local) - len(self.index.tokens)
         match = self.index.lookup(ahead + 1) if chain else None
         if match is None or len(match.token_ids) <= ahead:
-            return Grown(None, 0, 0)
+            return Grown(None, 0)
         self.local.append(match.token_ids[ahead])
-        return Grown(match.token_ids[ahead], 0, 0)
+        return Grown(match.token_ids[ahead], 0)

@@ -1,8 +1,7 @@
 """The back's drafting: for every followed session that wants drafts, one model call a
 guess (several sessions' guesses in one), posting as the draft doubles and before lead's
-step ends (docs/back-loop.md). A part of the Worker (back/worker.py), apart for its size:
-it reads the Worker's state on the event loop; the model thread gets jobs and returns what
-they did.
+step ends (docs/back-loop.md). A part of the Worker (back/worker.py), apart for its size;
+like it, on the event loop, handing the model thread jobs.
 """
 
 from __future__ import annotations
@@ -28,23 +27,27 @@ T = TypeVar("T")
 
 
 class Drafting:
-    """The Worker's drafting (a mixin: the Worker holds the state named here)."""
+    """The Worker's drafting (a mixin: the Worker holds the state annotated here)."""
 
     placement: Placement
     followers: dict[str, Follower]
     _stop: asyncio.Event
     max_post: int
-    burst: int
     eos_token_ids: frozenset[int]
-    drafters: list[Drafter]
-    model: Any
-    prices: DraftPrices
     back_id: str
-    send_dists: bool
     _link: Link | None
-    model_thread: ModelThread
-    branches: int
-    _width: int
+
+    def __init__(self, drafters: list[Drafter], model: Any) -> None:
+        """`drafters`: one per slot of the draft model (`model`, whose `evaluate_many_slots`
+        grows several sessions' drafts in one call)."""
+        self.drafters = drafters
+        self.model = model
+        self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
+        self.send_dists = True
+        self.branches = 0  # most branches grown beside a draft (0: the main chain only)
+        self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
+        self._width = 0  # the last width chosen (logged when it changes)
+        self.model_thread = ModelThread("draft")
 
     def _drafting(self) -> list[Follower]:
         sit_out = self.placement.sit_out
@@ -110,8 +113,8 @@ class Drafting:
                         ", ".join(sessions))
             for sid in sessions:
                 if (follower := self.followers.get(sid)) is not None:
-                    follower.mirror.skip(sid)
-            raise ModelFailed(sessions[0] if sessions else None, exc) from exc
+                    follower.mirror.skipped = sid
+            raise ModelFailed(brief(exc)) from exc
 
     def width(self, follower: Follower, sharing: int) -> int:
         """Branches to grow beside a session's draft: as many as the draft's measured price
@@ -121,7 +124,7 @@ class Drafting:
         if not (self.branches and self.max_post > 1 and drafter.can_branch and sharing == 1):
             return 0
         width = choose_width(self.prices, follower.lead_step.step_s,
-                             jobs.ahead_for(follower.state.draft_len, self.max_post),
+                             jobs.ahead_for(follower.mirror.state.draft_len, self.max_post),
                              self.branches)
         if width != self._width:
             log.debug("branches: %d (draft call %s; lead step %s s)", width,

@@ -1,11 +1,7 @@
-"""What the back does with a failure: stop on the few that retrying cannot fix, else log
-one line, back off and retry (pure; docs/back-loop.md, "Failures").
-
-Fatal: lead refuses the key (401) or this back's address (403: a keyless lead answers only
-requests addressed to loopback by name), an address no retry can reach, and, before the back
-first attached, an answer that is not a duo lead's (a 404, or a 200 that is not `Info`).
-Everything else, whatever lead or the network throws, is retried; a failure of the draft
-model ends that session's drafting, not the back (`ModelFailed`).
+"""What the back does with a failure: stop on the few that retrying cannot fix (`fatal`;
+before the back first attached, a 200 that is not `Info` too: Worker.handshake), else log
+one line, back off and retry; a failure of the draft model ends that session's drafting, not
+the back (`ModelFailed`). Pure; docs/back-loop.md, "Reconnecting, and failures".
 """
 
 from __future__ import annotations
@@ -26,10 +22,6 @@ class IncompatibleModel(BackFatal):
 
 class ModelFailed(Exception):
     """A model-thread job raised: the draft model failed while drafting for a session."""
-
-    def __init__(self, session_id: str | None, cause: BaseException) -> None:
-        super().__init__(brief(cause))
-        self.session_id = session_id
 
 
 BRIEF_CHARS = 300  # a log line's share of a failure's message

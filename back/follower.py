@@ -32,10 +32,6 @@ class Follower:
         self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
         self._step_posted: float | None = None  # the step end a post was last made for
 
-    @property
-    def state(self) -> State:
-        return self.mirror.state
-
     def take(self, state: State, now: float) -> Taken | None:
         """Take a state of this session (from an update on the link)."""
         taken = self.mirror.take(state)
@@ -51,7 +47,7 @@ class Follower:
         """The next job; `to_post` (a model drafter): one that drafts up to its next post,
         as far as that post is due or until it must leave to reach lead's step's end, in
         one hop to the model thread and back instead of one a guess."""
-        state = self.state
+        state = self.mirror.state
         ahead = ahead_for(state.draft_len, max_post)
         stop_at, until = 0, None
         if to_post:
@@ -71,21 +67,17 @@ class Follower:
     def post(self, drafted: Drafted, back_id: str, max_post: int, send_dists: bool,
              ahead: int | None = None, next_job_ends: float | None = None
              ) -> DraftPost | None:
-        """The post of what `drafted` holds past lead's tokens, if anything new is due. A
-        draft on a path lead has left since (its news came while the model thread drafted)
-        is not posted: at lead's new length it would read as a fresh draft. With `ahead`
-        (as far as the back drafts), a draft is posted as it doubles, from its first guess
-        to `ahead`, and whatever it holds once it grows no more: a post per guess would
-        cost lead a message to read per guess and session. It is posted once more per
-        lead step where that step is due to end before the back's next job would
-        (`next_job_ends`, on the clock of `take`'s `now`): lead takes its next draft as
-        its step ends, and what the back drafted since the last doubling would miss it."""
+        """The post of what `drafted` holds past lead's tokens, if anything new is due; none
+        of a draft on a path lead has left (it would read as a fresh draft). With `ahead`, a
+        draft is posted as it doubles up to `ahead`, and once more a lead step where that
+        step ends before the next job would (`next_job_ends`, on the clock of `take`'s
+        `now`): docs/back-loop.md, "Posting without waiting"."""
         local = drafted.local
         draft = self.mirror.draft_past(local)
         if draft is None:
             return None
         start = len(self.mirror.tokens)
-        if ahead is not None and drafted.changed and not self._due(start, len(draft), ahead) \
+        if ahead is not None and drafted.changed and len(draft) < self._due_size(start, ahead) \
                 and not self._step_ends_before(next_job_ends):
             return None
         made = self.posts.next_post(self.session_id, start, draft[:max_post], back_id,
@@ -104,10 +96,6 @@ class Follower:
             return False
         self._step_posted = ends
         return True
-
-    def _due(self, start: int, n: int, ahead: int) -> bool:
-        """Whether a draft of n tokens past lead's `start` is due for a post."""
-        return n >= self._due_size(start, ahead)
 
     def _due_size(self, start: int, ahead: int) -> int:
         """The draft tokens past lead's `start` that make the next post due: twice what the

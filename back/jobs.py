@@ -1,16 +1,15 @@
 """The back's model-thread work: catch the drafter up with lead, draft past lead's tokens.
 
-The model thread owns the drafter; a job gets everything else it needs as arguments,
-fixed when it starts, and returns what it did. The one thing it reads while it runs is
-`LatestTokens`, where the event loop leaves lead's tokens as it takes them: a draft
-evaluation stops as soon as they leave the path it drafts on.
+The model thread owns the drafter; a job gets all else it needs as arguments, fixed when it
+starts, and returns what it did. While it runs it reads only `LatestTokens`, to stop a draft
+evaluation as soon as lead's news leaves the path it drafts on.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,12 +81,11 @@ class Drafted:
     dists: dict[int, DraftDist]  # position -> distribution, for new guesses that have one
     probs: dict[int, float] = field(default_factory=dict)  # position -> the model's q of it
     branches: tuple[Sprout, ...] = ()  # grown off `local`, likeliest first
-    branch_grown: int = 0  # branch tokens added
     calls: tuple[tuple[int, float], ...] = ()  # (tokens evaluated, seconds) per model call
 
     @property
     def changed(self) -> bool:
-        return bool(self.grown or self.branch_grown)
+        return bool(self.grown or self.work.branch_grown)
 
 
 def catch_up(drafter: Drafter, lead_tokens: Sequence[int], defer: bool = False) -> Work:
@@ -103,10 +101,8 @@ def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> li
     """Catch each session's drafter up with lead, then draft up to its job's `burst` more
     tokens (branches grown in the same calls; with the draft `ahead` past lead, branches
     alone), every session on its own slot of `model` (None: one session, on its drafter's
-    own): each model call grows every session's draft by a guess, the first also
-    evaluating what each catch-up left, lead's last token. A call stops midway once lead's
-    news leaves the path of every session in it: right after a rejection, evaluating
-    lead's correction cannot wait for a guess on a dead path to finish."""
+    own). Each call grows every session's draft by a guess (the first also evaluates lead's
+    last token, left by each catch-up) and stops midway once lead leaves all their paths."""
     growths = []
     for _, drafter, job in jobs:
         caught = catch_up(drafter, job.lead_tokens, defer=True)
@@ -183,16 +179,14 @@ class Growth:
 
     def took(self, step: Grown) -> bool:
         """Count a grown step; whether drafting goes on after it."""
-        drafter = self.drafter
         self.branch_grown += step.branches_grown
         if step.guess is not None:
             self.grown += 1
-            pos = len(drafter.local) - 1
-            pick_dist, prob = drafter.dist_at(pos), drafter.prob_at(pos)
-            if pick_dist is not None:
-                self.dists[pos] = wire_dist(pick_dist)
-            if prob is not None:
-                self.probs[pos] = prob
+            pos = len(self.drafter.local) - 1
+            if (pick := self.drafter.pick_at(pos)) is not None:
+                self.probs[pos] = pick.prob
+                if pick.dist is not None:
+                    self.dists[pos] = wire_dist(pick.dist)
         ended = step.guess in self.job.eos_token_ids or (step.guess is None
                                                           and not step.branches_grown)
         return not ended
@@ -207,7 +201,6 @@ class Growth:
         return job.until is not None and time.monotonic() + self.last_call_s > job.until
 
     def drafted(self) -> Drafted:
-        caught, drafter = self.caught, self.drafter
-        work = Work(caught.caught_up, caught.catch_up_s, self.cut_short, self.branch_grown)
-        return Drafted(work, self.grown, tuple(drafter.local), self.kept, self.dists,
-                       self.probs, drafter.branches, self.branch_grown, tuple(self.calls))
+        work = replace(self.caught, cut_short=self.cut_short, branch_grown=self.branch_grown)
+        return Drafted(work, self.grown, tuple(self.drafter.local), self.kept, self.dists,
+                       self.probs, self.drafter.branches, tuple(self.calls))

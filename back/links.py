@@ -1,7 +1,6 @@
 """How the back hears from lead and posts to it: the link (GET /duo/link, one WebSocket),
-every session's news pushed as `Update`s, drafts sent with no reply awaited. (Lead also
-serves the protocol as long-polls, GET /duo/state and POST /duo/draft, for simpler backs;
-this one speaks the link alone.)
+every session's news pushed as `Update`s, drafts sent with no reply awaited. (This back
+speaks the link alone, not the long-polls lead also serves: docs/back-loop.md.)
 """
 
 from __future__ import annotations
@@ -99,12 +98,9 @@ class Link:
             pinger.cancel()
 
     async def _measure(self) -> None:
-        """Time the link's round trip (a ping, answered by lead's server) every PING_S.
-        News is taken to have left lead that long before it arrived: a round trip bounds
-        its way from above (here a message took 0.48 ms one way, a ping 0.54 ms there and
-        back: the back's WebSocket client reads messages slower than pongs), and a post
-        made too early costs a guess where one made too late misses lead's step. The median
-        of the last TRIPS: one slow answer (lead busy a moment) moves nothing."""
+        """Time the link's round trip (a ping) every PING_S: news is taken to have left lead
+        that long before it arrived, a bound from above (docs/back-loop.md). The median of
+        the last TRIPS: one slow answer (lead busy a moment) moves nothing."""
         with contextlib.suppress(Exception):  # unanswered, or the link closed: unmeasured
             while True:
                 began = self.clock()

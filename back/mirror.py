@@ -1,14 +1,10 @@
-"""The back's copy of lead's state, kept from the states lead sends (pure: no I/O, no threads).
-
-Lead sends its session's tokens from the offset the back asks for; the mirror splices
-them onto what it holds, refuses states older than one it took, and asks again from
-scratch where a splice would garble its copy. From its copy it says whether the back
+"""The back's copy of lead's state, kept from the states lead sends (pure: no I/O, no threads;
+splicing and stale states: docs/back-loop.md). From its copy it says whether the back
 follows a session, whether it should draft for it, and where a draft continues lead.
 
 A state names its session's grammar by `grammar_id`; the text comes once per session
-(`hold_grammar`) and the mirror puts it back into every state's `sampling`, so the drafter
-sees `sampling.grammar` as lead's request holds it. It drafts for a session only once it
-holds that text.
+(`hold_grammar`) and the mirror puts it back into every state's `sampling`, as lead's
+request holds it. It drafts for a session only once it holds that text.
 """
 
 from __future__ import annotations
@@ -86,10 +82,6 @@ class LeadMirror:
             self.skipped = sid
             return True
         return False
-
-    def skip(self, session_id: str | None) -> None:
-        """Draft nothing more for this session (the back sits it out to its end)."""
-        self.skipped = session_id
 
     def missing_grammar(self) -> str | None:
         """The id of the followed session's grammar where its text is not held yet."""

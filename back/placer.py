@@ -29,13 +29,10 @@ class Placer:
         as lead says it, not found at every handshake and retried."""
         choose_back(flag, 0, allowed_cpus(), host_id(), None)
 
-    def choose(self, info: Info) -> Placement:
-        lead = LeadPlace(info.host, frozenset(info.cpus), info.threads) if info.host else None
-        return choose_back(self.flag, self.threads, self.allowed, self.host, lead)
-
     async def __call__(self, info: Info) -> Placement:
         """Place this back for the lead of `info`."""
-        placement = self.choose(info)
+        lead = LeadPlace(info.host, frozenset(info.cpus), info.threads) if info.host else None
+        placement = choose_back(self.flag, self.threads, self.allowed, self.host, lead)
         if placement == self.current:
             return placement
         apply(placement, self.allowed)

@@ -35,13 +35,10 @@ class BackSettings(DeviceChecks):
                             "(python -m shared.rpc) that take the draft's --n-gpu-layers")
     tensor_split: str | None = Field(None, description="weights of the offloaded layers per "
                                      "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
-    flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash "
-                                                    "attention; auto: on where layers are "
-                                                    "offloaded (--n-gpu-layers) or several "
-                                                    "generations share the cache, off for one "
-                                                    "on a CPU, where it made long verify "
-                                                    "batches 7-50 % "
-                                                    "dearer at 1-2k tokens of context")
+    flash_attn: Literal["auto", "on", "off"] = Field(
+        "auto", description="llama.cpp's flash attention; auto: on where layers are offloaded "
+        "(--n-gpu-layers) or several generations share the cache, off for one on a CPU, where "
+        "it made long verify batches 7-50 % dearer at 1-2k tokens of context")
     ctx_size: int = Field(0, ge=0, description="draft model context size in tokens, per "
                           "session drafted for (0: as lead chooses its own: 32768, or less "
                           "where the model or memory allow less)")
@@ -65,7 +62,6 @@ class BackSettings(DeviceChecks):
     back_id: str = Field("", max_length=64, description="name shown to lead (default: host-pid)")
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
                            description="debug, info, warning or error")
-
 
     @field_validator("lead")
     @classmethod

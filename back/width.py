@@ -47,15 +47,11 @@ class DraftPrices:
         for size in [s for s, at in self.noted_at.items() if self.calls - at >= FORGET_CALLS]:
             del self.seconds[size], self.noted_at[size]
 
-    @property
-    def largest(self) -> int:
-        return max(self.seconds, default=0)
-
     def of(self, tokens: int) -> float | None:
         """The price of a batch of `tokens` no larger than the largest measured: on the
         line fitted to every measured size (one size's noise would make the width
         flicker); None if none was measured."""
-        if not self.seconds or tokens > self.largest:
+        if not self.seconds or tokens > max(self.seconds):
             return None
         if len(self.seconds) == 1:
             return self.seconds.get(tokens)
@@ -109,11 +105,8 @@ class StepClock:
 
 
 def choose_width(prices: DraftPrices, step_s: float | None, ahead: int, most: int) -> int:
-    """The most branches (up to `most`) that make a guess dearer than a lone one by at most
-    PER_BRANCH each and SLACK in all (where a wider batch costs the same, as on a GPU, the
-    chain is as fast with branches as without), or that leave the chain `ahead` guesses
-    within MARGIN of lead's step. A batch larger than any measured is tried once, if every
-    narrower one fits."""
+    """The most branches (up to `most`) the rule above allows, the chain holding `ahead`
+    guesses. A batch larger than any measured is tried once, if every narrower one fits."""
     lone = prices.of(1)
     if step_s is None or lone is None or most <= 0:
         return 0

@@ -1,15 +1,11 @@
 """The back's loop: follow lead's sessions, catch up, draft ahead for every one that wants
 drafts in one model call, post, repeat.
 
-The Worker wires small pieces to the network and the model thread: a `Link` (back/links.py:
-the link's WebSocket), a `Follower` per session
-(back/follower.py: its mirror, stats, posts and generator), its drafting (back/drafting.py,
-over `jobs`, the model-thread work), `Backoff` (reconnecting). Only the event loop touches
-them; model-thread jobs get what they need as arguments and return what they did. Each
-session followed drafts on a slot of the draft model of its own. A failure means "lead is
-gone for now": it logs once, retries with backoff and resumes; only the few that retrying
-cannot fix stop the back, and a draft model failing ends only those sessions' drafting
-(back/failures.py). How the loop works, and why: docs/back-loop.md.
+Only the event loop touches the pieces wired here (a `Link`, a `Follower` per session on
+a slot of the draft model of its own, the drafting in back/drafting.py); model-thread jobs
+get what they need as arguments and return what they did. A failure means "lead is gone
+for now" (logged once, retried with backoff) but for those back/failures.py names. How the
+loop works, and why: docs/back-loop.md.
 """
 
 from __future__ import annotations
@@ -32,9 +28,7 @@ from back.follower import Follower
 from back.links import NEWS_S, Link
 from back.mirror import LeadMirror
 from back.sessions import History
-from back.width import DraftPrices
 from shared.model import reusing_slot
-from shared.modelthread import ModelThread
 from shared.placement import Placement
 from shared.protocol import Hello, Info, State, Update, grammar_id
 
@@ -46,24 +40,17 @@ class Worker(Drafting):
     def __init__(self, client: LeadClient, drafter: Drafter | Sequence[Drafter],
                  fingerprint: str | None, n_vocab: int | None, max_ahead: int = 16,
                  back_id: str = "", model: Any = None) -> None:
-        """`drafter`: one per slot of the draft model (`model`, whose `evaluate_many_slots`
-        grows several sessions' drafts in one call); one alone follows one session."""
+        """`drafter`: one per slot of `model` (Drafting); one alone follows one session."""
+        super().__init__([drafter] if not isinstance(drafter, Sequence) else list(drafter), model)
         self.client = client
-        self.drafters = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
-        self.model = model
         self.fingerprint, self.n_vocab = fingerprint, n_vocab
         self.max_ahead = max_ahead
         self.back_id = back_id or f"{socket.gethostname()}-{os.getpid()}"
         self.max_post = max_ahead  # (lead's limit, from the handshake)
         self.eos_token_ids: frozenset[int] = frozenset()
-        self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
-        self.send_dists = True
-        self.branches = 0  # most branches grown beside a draft (0: the main chain only)
-        self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
         # lead's step as the last session measured it: a new session's first drafts (those
         # made while lead evaluates its prompt) grow branches before its own steps are seen
         self.lead_step_s: float | None = None
-        self._width = 0  # the last width chosen (logged when it changes)
         # Called with lead's Info at every handshake, before any model work: where this
         # back runs, and so whether it sits out or works only when asked (beside lead).
         self.on_attach: Callable[[Info], Awaitable[Placement]] | None = None
@@ -77,7 +64,6 @@ class Worker(Drafting):
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
         self.backoff = Backoff()
         self.flaps = Flaps()
-        self.model_thread = ModelThread("draft")
         self._link: Link | None = None
         self._wants: Hello | None = None  # as last told to lead
         self._stop = asyncio.Event()
@@ -88,7 +74,7 @@ class Worker(Drafting):
     def state(self) -> State:
         """Lead's state of the session news came for last (before any: the version)."""
         if self.latest is not None:
-            return self.latest.state
+            return self.latest.mirror.state
         return State(version=self.version, lead_id=self.lead_id)
 
     @property
@@ -132,7 +118,7 @@ class Worker(Drafting):
             async with asyncio.timeout(seconds):
                 await self._stop.wait()
 
-    async def handshake(self) -> Info:
+    async def handshake(self) -> None:
         self.flaps.steady = False
         try:
             info = await self.client.info()
@@ -160,7 +146,6 @@ class Worker(Drafting):
         self.lead_id = info.lead_id
         log.info("attached to lead: model %s, context %d, max draft %d, %d slot%s", info.model,
                  info.n_ctx, info.max_draft, info.slots, "" if info.slots == 1 else "s")
-        return info
 
     # --- inner loop: one lead ---
     async def follow(self) -> None:
@@ -221,7 +206,7 @@ class Worker(Drafting):
             if follower is None:
                 self.ignored.add(news.session_id)
                 continue
-            state = news.as_state(update.version, update.lead_id, follower.state.sampling,
+            state = news.as_state(update.version, update.lead_id, follower.mirror.state.sampling,
                                   update.step_left_s)
             taken = follower.take(state, now)
             self.latest = follower
@@ -248,8 +233,7 @@ class Worker(Drafting):
         mirror = LeadMirror(self.drafters[slot].fits)
         mirror.attach(self.lead_id)
         mirror.grammars = self.grammars
-        seed = news.sampling.seed if news.sampling is not None else None
-        follower = Follower(news.session_id, slot, mirror, seed, self.lead_step_s)
+        follower = Follower(news.session_id, slot, mirror, news.sampling.seed, self.lead_step_s)
         self.followers[news.session_id] = follower
         return follower
 
@@ -275,7 +259,7 @@ class Worker(Drafting):
             if got is None or got.session_id != sid or grammar_id(got.grammar) != gid:
                 log.info("session %s: lead sent no grammar named %s; not drafting for it",
                          sid, gid)
-                follower.mirror.skip(sid)
+                follower.mirror.skipped = sid
             else:
                 follower.mirror.hold_grammar(gid, got.grammar)
 

@@ -176,7 +176,7 @@ def test_greedy_branches_are_the_runner_up_then_the_drafts_own_continuation() ->
         rest = reference.greedy_continuation(context + [b.token_ids[0]], len(b.token_ids) - 1)
         assert list(b.token_ids[1:]) == rest and 1 < len(b.token_ids) <= 4  # up to depth 3
         assert b.dists is None  # picked greedily
-    assert made.branch_grown == sum(len(b.branch.token_ids) - 1 for b in made.branches)
+    assert made.work.branch_grown == sum(len(b.branch.token_ids) - 1 for b in made.branches)
 
 
 def test_every_call_carries_the_chain_and_each_branch() -> None:
@@ -185,7 +185,7 @@ def test_every_call_carries_the_chain_and_each_branch() -> None:
     assert isinstance(model, FakeModel)
     sizes = model.calls[2:]  # after catching up: one batch per call
     assert len(sizes) == 5 and max(sizes) == 3  # the chain's guess and two branches
-    assert sum(sizes) == 5 + made.branch_grown
+    assert sum(sizes) == 5 + made.work.branch_grown
 
 
 def test_a_branchs_root_comes_from_the_same_adjusted_row_as_the_guess() -> None:
@@ -247,7 +247,7 @@ def test_an_aborted_call_changes_nothing() -> None:
     latest = LatestTokens()
     latest.publish(tuple(PROMPT) + (0,) * 30)  # lead has left this path: abort at once
     again = extend(drafter, job(width=3, latest=latest))
-    assert again.local == made.local and again.grown == 0 and again.branch_grown == 0
+    assert again.local == made.local and again.grown == 0 and again.work.branch_grown == 0
     assert again.work.cut_short == 1
     assert drafter.branches == made.branches
 
@@ -256,7 +256,7 @@ def test_branches_alone_grow_once_the_chain_is_as_far_ahead_as_it_goes() -> None
     drafter, made = grown(width=2, calls=3, ahead=2, depth=6)
     assert len(made.local) == len(PROMPT) + 2 and made.grown == 2
     more = extend(drafter, job(width=2, depth=6, burst=4, ahead=2))
-    assert more.grown == 0 and more.branch_grown > 0 and more.local == made.local
+    assert more.grown == 0 and more.work.branch_grown > 0 and more.local == made.local
     deepest = max(len(b.branch.token_ids) for b in more.branches)
     assert deepest > max(len(b.branch.token_ids) for b in made.branches)
 

@@ -182,6 +182,6 @@ def test_a_lead_that_sends_the_text_in_every_state_is_still_followed() -> None:
 def test_a_session_whose_grammar_cannot_be_had_is_sat_out() -> None:
     mirror = attached()
     mirror.take(live(1, [1, 2], grammar_id="0123456789abcdef"))
-    mirror.skip("s")
+    mirror.skipped = "s"
     assert mirror.missing_grammar() is None and not mirror.following
     assert mirror.quiet() == "s"  # polled quietly: no request per token

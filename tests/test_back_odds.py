@@ -55,7 +55,7 @@ def test_only_the_latest_backs_are_kept() -> None:
 
 def priced() -> CostModel:
     model = CostModel(max_draft=8)
-    model.calibrate({b: 0.03 * x for b, x in CPU.items()})
+    model.prices.calibrate({b: 0.03 * x for b, x in CPU.items()})
     return model
 
 

@@ -169,7 +169,7 @@ def calibrated(alpha: float, shape: dict[int, float],
                probes: ProbeSchedule | None = None) -> CostModel:
     """A model that believes `alpha`, with quiet prices 0.1 s x shape."""
     model = believing(alpha, probes)
-    model.calibrate({b: 0.1 * x for b, x in shape.items()})
+    model.prices.calibrate({b: 0.1 * x for b, x in shape.items()})
     return model
 
 

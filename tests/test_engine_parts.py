@@ -269,7 +269,7 @@ def test_a_plan_fits_the_draft_to_the_reply_and_the_context() -> None:
 
 
 def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
-    return StepResult(Verdict(accepted, next_token), drafted + 1, 0.01, "b", drafted + 1)
+    return StepResult(Verdict(accepted, next_token), drafted + 1, 0.01, "b")
 
 
 def applied(s: Session, res: StepResult, max_tokens: int = 50, stop: list[str] | None = None

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from lead.apis import shapes
-from lead.decode.live import LiveNews, ReplyRecord, reply_record, snapshot
+from lead.decode.live import LiveNews, reply_view, snapshot
 from lead.decode.metrics import Metrics
 from lead.decode.session import Emission, Session
 from lead.drafts.registry import BackRecord, BackRegistry
@@ -42,12 +42,13 @@ def a_session(generated: int, drafted: int, accepted: int) -> Session:
 
 def test_snapshot_shows_backs_prices_draft_length_and_replies() -> None:
     cost = CostModel(max_draft=4, fixed=3)
-    cost.calibrate({1: 0.010, 2: 0.012, 4: 0.015})
+    cost.prices.calibrate({1: 0.010, 2: 0.012, 4: 0.015})
     metrics = Metrics(requests=2, generated_tokens=200, drafted=120, accepted=90,
                       decode_seconds=4.0)
     backs = {"b": BackRecord(95.0, "10.0.0.2", "ngram", 20, 10, sits_out=True),
              "a": BackRecord(99.5, "10.0.0.1", "model", 100, 80)}
-    replies = [ReplyRecord(1, 100, 2.0, 0, 0, "length"), ReplyRecord(2, 100, 1.0, 120, 90, "stop")]
+    replies = [reply_view(1, a_session(100, 0, 0), now=3.0),
+               reply_view(2, a_session(100, 120, 90), now=2.0)]
     snap = snapshot(model="m", busy=False, cost=cost, metrics=metrics, backs=backs,
                     replies=replies, now=100.0, version=7)
     assert snap["version"] == 7 and snap["tok_s"] == 50.0
@@ -63,9 +64,10 @@ def test_snapshot_shows_backs_prices_draft_length_and_replies() -> None:
     json.dumps(snap)  # all of it goes on the wire
 
 
-def test_reply_record_times_decoding_only() -> None:
-    record = reply_record(3, a_session(generated=60, drafted=40, accepted=30), now=3.0)
-    assert record == ReplyRecord(3, 60, 2.0, 40, 30, "length")
+def test_reply_view_times_decoding_only() -> None:
+    view = reply_view(3, a_session(generated=60, drafted=40, accepted=30), now=3.0)
+    assert view == {"n": 3, "tokens": 60, "tok_s": 30.0, "drafted": 40, "accepted": 30,
+                    "acceptance": 0.75, "from_drafts": 0.5, "finish": "length"}
 
 
 def test_registry_says_when_a_back_arrives_and_credits_its_drafts() -> None:
@@ -84,7 +86,7 @@ def test_live_news_keeps_the_last_replies_and_wakes_waiters() -> None:
         news = LiveNews(kept=3)
         for n in range(5):
             news.add_reply(a_session(10 + n, 0, 0), now=2.0)
-        assert [r.number for r in news.replies] == [3, 4, 5] and news.version == 5
+        assert [r["n"] for r in news.replies] == [3, 4, 5] and news.version == 5
         waiter = asyncio.create_task(news.wait(5, timeout=30))
         await asyncio.sleep(0)  # let it start waiting
         assert not waiter.done()
@@ -228,7 +230,7 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
                 assert (record.drafted, record.accepted) == (usage["drafted_tokens"],
                                                              usage["accepted_tokens"])
                 assert record.address == "127.0.0.1"
-                assert [r.accepted for r in engine.live.replies] == [usage["accepted_tokens"]]
+                assert [r["accepted"] for r in engine.live.replies] == [usage["accepted_tokens"]]
 
             await with_workers([worker], check)
     run(body())

@@ -116,7 +116,7 @@ CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0, 24: 8.0, 32: 9.0
 
 def priced(shape: dict[int, float]) -> CostModel:
     model = CostModel(max_draft=8, longest=64)
-    model.calibrate({b: 0.03 * x for b, x in shape.items()})
+    model.prices.calibrate({b: 0.03 * x for b, x in shape.items()})
     return model
 
 

@@ -42,7 +42,7 @@ def test_a_prompt_takes_the_free_slot_holding_most_of_it() -> None:
 def prices(shape: list[float]) -> CostModel:
     """A cost model at fixed relative prices (b=1 costs 1 s), acceptance unmeasured."""
     cost = CostModel(max_draft=8)
-    cost.calibrate({b: x for b, x in enumerate([1.0, *shape], start=1)})
+    cost.prices.calibrate({b: x for b, x in enumerate([1.0, *shape], start=1)})
     return cost
 
 
@@ -77,8 +77,8 @@ def test_a_batch_holds_no_more_than_the_largest_priced_size() -> None:
 
 def test_a_long_draft_that_would_crush_another_sessions_rate_is_cut() -> None:
     cost = CostModel(max_draft=8)  # the 2-core Xeon's prices: long batches are cheap a token
-    cost.calibrate({1: 1.0, 2: 1.53, 3: 1.86, 4: 1.77, 5: 2.35, 6: 2.62, 7: 3.0, 8: 3.31,
-                    9: 3.45, 24: 6.2, 32: 6.97, 48: 9.47, 65: 14.18})
+    cost.prices.calibrate({1: 1.0, 2: 1.53, 3: 1.86, 4: 1.77, 5: 2.35, 6: 2.62, 7: 3.0,
+                           8: 3.31, 9: 3.45, 24: 6.2, 32: 6.97, 48: 9.47, 65: 14.18})
     echo = [0.97] * 60  # a file echoed back: lead's own copy, nearly always right
     alone = cost.allocate([echo])[0]
     beside, other = cost.allocate([echo, []])
@@ -147,7 +147,7 @@ def test_the_parallel_setting_is_bounded_by_the_models_slots() -> None:
 def test_a_prompt_arriving_mid_reply_is_evaluated_in_chunks_beside_it() -> None:
     model = slotted(2)
     engine = engine_over(model, parallel=2, max_draft=0)
-    engine.cost.calibrate({1: 0.001, 2: 0.0011, 4: 0.0013, 8: 0.0017, 16: 0.0025})
+    engine.cost.prices.calibrate({1: 0.001, 2: 0.0011, 4: 0.0013, 8: 0.0017, 16: 0.0025})
     long_prompt = [1 + (j * 5) % 60 for j in range(400)]
     alone = FakeModel(eos_bias=-100.0).greedy_continuation(long_prompt, 5)
 
@@ -193,8 +193,8 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next_at_once() -> None:
 
     second = run(body())
     assert second.n_generated == 5  # type: ignore[union-attr]
-    cancelled = [r for r in engine.live.replies if r.finish == "cancelled"]
-    assert len(cancelled) == 1 and cancelled[0].tokens < 10_000
+    cancelled = [r for r in engine.live.replies if r["finish"] == "cancelled"]
+    assert len(cancelled) == 1 and cancelled[0]["tokens"] < 10_000
 
 
 def test_each_conversation_finds_its_own_turns_cached_in_its_slot() -> None:

@@ -138,7 +138,7 @@ def test_branches_pay_where_a_wider_batch_is_nearly_free_and_not_where_it_costs_
 
 def test_only_the_first_branch_at_a_position_is_priced_and_the_width_is_bounded() -> None:
     cost = CostModel(max_draft=8, tree_width=1)
-    cost.calibrate({b: 0.03 + 0.0001 * b for b in range(1, 18)})
+    cost.prices.calibrate({b: 0.03 + 0.0001 * b for b in range(1, 18)})
     assert branch_lengths(4, [(0, 4), (0, 4)], 0.7, 0.7, 3.0, cost.prices.busy_s, 17)[1] == 0
     lengths = cost.branches(4, [(0, 4), (1, 4)], 17)
     assert sum(1 for n in lengths if n) == 1
@@ -242,6 +242,6 @@ def test_a_back_over_http_gets_its_trees_verified_whole_and_changes_no_output() 
 
 def test_a_taken_branchs_root_is_no_accepted_guess() -> None:
     verdict = Verdict([5, 6, 7, 8], 9, branch=0)  # the draft's 5, then root 6 and 7, 8
-    result = StepResult(verdict, 8, 0.1, "b", 8, path=4, tree=1, root_at=1)
+    result = StepResult(verdict, 8, 0.1, "b", path=4, tree=1, root_at=1)
     assert [result.from_draft(i) for i in range(5)] == [True, False, True, True, False]
     assert result.rejections == 1 and not result.rejected  # the draft's guess at 1

@@ -105,7 +105,7 @@ class GatedDrafter(NgramDrafter):
                    chain: bool = True, width: int = 0) -> Grown:
         self.draws.append((tuple(self.local), int(rng.integers(1 << 30))))
         self.local.append(7)
-        return Grown(7, 0, 0)
+        return Grown(7, 0)
 
 
 class SessionSwitchingLead(ScriptedLead):

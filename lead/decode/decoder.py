@@ -37,6 +37,7 @@ LONG_SIZES = (24, 32, 48, 65)  # past it, these (lead's own drafts run up to 64 
 # most ~(1 - alpha) * cover * 3 tokens, about a tenth of a step's, and costs its tokens
 # (a CPU core: 9 %; a GPU-like target: 1-2 %).
 TREE_MARGINAL = 0.05
+NO_DRAFT = Draft("", [], None)  # a verify job's draft where it has none: its last token alone
 
 
 @dataclass(frozen=True)
@@ -70,29 +71,22 @@ class Step:
 
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
-                 batch: int = 512, cache_bytes: int = 0) -> None:
+                 cache_bytes: int = 0) -> None:
         """`cache_bytes`: host memory for prompts pushed out of their slots (where the model
         saves slots)."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
-        self.batch = batch
         self.slotted = cast(Slotted, model)
         self.n_slots = slots_of(model)
         self.prompts = PromptCache(cache_bytes if hasattr(model, "save_slot") else 0)
         # branch sequences each slot holds for trees (0: it verifies chains only)
         self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
-    def slot(self, i: int) -> Model:
-        return self.slotted.slot(i)
-
     # --- prices ---
-    def calibrate(self, max_draft: int, passes: int = 2, longest: int = 0) -> None:
+    def calibrate(self, max_draft: int, passes: int, longest: int) -> None:
         """Price verify batches of every size a chain may take (the fastest of `passes`),
         some past them for trees where a token more is nearly free, and a few up to
         `longest`+1 for lead's own drafts (sizes between are interpolated), so lead need
-        not explore batch sizes on live replies. Before serving, blocking."""
-        self.thread.call(self._calibrate, max_draft, passes, longest)
-
-    def _calibrate(self, max_draft: int, passes: int, longest: int) -> None:
+        not explore batch sizes on live replies. On the model thread, before serving."""
         chain, tree = calibrated_sizes(max_draft, bool(self.cost.tree_width))
         long = [b for b in LONG_SIZES if chain[-1] < b <= min(longest + 1, self.model.n_ctx)]
         log.info("pricing verify batches of 1-%d tokens", (long or chain)[-1])
@@ -102,7 +96,7 @@ class Decoder:
             log.info("a token more costs %.0f %% of a batch: pricing trees of up to %d tokens",
                      100 * _marginal(best), tree[-1])
             best |= self._price(tree, passes)
-        self.cost.calibrate(best | self._price(long, passes))
+        self.cost.prices.calibrate(best | self._price(long, passes))
         log.info("%s", self.cost.describe())
 
     def _price(self, sizes: list[int], passes: int) -> dict[int, float]:
@@ -118,15 +112,12 @@ class Decoder:
         return best
 
     # --- seating ---
-    def cached(self) -> list[tuple[int, ...]]:
-        """What each slot's cache holds (read between steps, on the event loop)."""
-        return [tuple(self.slot(i).cached) for i in range(self.n_slots)]
-
     async def seat(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
         """Seat `prompt` in one of the `free` slots, holding what it can of the prompt
         without evaluating (its own prefix, another slot's, or host memory's); the slot and
         the prompt tokens it holds. What the slot held goes to host memory if worth it."""
-        cached = self.cached()
+        # what each slot's cache holds (read between steps, on the event loop)
+        cached = [tuple(self.slotted.slot(i).cached) for i in range(self.n_slots)]
         stored, n_stored = self.prompts.match(prompt)
         seat = choose_seat(prompt, cached, free, n_stored)
         save = self.prompts.worth_saving(cached[seat.slot], seat.keeps)
@@ -140,7 +131,7 @@ class Decoder:
 
     def _seat(self, seat: Seat, prompt: tuple[int, ...], restore: Saved | None, save: bool
               ) -> tuple[int, Saved | None]:
-        view = self.slot(seat.slot)
+        view = self.slotted.slot(seat.slot)
         saved = Saved(tuple(view.cached), self.slotted.save_slot(seat.slot)) if save else None
         if restore is not None:
             if not self.slotted.load_slot(seat.slot, restore.tokens, restore.state):
@@ -158,8 +149,7 @@ class Decoder:
         if len(jobs) != 1 or not jobs[0].verifies:
             return 0
         job = jobs[0]
-        n = 1 + (job.draft.n_tokens if job.draft else 0)
-        size = self.cost.prices.batch_for(n) if job.draft else 1
+        size = self.cost.prices.batch_for(1 + job.draft.n_tokens) if job.draft else 1
         return min(size, self.model.n_ctx - len(job.tokens) + 1)
 
     async def step(self, jobs: Sequence[Job]) -> Step:
@@ -169,47 +159,42 @@ class Decoder:
     def _step(self, jobs: tuple[Job, ...], size: int) -> Step:
         parts = [self._part(job, size) for job in jobs]
         for job in jobs:
-            if job.verifies and len(self.slot(job.slot).cached) != len(job.tokens) - 1:
+            if job.verifies and len(self.slotted.slot(job.slot).cached) != len(job.tokens) - 1:
                 raise RuntimeError("model cache out of step with the session")
         t0 = self.clock()
         rows = self.slotted.evaluate_parts(parts)
         seconds = self.clock() - t0
-        results = [self._verify(job, part, got, seconds) if job.verifies else None
-                   for job, part, got in zip(jobs, parts, rows, strict=True)]
+        results = [self._verify(job, got, seconds) if job.verifies else None
+                   for job, got in zip(jobs, rows, strict=True)]
         return Step(seconds, results, sum(p.n_tokens for p in parts))
 
     def _part(self, job: Job, size: int) -> Part:
         if not job.verifies:
             return Part(job.slot, job.prompt, 0)
-        draft = job.draft
-        draft_ids = draft.token_ids if draft else []
+        draft = job.draft or NO_DRAFT
         # padding's rows are not read, and _settle drops its cells
-        pad = max(size - 1 - (draft.n_tokens if draft else 0), 0)
-        main = (job.tokens[-1], *draft_ids, *[job.tokens[-1]] * pad)
-        branches = tuple((b.at, tuple(b.token_ids)) for b in draft.branches) if draft else ()
+        pad = max(size - 1 - draft.n_tokens, 0)
+        main = (job.tokens[-1], *draft.token_ids, *[job.tokens[-1]] * pad)
+        branches = tuple((b.at, tuple(b.token_ids)) for b in draft.branches)
         return Part(job.slot, main, len(main), branches)
 
-    def _verify(self, job: Job, part: Part, got: tuple[np.ndarray, list[np.ndarray]],
-                seconds: float) -> StepResult:
-        draft = job.draft
-        draft_ids = draft.token_ids if draft else []
-        tree = draft.branches if draft else ()
+    def _verify(self, job: Job, got: tuple[np.ndarray, list[np.ndarray]], seconds: float
+                ) -> StepResult:
+        draft = job.draft or NO_DRAFT
         rows, branch_rows = got
         t0 = self.clock()
-        branches = list(zip(tree, branch_rows, strict=True))
-        verdict = verify_tree(draft_ids, rows[:len(draft_ids) + 1], branches, job.params,
-                              job.rng, draft.dists if draft else None, job.tokens,
-                              job.n_prompt, job.constraint)
+        verdict = verify_tree(draft.token_ids, rows[:len(draft.token_ids) + 1],
+                              list(zip(draft.branches, branch_rows, strict=True)), job.params,
+                              job.rng, draft.dists, job.tokens, job.n_prompt, job.constraint)
         verify_s = self.clock() - t0
-        self._settle(self.slot(job.slot), len(job.tokens) + len(verdict.accepted),
-                     verdict.branch, len(tree))
+        self._settle(self.slotted.slot(job.slot), len(job.tokens) + len(verdict.accepted),
+                     verdict.branch, len(draft.branches))
         logprobs = None if job.top_logprobs is None else _logprobs(verdict, job.top_logprobs)
-        taken = None if verdict.branch is None else tree[verdict.branch]
+        taken = None if verdict.branch is None else draft.branches[verdict.branch]
         root_at = None if taken is None else taken.at
-        path = len(draft_ids) if taken is None else taken.at + len(taken.token_ids)
-        return StepResult(verdict, 1 + (draft.n_tokens if draft else 0), seconds,
-                          draft.back_id if draft else "", part.n_tokens, logprobs, path,
-                          _covered(draft, verdict), len(tree), root_at, verify_s)
+        path = len(draft.token_ids) if taken is None else taken.at + len(taken.token_ids)
+        return StepResult(verdict, 1 + draft.n_tokens, seconds, draft.back_id, logprobs, path,
+                          _covered(draft, verdict), len(draft.branches), root_at, verify_s)
 
     @staticmethod
     def _settle(view: Model, n_keep: int, taken: int | None, n_branches: int) -> None:
@@ -227,11 +212,9 @@ def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
     return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
 
 
-def _covered(draft: Draft | None, verdict: Verdict) -> bool | None:
+def _covered(draft: Draft, verdict: Verdict) -> bool | None:
     """Whether the token emitted in place of a rejected draft token was the root of a branch
     offered there; None where no draft token was rejected or none was offered there."""
-    if draft is None:
-        return None
     at = len(verdict.accepted) if verdict.branch is None else \
         draft.branches[verdict.branch].at
     roots = {root for where, root in draft.roots if where == at}

@@ -75,10 +75,10 @@ class Engine:
         self.n_slots = max(1, min(parallel, slots_of(model)))
         self.admission = Admission(max_queue, self.n_slots)
         self.model_thread = ModelThread("model")  # every model call, calibration too
-        self.decoder = Decoder(model, self.cost, self.model_thread, clock, batch, cache_bytes)
+        self.decoder = Decoder(model, self.cost, self.model_thread, clock, cache_bytes)
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
         self.cost.tree_width = min(tree, self.decoder.tree_slots)
-        self.planner = Planner(self.cost, model.n_ctx, self.cost.tree_width)
+        self.planner = Planner(self.cost, model.n_ctx)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
@@ -96,7 +96,8 @@ class Engine:
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches before serving (blocking)."""
-        self.decoder.calibrate(self.max_draft, passes, self.own.longest if self.own else 0)
+        self.model_thread.call(self.decoder.calibrate, self.max_draft, passes,
+                               self.own.longest if self.own else 0)
 
     def reserve(self) -> Place:
         """A place in line for one generation, or QueueFull (counted) if there is none."""
@@ -119,7 +120,7 @@ class Engine:
                     yield replace(emission, prompt=prompt) if prompt else emission
                     prompt = None
             finally:
-                if not run.ended:  # its reader left: it ends now, its slot free for the
+                if not run.session.done:  # its reader left: it ends now, its slot free for the
                     self._end(run)  # next step (the one under way, if any, is dropped)
 
     def _add(self, req: GenRequest) -> Run:
@@ -220,9 +221,9 @@ class Engine:
     def _chunks(self, prefilling: list[Run], beside: bool) -> list[tuple[Run, list[int]]]:
         """Prompt chunks for this step, oldest first: up to the batch, or beside decoding
         sessions, what costs at most PREFILL_STEPS of their steps."""
-        budget = self.batch // 2 if beside else self.batch
+        budget = self.batch
         if beside:
-            budget = min(budget, self.cost.prices.within(PREFILL_STEPS))
+            budget = min(budget // 2, self.cost.prices.within(PREFILL_STEPS))
         out: list[tuple[Run, list[int]]] = []
         for run in prefilling:
             if budget <= 0:
@@ -269,8 +270,8 @@ class Engine:
         offer watched (settled once the verdict is applied)."""
         first = run.session.n_generated == 0
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
-                                 bool(job.draft and offered and offered.branch))
-        self.metrics.record_tree(result.tree, result.verdict.branch is not None)
+                                 bool(job.draft and offered and offered.branch), result.tree,
+                                 result.verdict.branch is not None)
         run.after_rejection = result.rejected
         if result.covered is not None:  # was a rejection's correction a branch's root
             self.cost.cover.record(result.covered, not result.covered)
@@ -300,7 +301,6 @@ class Engine:
         self.live.add_reply(session, now)
         if error is not None:
             run.fail(error)
-        run.ended = True
 
     def _trace(self, session: Session, offered: Draft | None, result: StepResult) -> None:
         """The step about to be applied to `session`, for --log-level debug."""

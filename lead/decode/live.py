@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from lead.decode.metrics import Metrics
@@ -21,20 +20,14 @@ from shared.broadcast import Broadcast
 REPLIES_KEPT = 60  # the rolling plot's width
 
 
-@dataclass(frozen=True)
-class ReplyRecord:
-    number: int  # replies since lead started, this one included
-    tokens: int
-    seconds: float  # decoding, after the prompt
-    drafted: int
-    accepted: int
-    finish: str
-
-
-def reply_record(number: int, s: Session, now: float) -> ReplyRecord:
+def reply_view(number: int, s: Session, now: float) -> dict[str, Any]:
+    """A finished reply as the panel shows it (`number`: replies since lead started, this
+    one included); its rate is over decoding, after the prompt."""
     seconds = max(now - s.t_decode, 0.0) if s.t_decode else 0.0
-    return ReplyRecord(number, s.n_generated, seconds, s.drafted, s.accepted,
-                       s.finish_reason or "")
+    return {"n": number, "tokens": s.n_generated, "tok_s": _ratio(s.n_generated, seconds),
+            "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance": _ratio(s.accepted, s.drafted),
+            "from_drafts": _ratio(s.accepted, s.n_generated), "finish": s.finish_reason or ""}
 
 
 class LiveNews:
@@ -42,7 +35,7 @@ class LiveNews:
 
     def __init__(self, kept: int = REPLIES_KEPT) -> None:
         self.news = Broadcast()
-        self.replies: deque[ReplyRecord] = deque(maxlen=kept)
+        self.replies: deque[dict[str, Any]] = deque(maxlen=kept)
         self.closed = False
         self._count = 0
 
@@ -55,7 +48,7 @@ class LiveNews:
 
     def add_reply(self, session: Session, now: float) -> None:
         self._count += 1
-        self.replies.append(reply_record(self._count, session, now))
+        self.replies.append(reply_view(self._count, session, now))
         self.bump()
 
     def close(self) -> None:
@@ -69,7 +62,7 @@ class LiveNews:
 
 
 def snapshot(*, model: str, busy: bool, cost: CostModel, metrics: Metrics,
-             backs: Mapping[str, BackRecord], replies: Iterable[ReplyRecord], now: float,
+             backs: Mapping[str, BackRecord], replies: Iterable[dict[str, Any]], now: float,
              version: int, slots: list[dict[str, Any]] | None = None, waiting: int = 0
              ) -> dict[str, Any]:
     """What the live panel shows, as JSON-ready data. `backs`: those connected; `now`: on
@@ -83,7 +76,7 @@ def snapshot(*, model: str, busy: bool, cost: CostModel, metrics: Metrics,
                        "drafted": metrics.drafted, "accepted": metrics.accepted},
             "draft": _draft_view(cost), "verify_cost": _prices_view(cost.prices),
             "backs": [_back_view(i, r, generated, now) for i, r in sorted(backs.items())],
-            "replies": [_reply_view(r) for r in replies]}
+            "replies": list(replies)}
 
 
 def _ratio(a: float, b: float) -> float | None:
@@ -110,9 +103,3 @@ def _back_view(back_id: str, r: BackRecord, generated: int, now: float) -> dict[
             "accepted": r.accepted, "acceptance": _ratio(r.accepted, r.drafted),
             "share": _ratio(r.accepted, generated)}
 
-
-def _reply_view(r: ReplyRecord) -> dict[str, Any]:
-    return {"n": r.number, "tokens": r.tokens, "tok_s": _ratio(r.tokens, r.seconds),
-            "drafted": r.drafted, "accepted": r.accepted,
-            "acceptance": _ratio(r.accepted, r.drafted),
-            "from_drafts": _ratio(r.accepted, r.tokens), "finish": r.finish}

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from lead.decode.session import Session
+from lead.decode.session import Session
 
 
 @dataclass
@@ -49,15 +47,14 @@ class Metrics:
         self.steps += s.steps
         self.decode_seconds += max(now - s.t_decode, 0.0) if s.t_decode else 0.0
 
-    def record_step(self, after_rejection: bool, ready: bool, from_branch: bool) -> None:
+    def record_step(self, after_rejection: bool, ready: bool, from_branch: bool,
+                    branches: int, taken: bool) -> None:
         """Count a verify step: whether the step before it in the reply rejected a draft
-        token, whether a draft was ready for it, whether the one it verifies is a branch."""
+        token, whether a draft was ready for it, whether the one it verifies is a branch;
+        the branches beside its draft, and whether it took one."""
         self.steps_after_rejection += after_rejection
         self.ready_after_rejection += after_rejection and ready
         self.branch_drafts += from_branch
-
-    def record_tree(self, branches: int, taken: bool) -> None:
-        """Count a verify step's branches beside its draft and whether it took one."""
         self.tree_steps += branches > 0
         self.tree_branches += branches
         self.tree_taken += taken

@@ -7,21 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
+from lead.decode.decoder import Job
 from lead.decode.session import Session
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.branch import Branch
 
-if TYPE_CHECKING:
-    from lead.decode.decoder import Job
-
 
 class Planner:
-    def __init__(self, cost: CostModel, n_ctx: int, tree_slots: int = 0) -> None:
-        """`tree_slots`: branch sequences a slot holds (0: chains only)."""
-        self.cost, self.n_ctx, self.tree_slots = cost, n_ctx, tree_slots
+    def __init__(self, cost: CostModel, n_ctx: int) -> None:
+        self.cost, self.n_ctx = cost, n_ctx
 
     def price(self, jobs: Sequence[Job]) -> float | None:
         """Seconds the step of `jobs` is priced at (None: nothing priced yet, or no step)."""
@@ -67,11 +63,10 @@ class Planner:
 
     def _tree(self, offered: tuple[Branch, ...], k: int, room: int, most: int, first: bool
               ) -> tuple[Branch, ...]:
-        """The offered branches that pay beside a draft of k, cut to the length that pays
-        and reaches no further than `room`; `most` tokens in the batch."""
-        if not offered or not self.tree_slots:
-            return ()
+        """The offered branches that pay beside a draft of k (the cost model's tree_width of
+        them at most), cut to the length that pays and reaches no further than `room`;
+        `most` tokens in the batch."""
         lengths = self.cost.branches(k, [(b.at, min(len(b.token_ids), room - b.at))
                                          for b in offered], most, first)
         return tuple(replace(b, token_ids=b.token_ids[:n], dists=b.dists[:n] if b.dists else None)
-                     for b, n in zip(offered, lengths, strict=True) if n)[:self.tree_slots]
+                     for b, n in zip(offered, lengths, strict=True) if n)

@@ -30,7 +30,6 @@ class Run:
     slot: int | None = None  # None: waiting for one
     todo: list[int] = field(default_factory=list)  # prompt tokens its slot still lacks
     after_rejection: bool = False  # the step before rejected a draft token
-    ended: bool = False
     _out: asyncio.Queue[Emission | BaseException] = field(default_factory=asyncio.Queue)
 
     def __post_init__(self) -> None:
@@ -69,9 +68,9 @@ class Run:
             s.finish_reason = "length"
         for emission in merged([_emission(result, i, emitted[i], chunk, s.id, vocab)
                                 for i, chunk in enumerate(chunks)]):
-            self.emit(emission)
+            self._out.put_nowait(emission)
         if s.finish_reason is not None:
-            self.emit(Emission(self.text.finish(), 0, 0, session=s, sid=s.id))
+            self._out.put_nowait(Emission(self.text.finish(), 0, 0, session=s, sid=s.id))
 
     def _texts(self, emitted: list[int], vocab: Model) -> list[str]:
         """The text each token releases, up to the one that completes a stop string."""
@@ -83,12 +82,8 @@ class Run:
                 break
         return chunks
 
-    def emit(self, emission: Emission) -> None:
-        self._out.put_nowait(emission)
-
     def fail(self, error: BaseException) -> None:
         """End the reply with `error`, raised to its reader."""
-        self.ended = True
         self._out.put_nowait(error)
 
     async def emissions(self) -> AsyncIterator[Emission]:

@@ -5,17 +5,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from lead.decode.textstream import TextStream
 from lead.decode.verify import Verdict
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob
 from shared.protocol import SamplingParams
-
-if TYPE_CHECKING:
-    from lead.decode.textstream import TextStream
 
 
 @dataclass
@@ -100,7 +97,6 @@ class StepResult:
     batch: int
     seconds: float
     back_id: str
-    evaluated: int  # batch size evaluated: `batch` and any padding
     logprobs: list[TokenLogprob] | None = None  # of verdict.emitted, if the request asks
     path: int = -1  # draft tokens on the verified path (the draft's or a branch's); -1: batch - 1
     covered: bool | None = None  # a rejection's correction was a branch's root (None: no try)

@@ -38,13 +38,11 @@ class Seat:
 def choose_seat(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Sequence[int],
                 stored: int = 0) -> Seat:
     """The seat of `prompt` among the `free` slots (at least one), `cached[i]` being what slot
-    i's cache holds and `stored` the prefix host memory holds: the free slot sharing the
-    longest prefix with it (ties: the one holding least, whose cache is the least to lose,
-    then the lowest), host memory's cells loaded into it where they hold more; where a busy
-    slot shares a longer one still, the free slot holding least, with that prefix shared
-    into it. (Not an empty slot where one holds something of the prompt: every cell in use
-    is attended over, and idle slots' cells cost a step 2-3 %; what the slot held goes to
-    host memory.)"""
+    i's cache holds and `stored` the prefix host memory holds. Ties go to the slot holding
+    least (the least to lose), then the lowest; a prefix shared from another slot goes to the
+    free slot holding least. (Not an empty slot where one holds something of the prompt:
+    every cell in use is attended over, and idle slots' cells cost a step 2-3 %; what the
+    slot held goes to host memory.)"""
     if not free:
         raise ValueError("no free slot")
     prefix = [common_prefix(c, prompt) for c in cached]

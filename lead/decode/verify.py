@@ -27,7 +27,7 @@ decoding without drafts would have drawn. Logprobs are read from the rows before
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -64,9 +64,10 @@ def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: Sa
     rows = adjust_rows(target_logits, params, context, n_prompt, draft_token_ids)
     walk = _Walk(constraint)
     if is_greedy(params):
-        verdict = _verify_greedy(draft_token_ids, rows, walk)
+        verdict = _verify_drawn(draft_token_ids, rows, walk, walk.best)
     elif draft_dists is None:
-        verdict = _verify_sample_compare(draft_token_ids, rows, params, rng, walk)
+        verdict = _verify_drawn(draft_token_ids, rows, walk,
+                                lambda row: sample(walk.p(row, params), rng))
     else:
         verdict = _verify_rejection(draft_token_ids, draft_dists, rows, params, rng, walk)
     walk.take(verdict.next_token)
@@ -114,23 +115,16 @@ class _Walk:
             self.state = self.state.advanced([token])
 
 
-def _verify_greedy(draft: Sequence[int], rows: np.ndarray, walk: _Walk) -> Verdict:
+def _verify_drawn(draft: Sequence[int], rows: np.ndarray, walk: _Walk,
+                  draw: Callable[[np.ndarray], int]) -> Verdict:
+    """Greedy (`draw`: the best token) or sampling without draft probabilities (a sample):
+    accept while the token drawn from each row is the draft's."""
     for i, token in enumerate(draft):
-        chosen = walk.best(rows[i])
-        if chosen != token:
-            return Verdict(list(draft[:i]), chosen)
-        walk.take(token)
-    return Verdict(list(draft), walk.best(rows[len(draft)]))
-
-
-def _verify_sample_compare(draft: Sequence[int], rows: np.ndarray, params: SamplingParams,
-                           rng: np.random.Generator, walk: _Walk) -> Verdict:
-    for i, token in enumerate(draft):
-        drawn = sample(walk.p(rows[i], params), rng)
+        drawn = draw(rows[i])
         if drawn != token:
             return Verdict(list(draft[:i]), drawn)
         walk.take(token)
-    return Verdict(list(draft), sample(walk.p(rows[len(draft)], params), rng))
+    return Verdict(list(draft), draw(rows[len(draft)]))
 
 
 def _verify_rejection(draft: Sequence[int], dists: Sequence[Dist], rows: np.ndarray,

@@ -1,16 +1,14 @@
 """Draft bookkeeping: candidates posted by backs, checked against lead's tokens.
 
-A candidate is (start, token_ids): token_ids[0] is proposed for position `start`
-of the session's token sequence. It is useful while it agrees with every token
-lead already has in [start, n) and reaches past n; the useful part is its tail
-from n on. A back's post is its main chain and its branches, each kept as a
-candidate over the session's positions (the main chain's prefix, then the branch);
-a post replaces all of that back's candidates.
+A candidate is (start, token_ids): token_ids[0] is proposed for position `start` of the
+session's token sequence. It is useful while it agrees with every token lead already has
+in [start, n) and reaches past n; the useful part is its tail from n on. A back's post is
+its main chain and its branches, each kept as a candidate over the session's positions
+(the main chain's prefix, then the branch); a post replaces all of that back's candidates.
 
-A branch's root is the draft's next likeliest token, chosen, not sampled: verified as
-a draft token with its q, it would bias sampling. So a branch is offered only once lead
-has emitted its root itself (after rejecting the main chain there), and its useful tail
-starts after the root.
+A branch's root is the draft's next likeliest token, chosen, not sampled: verified as a
+draft token with its q, it would bias sampling. So a branch is offered only once lead has
+emitted its root itself, and its useful tail starts after the root.
 
 A back chooses its own id, so the board keys a back by its id and address, holds at most
 BACKS_PER_ADDRESS backs per address, and ranks them by their own measured acceptance
@@ -86,8 +84,7 @@ def post_candidates(back_id: str, start: int, main: Sequence[int],
                     main_dists: Sequence[Dist] | None, branches: Sequence[Branch] = (),
                     address: str = "", probs: Sequence[float] | None = None
                     ) -> list[Candidate]:
-    """The candidates of one post: its main chain, then each branch spelled out over the
-    session's positions (the main chain's prefix, then the branch)."""
+    """The candidates of one post: its main chain, then each branch over its positions."""
     out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None,
                      address=address, probs=tuple(probs) if probs else None)]
     for b in branches:
@@ -172,9 +169,7 @@ class DraftBoard:
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
         ready = [self._with_odds(c) for kept in self.candidates.values() for c in kept
                  if len(tokens) >= c.opens]
-        furthest, n = _tails(tokens, ready), len(tokens)
-        self.scores.watch(n, {key: c.token_ids[n - c.start:] for key, c in furthest.items()},
-                          {key: c.probs[n - c.start:] for key, c in furthest.items() if c.probs})
+        self._watch(len(tokens), ready)
         if limit <= 0 or not ready:
             return None
         chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
@@ -184,6 +179,12 @@ class DraftBoard:
             return draft
         branches = forks(tokens, chosen, self.candidates[chosen.poster], len(draft.token_ids))
         return replace(draft, branches=branches)
+
+    def _watch(self, n: int, ready: Sequence[Candidate]) -> None:
+        """Per back, the useful tail of its ready candidate reaching furthest: what it offers."""
+        furthest = {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}
+        self.scores.watch(n, {key: c.token_ids[n - c.start:] for key, c in furthest.items()},
+                          {key: c.probs[n - c.start:] for key, c in furthest.items() if c.probs})
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
         """Backs' drafts, `limit` tokens at most, at the odds learned from their draft
@@ -212,8 +213,3 @@ class DraftBoard:
         """A reply ended: what was offered at its last step is compared with nothing."""
         self.candidates.clear()
         self.scores.watched = None
-
-
-def _tails(tokens: Sequence[int], ready: Sequence[Candidate]) -> dict[str, Candidate]:
-    """Per back, its ready candidate reaching furthest."""
-    return {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}

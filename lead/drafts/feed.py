@@ -204,8 +204,7 @@ class BackFeed:
 
     async def wait_news(self, since: int, timeout: float,
                         wakes_me: Callable[[], bool] = lambda: True) -> None:
-        """Return once the version passes `since` with news that `wakes_me`, or at
-        timeout."""
+        """Return once the version passes `since` with news that `wakes_me`, or at timeout."""
         await self.news.wait(lambda: self.version > since and wakes_me(), timeout)
 
     async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,

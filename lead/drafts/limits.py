@@ -39,7 +39,7 @@ class RateLimiter:
 
 class PostLimiter:
     """Draft posts: `rate` per second per back, and BACKS_PER_ADDRESS backs' worth per
-    address, since a back chooses its own id and could take a new one for every post."""
+    address (a back chooses its own id)."""
 
     def __init__(self, rate: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.per_back = RateLimiter(rate, clock=clock)
@@ -51,16 +51,15 @@ class PostLimiter:
 
 
 class PollSlots:
-    """Long-polls open per client address, at most `most` at once: a back keeps one open,
+    """Long-polls open per client address, POLLS_PER_ADDRESS at most: a back keeps one open,
     and an address opening many would hold as many of lead's waiters."""
 
-    def __init__(self, most: int = POLLS_PER_ADDRESS) -> None:
-        self.most = most
+    def __init__(self) -> None:
         self.open: dict[str, int] = {}
 
     def take(self, address: str) -> bool:
         n = self.open.get(address, 0)
-        if n >= self.most:
+        if n >= POLLS_PER_ADDRESS:
             return False
         self.open[address] = n + 1
         return True

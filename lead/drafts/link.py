@@ -1,14 +1,9 @@
-"""The link: one WebSocket per back (GET /duo/link), news pushed each way instead of a
-request per state and per draft.
-
-Lead sends a back an `Update` whenever sessions it wants news of change: for each, only the
-tokens it has not been sent (its sampling settings in the first). A back sitting out
-(`idle`) hears only of sessions starting and ending; of a session it does not draft for
-(`quiet`), only when that session wants drafts or ends; of one it does not follow
-(`ignored`), only its end. The back sends `Hello` (first, and
-whenever what it wants changes) and its drafts (`Posted`), checked as POST /duo/draft
-checks them; a refused one is answered with `Refused`, an accepted one with nothing (the
-next update says what came of it).
+"""The link: one WebSocket per back (GET /duo/link, docs/protocol.md), news pushed each way
+instead of a request per state and per draft. Lead sends a back an `Update` whenever
+sessions it wants news of change (what it wants: `idle`, `quiet`, `ignored` in its
+`Hello`): for each, only the tokens it has not been sent (its sampling settings in the
+first). Its drafts (`Posted`) are checked as POST /duo/draft checks them; a refused one is
+answered with `Refused`, an accepted one with nothing (the next update says what came of it).
 """
 
 from __future__ import annotations
@@ -73,8 +68,7 @@ class LinkedBack:
 
     def heartbeat(self) -> Update:
         """An update with no news, to show the link is alive."""
-        feed = self.feed
-        return Update(version=self.version, lead_id=feed.lead_id)
+        return Update(version=self.version, lead_id=self.feed.lead_id)
 
     def _state(self, followed: FeedEntry) -> SessionState:
         sid = followed.session.id

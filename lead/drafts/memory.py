@@ -49,8 +49,6 @@ class Memory:
         """Up to `k` tokens copied after the remembered occurrences that agree longest with
         `query`'s end, as far as they agree with each other; None where its last KEY tokens
         occur in no remembered session, or those occurrences went on differently."""
-        if k <= 0:
-            return None
         found = self._agreeing(query)
         if not found:
             return None

@@ -1,18 +1,13 @@
-"""Lead's own drafts: model-free drafters of kinds chosen by name, each proposing a copy
-with the odds that lead accepts each of its tokens, put on the board beside backs' drafts
-so that the cost model verifies as far as pays for this draft.
-
-Every kind copies what followed a match of the sequence's end, from somewhere of its own:
-`ngram`, the session's prompt and reply (shared/ngram.py); `memory`, finished sessions
-(lead/drafts/memory.py: a question asked again, a retried reply). The odds come from the
-match a draft was copied after: how many tokens agreed before it. A copy after 40 tokens of
-code being echoed back is nearly always right, one after 3 tokens of prose seldom. Each
-kind learns its odds per band of match lengths from its every proposal compared with the
-tokens lead then emitted, verified or not, so that a band that does not pay (and so is
-not verified) is still measured. A draft's i-th token follows a match i tokens longer, if
-the ones before it were right. Of the kinds' proposals, the one expected to yield most is
-offered. A new kind is a `Copier` with its `lookup` (and `start`, `end`), and its name
-in KINDS.
+"""Lead's own drafts (docs/cost-model.md, "Lead's own drafts"): model-free drafters of kinds
+by name, each copying what followed a match of the sequence's end from somewhere of its own
+(`ngram`: the session's prompt and reply, shared/ngram.py; `memory`: finished sessions,
+lead/drafts/memory.py), with the odds that lead accepts each token, put on the board beside
+backs' drafts so that the cost model verifies as far as pays. The odds come from the match
+a draft was copied after, its i-th token's from one i tokens longer (a copy after 40 tokens
+of echoed code is nearly always right, one after 3 tokens of prose seldom), learned per
+band from every proposal, verified or not, so that a band that does not pay is still
+measured. Of the kinds' proposals, the one expected to yield most is offered. A new kind is
+a `Copier` with its `lookup` (and `start`, `end`), and its name in KINDS.
 """
 
 from __future__ import annotations
@@ -57,12 +52,11 @@ KINDS: dict[str, Callable[[int], Copier]] = {"ngram": lambda _: SessionCopies(),
 
 
 class OwnDrafts:
-    def __init__(self, longest: int = 64, memory: int = 0,
-                 kinds: Sequence[str] = ("ngram", "memory")) -> None:
+    def __init__(self, longest: int = 64, memory: int = 0) -> None:
         """`longest`: most tokens a draft holds; `memory`: tokens of finished sessions
         remembered (0: none, and no `memory` kind)."""
         self.longest = longest
-        self.kinds = {name: KINDS[name](memory) for name in kinds
+        self.kinds = {name: make(memory) for name, make in KINDS.items()
                       if name != "memory" or memory > 0}
 
     def propose(self, session_id: str, tokens: Sequence[int]) -> Proposal | None:

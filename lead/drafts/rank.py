@@ -1,15 +1,10 @@
 """Which back's draft a step verifies: each back's own acceptance, and per token the odds
-its draft model's probability of it turns out to be worth (pure).
-
-Every back's best candidate on the board at a step is compared with the tokens lead then
-emits, verified or not, so a back is judged by its own guesses whether or not it was
-chosen: junk loses within a step or two and stays lost while it posts junk, and a good
-back that joins late is measured (and wins) without lead first verifying its drafts.
-
-A draft model sure of a token (q near 1) is usually right; one choosing among near-ties often
-is not. How often depends on the pair of models and the work, so lead learns it per back and
-per band of q, up to a draft's first miss. A back's q is worth what it turns out to be: one
-that claims q = 1 for junk teaches lead what its 1 is worth within a few outcomes.
+its draft model's probability q of it turns out to be worth (pure; docs/protocol.md, "Which
+draft a step verifies"). Every back's best candidate is compared with what lead then emits,
+verified or not: junk loses within a step or two and stays lost while it posts junk, and a
+good back that joins late is measured (and wins) without lead first verifying its drafts.
+How often a q is right depends on the pair of models and the work, so it is learned per
+back and band of q: one that claims q = 1 for junk teaches lead what its 1 is worth.
 """
 
 from __future__ import annotations
@@ -35,10 +30,9 @@ BAND_DECAY = 0.99  # per outcome in a band
 
 
 def score() -> Rate:
-    """A back's acceptance, before any outcome: the prior. An estimate as lead's own
-    (lead/policy/acceptance.py), over the last RECENT outcomes alone where that is lower (a
-    back good for long, matches pile up: misses alone would take a score of steps to bring
-    it down)."""
+    """A back's acceptance before any outcome; as lead's own, also over the last RECENT
+    outcomes alone (a back good for long piles up matches: misses alone would take a score
+    of steps to bring it down)."""
     return Rate(PRIOR, DECAY, RECENT)
 
 

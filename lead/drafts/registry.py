@@ -34,13 +34,12 @@ class BackRegistry:
 
     records: dict[str, BackRecord] = field(default_factory=dict)
 
-    def seen(self, back_id: str, now: float | None = None, address: str = "",
-             kind: str = "", window_s: float = ACTIVE_S, sits_out: bool = False) -> bool:
+    def seen(self, back_id: str, now: float, address: str = "", kind: str = "",
+             sits_out: bool = False) -> bool:
         """Note a back's request (`sits_out`: a poll saying it drafts nothing for now);
         True if it was not active (new, or back after a silence)."""
-        now = time.monotonic() if now is None else now
         record = self.records.get(back_id)
-        arrived = record is None or now - record.last_seen > window_s
+        arrived = record is None or now - record.last_seen > ACTIVE_S
         if record is None:
             self._make_room(address)
             record = self.records[back_id] = BackRecord(now)

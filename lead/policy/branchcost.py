@@ -1,15 +1,9 @@
-"""Which of a back's branches to verify beside its draft: a tree priced as chains are.
-
-A branch at draft position `at` is followed only where the draft is rejected there and
-the token lead emits instead is the branch's root: with per-token acceptance alpha that
-is alpha^at (1 - alpha) times `cover`, the measured share of rejections whose correction
-a branch's root held. Followed, a branch of n tokens adds the continuation it gets
-accepted, alpha + ... + alpha^(n-1) tokens on average (its root lead emits either way).
-Each branch costs its tokens in the verify batch. A branch is verified, cut to the length
-that pays best, where it raises expected tokens per second; on hardware where a wider
-batch costs about b times a token, none does and the step stays a chain.
-Only the first branch at a position is priced: `cover` is measured for one root per
-position (the draft's 2nd choice), and a 3rd choice holds the correction far less often.
+"""Which of a back's branches to verify beside its draft: a tree priced as chains are
+(the formulas: docs/cost-model.md, `branches`). A branch at draft position `at` is followed
+only where the draft is rejected there and lead emits its root instead, which `cover`
+measures for one root per position (the draft's 2nd choice; a 3rd holds the correction far
+less often): so only the first branch at a position is priced. Where a wider batch costs
+about b times a token, no branch pays and the step stays a chain.
 """
 
 from __future__ import annotations

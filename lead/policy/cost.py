@@ -1,12 +1,7 @@
-"""Cost-aware draft length: the policy over prices, acceptance and probes.
-
-`CostModel` verifies the draft length k that maximises expected tokens per second, and
-asks backs for drafts only when that pays or a probe is open. Its parts, each with one
-job: `Prices` (lead/policy/prices.py: seconds per batch size, quiet and while a back drafts),
-`Acceptance` (lead/policy/acceptance.py: how often drafts are right), `ProbeSchedule`
-(lead/policy/probes.py: when quiet backs are asked anyway). What it learns acceptance from:
-drafts on offer compared with what lead emitted (lead/drafts/offers.py).
-Formulas, defaults and the measurements behind them: docs/cost-model.md.
+"""Cost-aware draft length: `CostModel` verifies the draft length k that maximises expected
+tokens per second, and asks backs for drafts only when that pays or a probe is open, over
+`Prices`, `Acceptance` (learned from drafts on offer: lead/drafts/offers.py) and
+`ProbeSchedule`. Formulas, defaults and the measurements behind them: docs/cost-model.md.
 """
 
 from __future__ import annotations
@@ -41,10 +36,6 @@ class CostModel:
 
     # --- measurements in ---
 
-    def calibrate(self, seconds: dict[int, float]) -> None:
-        """Quiet seconds per batch size, measured before serving."""
-        self.prices.calibrate(seconds)
-
     def fix_prices(self, relative: list[float]) -> None:
         """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
         i + 2 tokens over one token's; priced up to a draft and its branches."""
@@ -62,22 +53,19 @@ class CostModel:
         """A draft compared with what lead emitted; `first`: at a reply's first step."""
         counted = self.acceptance.record(matches, missed, first)
         if counted and self.probes.probing and self.probes.outcome():
-            self._end_probe()
+            self.probes.end(self._after_probe())
 
     def _schedule_probe(self) -> None:
         probes = self.probes
         if probes.probing:
             if probes.probe_step():
-                self._end_probe()  # no back offered a draft: it has nothing to say
+                probes.end(self._after_probe())  # no back offered a draft: it has nothing to say
         elif self.verify_len() > 0:
             probes.speculating()
         elif probes.quiet_step() and self.could_pay(1.0):
             if self._too_slow():
                 self.prices.forget_slowdown()
             probes.start()
-
-    def _end_probe(self) -> None:
-        self.probes.end(self._after_probe())
 
     def _after_probe(self) -> AfterProbe:
         if self._too_slow():
@@ -115,14 +103,12 @@ class CostModel:
 
     def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
         """Draft tokens to verify per session in one batch, session i's tokens accepted with
-        odds[i] (each given the ones before it; at most what it offers). Each session's
-        rate is its expected tokens over the batch's price, and the allocation maximises
-        their geometric mean (proportional fairness): one session's long draft makes every
-        session's step dearer, so it is verified only where it raises its own rate more than
-        it lowers the others'. For one session that is its best rate. Tokens go one at a time
-        to the session they raise most; the fewest tokens within 1 % of the best; none where
-        that beats plain decoding by less than `margin`. `base`: tokens the batch holds
-        besides drafts (one per session, and any prompt being evaluated)."""
+        odds[i] (each given the ones before it; at most what it offers), maximising the
+        geometric mean of the sessions' rates (expected tokens over the batch's price): one
+        session's long draft makes every session's step dearer, so it is verified only where
+        it raises its own rate more than it lowers the others'. The fewest tokens within 1 %
+        of the best; none where that beats plain decoding by less than `margin`. `base`:
+        tokens the batch holds besides drafts (one per session, and any prompt)."""
         if self.fixed is not None:
             return [min(self.fixed, len(o)) for o in odds]
         base = len(odds) if base is None else base
@@ -190,8 +176,7 @@ class CostModel:
     @property
     def hush(self) -> bool:
         """Whether backs should do no work at all, not even catch up: the last probe found
-        a working back too slow (`_too_slow`). Lifted by the next probe, which measures
-        again."""
+        a working back too slow. Lifted by the next probe, which measures again."""
         return not self.probes.probing and self._too_slow()
 
     def _too_slow(self) -> bool:

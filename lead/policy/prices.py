@@ -64,7 +64,6 @@ class Prices:
 
     @property
     def largest(self) -> int:
-        """The largest priced batch size."""
         return max(self.shape)
 
     def shape_of(self, batch_size: int) -> float:
