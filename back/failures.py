@@ -61,15 +61,3 @@ def outage(exc: Exception) -> str:
         return "lead's answer is unusable"
     return "following lead failed"
 
-
-class Flaps:
-    """Handshakes that lead answered but no usable state followed: each ends an outage, so
-    backoff alone would start over at its shortest wait every time; this wait doubles."""
-
-    def __init__(self) -> None:
-        self.steady = False  # a state was taken since the last handshake
-        self.count = 0
-
-    def wait(self, backoff_wait: float, first: float, most: float) -> float:
-        self.count = 0 if self.steady else self.count + 1
-        return max(backoff_wait, min(most, first * 2 ** max(self.count - 1, 0)))

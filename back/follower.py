@@ -9,7 +9,7 @@ import numpy as np
 
 from back.branching import hanging_off
 from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
-from back.mirror import LeadMirror, Taken
+from back.mirror import LeadMirror
 from back.posts import PostBook
 from back.sessions import SessionStats
 from back.width import StepClock
@@ -32,15 +32,15 @@ class Follower:
         self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
         self._step_posted: float | None = None  # the step end a post was last made for
 
-    def take(self, state: State, now: float) -> Taken | None:
-        """Take a state of this session (from an update on the link)."""
-        taken = self.mirror.take(state)
-        if taken is None or taken.refetch:
-            return taken
+    def take(self, state: State, now: float) -> bool:
+        """Take a state of this session (from an update on the link); whether the session
+        just became longer than the draft model holds."""
+        if not self.mirror.take(state):
+            return False
         self.latest.publish(self.mirror.tokens)
         self.lead_step.note(len(self.mirror.tokens), now, state.step_left_s)
         self.stats.accepted = max(self.stats.accepted, state.your_accepted)
-        return taken
+        return self.mirror.outgrew()
 
     def job(self, max_post: int, burst: int, eos: frozenset[int], width: int,
             to_post: bool = False) -> DraftJob:

@@ -10,7 +10,6 @@ request holds it. It drafts for a session only once it holds that text.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from shared.bounded import Lru
 from shared.protocol import State
@@ -22,60 +21,33 @@ def parted(path: Sequence[int], lead_tokens: Sequence[int]) -> bool:
     return tuple(path[:n]) != tuple(lead_tokens[:n])
 
 
-@dataclass(frozen=True)
-class Taken:
-    """What taking one state changed."""
-
-    new_session: bool = False  # another session than the one followed (or none) so far
-    refetch: bool = False  # tokens not taken: the next ask starts from our offset
-    outgrew: bool = False  # the session just became longer than the draft model holds
-
-
 GRAMMARS_KEPT = 8  # grammar texts held, by id, as many as the drafter keeps parsed
 
 
 class LeadMirror:
     def __init__(self, fits: Callable[[int], bool] = lambda _: True) -> None:
         self.fits = fits  # whether the draft model holds this many tokens and a draft
-        self.state = State()
+        self.state = State(version=-1)
         self.tokens: tuple[int, ...] = ()  # lead's session tokens; replaced, never mutated
-        self.lead_id = ""
         # a session sat out: more than the draft model holds, its grammar is gone, or the
         # draft model failed on it
         self.skipped: str | None = None
         self.grammars: Lru[str, str] = Lru(GRAMMARS_KEPT)  # grammar id -> text
-        self._floor = -1  # no state older than this is taken, even while refetching
 
-    def attach(self, lead_id: str) -> None:
-        """Start over with (maybe another) lead: its versions may have started over too."""
-        self.state = State(version=-1)
-        self.tokens, self.lead_id, self._floor = (), lead_id, -1
-
-    def other_lead(self, state: State) -> bool:
-        """Whether `state` comes from another lead process (a lower version may just be
-        stale: only the lead id tells a restart)."""
-        return state.lead_id != self.lead_id
-
-    def take(self, state: State) -> Taken | None:
-        """Take `state` (its tokens from `state.offset` on); None: it is older than ours, or
-        from a lead this back no longer follows (news from before a restart: its version,
-        high, would hold off the new lead's states until they passed it)."""
-        if self.other_lead(state) or state.version < max(self.state.version, self._floor):
-            return None
-        new_session = state.session_id != self.state.session_id
-        if new_session:
-            self.tokens = ()
-        if state.offset > len(self.tokens):
-            # Its tokens start past ours (asked from an old session's offset, or a reply
-            # landing after a reconnect reset ours): splicing would garble them.
-            self._floor = state.version
-            self.state = state.model_copy(update={"version": -1})
-            return Taken(new_session, refetch=True)
-        self.tokens = self.tokens[:state.offset] + tuple(state.token_ids)
+    def take(self, state: State) -> bool:
+        """Take `state` (its tokens from `state.offset` on); False where it is older than one
+        taken, or starts past the tokens held, where splicing would garble them (the link
+        sends each token once, in order: neither happens there)."""
+        held = self.tokens if state.session_id == self.state.session_id else ()
+        if state.version < self.state.version or state.offset > len(held):
+            return False
+        self.tokens = held[:state.offset] + tuple(state.token_ids)
         self.state = self._with_grammar(state)
-        return Taken(new_session, outgrew=self._outgrew())
+        return True
 
-    def _outgrew(self) -> bool:
+    def outgrew(self) -> bool:
+        """Whether the session just became longer than the draft model holds (it is sat out
+        from here on)."""
         sid = self.state.session_id
         if sid and not self.state.done and sid != self.skipped \
                 and not self.fits(len(self.tokens)):

@@ -17,17 +17,13 @@ from shared.sampling import Dist
 
 
 class PostBook:
+    """One per session followed (its Follower's): no other session's guesses in it."""
+
     def __init__(self) -> None:
         self._last: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids) last posted
         self._dists: dict[int, DraftDist] = {}  # drafter position -> its draft distribution
         self._probs: dict[int, float] = {}  # drafter position -> the model's q of its guess
         self._branches: frozenset[tuple[int, tuple[int, ...]]] = frozenset()  # last posted
-
-    def new_session(self) -> None:
-        # Another session may share the drafter's path (the same prompt again): the tokens
-        # there are then the last session's, not guesses drawn from these distributions.
-        self._last, self._dists, self._branches = (0, ()), {}, frozenset()
-        self._probs = {}
 
     def drafted(self, n_lead: int, kept: int, dists: Mapping[int, DraftDist],
                 probs: Mapping[int, float] | None = None) -> None:

@@ -23,7 +23,7 @@ from back.backoff import Backoff
 from back.client import BadAnswer, LeadClient, LeadError
 from back.drafter import Drafter
 from back.drafting import Drafting
-from back.failures import BackFatal, Flaps, IncompatibleModel, ModelFailed, brief, fatal, outage
+from back.failures import BackFatal, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.follower import Follower
 from back.links import NEWS_S, Link
 from back.mirror import LeadMirror
@@ -63,7 +63,6 @@ class Worker(Drafting):
         self.grammars: dict[str, str] = {}  # grammar id -> text, shared by the mirrors
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
         self.backoff = Backoff()
-        self.flaps = Flaps()
         self._link: Link | None = None
         self._wants: Hello | None = None  # as last told to lead
         self._stop = asyncio.Event()
@@ -76,10 +75,6 @@ class Worker(Drafting):
         if self.latest is not None:
             return self.latest.mirror.state
         return State(version=self.version, lead_id=self.lead_id)
-
-    @property
-    def mirror(self) -> LeadMirror:
-        return self.latest.mirror if self.latest is not None else LeadMirror()
 
     def stop(self) -> None:
         self._stop.set()
@@ -106,7 +101,7 @@ class Worker(Drafting):
         if began:
             log.warning("%s (%s); retrying with backoff", outage(exc), brief(exc))
         log.debug("failure", exc_info=exc)
-        await self._sleep(self.flaps.wait(wait, self.backoff.first, self.backoff.most))
+        await self._sleep(wait)
 
     def close(self) -> None:
         for sid in list(self.followers):  # a back stopped mid-session still reports it
@@ -119,7 +114,7 @@ class Worker(Drafting):
                 await self._stop.wait()
 
     async def handshake(self) -> None:
-        self.flaps.steady = False
+        self.backoff.steady = False
         try:
             info = await self.client.info()
         except BadAnswer as exc:  # an answer, but no Info: another server, or another duo
@@ -185,7 +180,7 @@ class Worker(Drafting):
                     await self.handshake()
                     continue
                 self._take(update)
-                self.flaps.steady = True
+                self.backoff.steady = True
                 await self._fetch_grammars()
                 await self._tell_wants()
         finally:
@@ -208,9 +203,9 @@ class Worker(Drafting):
                 continue
             state = news.as_state(update.version, update.lead_id, follower.mirror.state.sampling,
                                   update.step_left_s)
-            taken = follower.take(state, now)
+            outgrew = follower.take(state, now)
             self.latest = follower
-            if taken is not None and taken.outgrew:
+            if outgrew:
                 log.warning("session %s: lead holds %d tokens, more than this draft model's "
                             "context; not drafting for it (raise --ctx-size)",
                             news.session_id, len(follower.mirror.tokens))
@@ -231,7 +226,6 @@ class Worker(Drafting):
         slot = reusing_slot(news.token_ids if news.offset == 0 else (),
                             [tuple(d.local) for d in self.drafters], free)
         mirror = LeadMirror(self.drafters[slot].fits)
-        mirror.attach(self.lead_id)
         mirror.grammars = self.grammars
         follower = Follower(news.session_id, slot, mirror, news.sampling.seed, self.lead_step_s)
         self.followers[news.session_id] = follower

@@ -67,7 +67,6 @@ def test_after_lead_leaves_the_draft_the_next_job_drafts_on_leads_path() -> None
     # Lead's news can land while the model thread drafts on the old path; the old path's
     # tail, posted at lead's new length, would read as a draft continuing lead's tokens.
     mirror = LeadMirror()
-    mirror.attach("")
     state = State(version=1, session_id="s", token_ids=[1, 2, 3], n_tokens=3, done=False,
                   draft_len=3)
     mirror.take(state)

@@ -30,14 +30,6 @@ def test_only_tokens_no_post_carried_count_as_drafted() -> None:
     assert made is not None and made[1] == 0  # a position some post carried already
 
 
-def test_a_new_session_forgets_what_was_posted() -> None:
-    book = PostBook()
-    book.next_post("s", 3, [4, 5], "b")
-    book.new_session()
-    made = book.next_post("t", 3, [4, 5], "b")  # the same tokens, for another session
-    assert made is not None and made[0].session_id == "t" and made[1] == 2
-
-
 def test_distributions_go_with_a_post_only_when_every_token_has_one() -> None:
     book = PostBook()
     book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5)})
@@ -45,7 +37,8 @@ def test_distributions_go_with_a_post_only_when_every_token_has_one() -> None:
     assert made is not None and made[0].dists == [dist(4), dist(5)]
     made = book.next_post("s", 3, [4, 5, 6], "b")  # 6 has none (a greedy guess)
     assert made is not None and made[0].dists is None
-    book.new_session()
+    book = PostBook()
+    book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5)})
     made = book.next_post("s", 3, [4, 5], "b", with_dists=False)
     assert made is not None and made[0].dists is None
 
@@ -59,15 +52,6 @@ def test_redrafted_positions_drop_their_old_distributions() -> None:
     book.drafted(n_lead=3, kept=4, dists={4: dist(7)})
     made = book.next_post("s", 3, [4, 7], "b")
     assert made is not None and made[0].dists == [dist(4), dist(7)]
-
-
-def test_a_new_session_posts_no_distribution_of_the_last() -> None:
-    # The same prompt again: the drafter's path still holds the last session's tokens
-    book = PostBook()
-    book.drafted(n_lead=3, kept=3, dists={3: dist(4), 4: dist(5)})
-    book.new_session()
-    made = book.next_post("t", 3, [4, 5], "b")
-    assert made is not None and made[0].dists is None
 
 
 def test_a_guess_lead_replaced_keeps_no_distribution() -> None:

@@ -18,7 +18,7 @@ import pytest
 from back.backoff import Backoff
 from back.client import BadAnswer, LeadClient, LeadError
 from back.drafter import ModelDrafter
-from back.failures import Flaps, fatal, outage
+from back.failures import fatal, outage
 from back.worker import Worker
 from shared.fake import FakeModel
 from shared.protocol import Posted, Refused
@@ -185,11 +185,14 @@ def test_each_failure_is_named_in_its_one_line() -> None:
 
 
 def test_handshakes_that_lead_answers_without_a_usable_state_back_off_too() -> None:
-    flaps = Flaps()
-    waits = [flaps.wait(0.25, 0.25, 5.0) for _ in range(7)]  # backoff restarting each time
+    backoff = Backoff()
+    waits = []
+    for second in range(7):  # each handshake answered (ending the outage), no state taken
+        waits.append(backoff.failed(float(second))[1])
+        backoff.reached(second + 0.5)
     assert waits == [0.25, 0.5, 1.0, 2.0, 4.0, 5.0, 5.0]
-    flaps.steady = True  # a state was taken: the next failure starts over
-    assert flaps.wait(0.25, 0.25, 5.0) == 0.25
+    backoff.steady = True  # a state was taken: the next failure starts over
+    assert backoff.failed(9.0)[1] == 0.25
 
 
 def test_the_client_turns_any_answer_into_the_model_or_a_lead_error() -> None:

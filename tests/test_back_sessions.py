@@ -13,9 +13,7 @@ from shared.sampling import make_draft_rng
 
 
 def follower(session_id: str = "a", seed: int | None = None) -> Follower:
-    mirror = LeadMirror()
-    mirror.attach("L")
-    return Follower(session_id, 0, mirror, seed)
+    return Follower(session_id, 0, LeadMirror(), seed)
 
 
 def state(version: int, tokens: list[int], accepted: int = 0, sid: str = "a") -> State:

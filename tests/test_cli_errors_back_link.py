@@ -61,7 +61,7 @@ def test_a_link_lead_turns_away_for_now_is_retried_with_backoff(
             worker.stop()
             await task
             assert len(links) >= 3 and worker.backoff.outages >= 3  # each turned away: an outage,
-            assert worker.flaps.count >= 2  # waited out longer each time (no tight loop)
+            assert worker.backoff.flaps >= 2  # waited out longer each time (no tight loop)
 
     with caplog.at_level(logging.WARNING, logger="back"):
         asyncio.run(asyncio.wait_for(body(), 20))

@@ -366,7 +366,7 @@ def test_a_back_gets_the_grammar_once_and_drafts_under_it() -> None:
         assert constrained and {s.grammar_id for s in constrained} == {grammar_id(GRAMMAR)}
         assert all(s.sampling is None or s.sampling.grammar is None for s in news)  # no text
         assert transport.paths.count("/duo/grammar") == 1  # once, kept by its id
-        assert worker.mirror.grammars == {grammar_id(GRAMMAR): GRAMMAR}
+        assert worker.grammars == {grammar_id(GRAMMAR): GRAMMAR}  # its mirrors' too
         assert drafter.grammars.followed is not None  # it drafted under the grammar
     asyncio.run(asyncio.wait_for(body(), 60))
 
