@@ -49,8 +49,6 @@ def build_worker(settings: BackSettings) -> Worker:
     worker.send_dists = settings.send_dists
     worker.branches = settings.branches
     worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread, set_threads)
-    if settings.drafter == "ngram":
-        worker.burst = settings.max_ahead
     return worker
 
 

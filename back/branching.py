@@ -116,9 +116,3 @@ def taken_by_lead(growing: Mapping[int, Growing], local: Sequence[int],
                 and tuple(local[:g.pos]) == tuple(g.main[:-1]):
             return slot
     return None
-
-
-def hanging_off(local: Sequence[int], grown: Sequence[Sprout]) -> list[Sprout]:
-    """The branches that hang off `local` (a drafter's sequence: lead's tokens, its draft)."""
-    return [g for g in grown
-            if len(local) > g.branch.at and tuple(local[:g.branch.at + 1]) == g.stem]

@@ -42,7 +42,6 @@ class Drafting:
         grows several sessions' drafts in one call)."""
         self.drafters = drafters
         self.model = model
-        self.burst = 1  # tokens drafted per model-thread job (ngram drafting is free: more)
         self.send_dists = True
         self.branches = 0  # most branches grown beside a draft (0: the main chain only)
         self.prices = DraftPrices()  # the draft model's seconds per call, by batch size
@@ -71,8 +70,7 @@ class Drafting:
 
     async def _draft_once(self, drafting: list[Follower]) -> bool:
         """One job for `drafting`, and its posts; whether it changed anything."""
-        work = [(f, f.job(self.max_post, self.burst, self.eos_token_ids,
-                          self.width(f, len(drafting)),
+        work = [(f, f.job(self.max_post, self.eos_token_ids, self.width(f, len(drafting)),
                           not self.drafters[f.slot].free))
                 for f in drafting]
         began = time.monotonic()

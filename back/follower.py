@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from back.branching import hanging_off
-from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
+from back.jobs import Drafted, DraftJob, ahead_for
 from back.mirror import LeadMirror
 from back.posts import PostBook
 from back.sessions import SessionStats
@@ -27,9 +26,7 @@ class Follower:
         self.stats = SessionStats(session_id)
         self.posts = PostBook()
         self.rng: np.random.Generator = make_draft_rng(seed)
-        self.latest = LatestTokens()  # lead's tokens, for the model thread's abort check
         self.lead_step = StepClock(step_s)  # lead's step time, from this session's states
-        self._posted = (0, 0)  # (lead's tokens, draft tokens past them) of the last post
         self._step_posted: float | None = None  # the step end a post was last made for
 
     def take(self, state: State, now: float) -> bool:
@@ -37,25 +34,24 @@ class Follower:
         just became longer than the draft model holds."""
         if not self.mirror.take(state):
             return False
-        self.latest.publish(self.mirror.tokens)
         self.lead_step.note(len(self.mirror.tokens), now, state.step_left_s)
         self.stats.accepted = max(self.stats.accepted, state.your_accepted)
         return self.mirror.outgrew()
 
-    def job(self, max_post: int, burst: int, eos: frozenset[int], width: int,
-            to_post: bool = False) -> DraftJob:
-        """The next job; `to_post` (a model drafter): one that drafts up to its next post,
-        as far as that post is due or until it must leave to reach lead's step's end, in
-        one hop to the model thread and back instead of one a guess."""
+    def job(self, max_post: int, eos: frozenset[int], width: int, to_post: bool = False
+            ) -> DraftJob:
+        """The next job, drafting as far ahead as lead asks in one hop to the model thread
+        and back; `to_post` (a model drafter): only as far as its next post is due, or until
+        it must leave to reach lead's step's end."""
         state = self.mirror.state
         ahead = ahead_for(state.draft_len, max_post)
         stop_at, until = 0, None
         if to_post:
-            burst, stop_at = ahead, self._due_size(len(self.mirror.tokens), ahead)
+            stop_at = self._due_size(len(self.mirror.tokens), ahead)
             ends = self.lead_step.ends_at()
             until = ends - TRANSIT_S if ends is not None else None
-        return DraftJob(self.mirror.tokens, state.sampling, ahead, burst, eos, self.rng,
-                        self.latest, n_prompt=state.n_prompt, width=width,
+        return DraftJob(self.mirror.tokens, state.sampling, ahead, ahead, eos, self.rng,
+                        self.mirror, n_prompt=state.n_prompt, width=width,
                         depth=min(max(1, state.draft_len), max_post - 1), stop_at=stop_at,
                         until=until)
 
@@ -72,8 +68,7 @@ class Follower:
         draft is posted as it doubles up to `ahead`, and once more a lead step where that
         step ends before the next job would (`next_job_ends`, on the clock of `take`'s
         `now`): docs/back-loop.md, "Posting without waiting"."""
-        local = drafted.local
-        draft = self.mirror.draft_past(local)
+        draft = self.mirror.draft_past(drafted.local)
         if draft is None:
             return None
         start = len(self.mirror.tokens)
@@ -81,11 +76,10 @@ class Follower:
                 and not self._step_ends_before(next_job_ends):
             return None
         made = self.posts.next_post(self.session_id, start, draft[:max_post], back_id,
-                                    send_dists, hanging_off(local, drafted.branches), max_post)
+                                    send_dists, drafted.branches, max_post)
         if made is None:
             return None
         post, new_tokens = made
-        self._posted = (start, len(post.token_ids))
         self.stats.posts += 1
         self.stats.drafted += new_tokens
         return post
@@ -100,6 +94,5 @@ class Follower:
     def _due_size(self, start: int, ahead: int) -> int:
         """The draft tokens past lead's `start` that make the next post due: twice what the
         last post at this start held (its first guess at once), or all the back drafts."""
-        at, last = self._posted
-        last = last if at == start else 0
-        return min(ahead, max(1, 2 * last))
+        at, last = self.posts.last
+        return min(ahead, max(1, 2 * len(last) if at == start else 1))

@@ -1,8 +1,8 @@
 """The back's model-thread work: catch the drafter up with lead, draft past lead's tokens.
 
 The model thread owns the drafter; a job gets all else it needs as arguments, fixed when it
-starts, and returns what it did. While it runs it reads only `LatestTokens`, to stop a draft
-evaluation as soon as lead's news leaves the path it drafts on.
+starts, and returns what it did. While it runs it reads only lead's tokens in the session's
+mirror, to stop a draft evaluation as soon as lead's news leaves the path it drafts on.
 """
 
 from __future__ import annotations
@@ -16,36 +16,28 @@ import numpy as np
 
 from back.branching import Sprout
 from back.drafter import Drafter, Grown
-from back.mirror import parted
+from back.mirror import LeadMirror, parted
 from back.posts import wire_dist
 from back.sessions import Work
 from shared.model import EvaluationAborted
 from shared.protocol import DraftDist, SamplingParams
 
 
-class LatestTokens:
-    """Lead's tokens as the event loop last took them. Replaced whole by one immutable
-    tuple, so the model thread sees one snapshot or the next, never half of one."""
+def leaving(mirror: LeadMirror, path: Sequence[int]) -> Callable[[], bool]:
+    """An abort check: whether lead's tokens as the event loop last took them leave `path`.
+    The mirror replaces its tokens whole by one immutable tuple, so the model thread sees
+    one snapshot or the next, never half of one; polled hundreds of times per token, the
+    check compares once per snapshot."""
+    seen: tuple[int, ...] | None = None
+    left = False
 
-    def __init__(self) -> None:
-        self._tokens: tuple[int, ...] = ()
-
-    def publish(self, tokens: tuple[int, ...]) -> None:
-        self._tokens = tokens
-
-    def left(self, path: Sequence[int]) -> Callable[[], bool]:
-        """An abort check: whether lead's latest tokens leave `path`. Polled hundreds of
-        times per token, it compares once per snapshot."""
-        seen: tuple[int, ...] | None = None
-        left = False
-
-        def check() -> bool:
-            nonlocal seen, left
-            tokens = self._tokens
-            if tokens is not seen:
-                seen, left = tokens, parted(path, tokens)
-            return left
-        return check
+    def check() -> bool:
+        nonlocal seen, left
+        tokens = mirror.tokens
+        if tokens is not seen:
+            seen, left = tokens, parted(path, tokens)
+        return left
+    return check
 
 
 def ahead_for(draft_len: int, max_post: int) -> int:
@@ -63,7 +55,7 @@ class DraftJob:
     burst: int  # most tokens to draft in this job
     eos_token_ids: frozenset[int]
     rng: np.random.Generator  # the generator of the session the job is for
-    latest: LatestTokens
+    mirror: LeadMirror  # the session's: its tokens are the one thing a job reads as it runs
     n_prompt: int = 0  # lead's tokens that are the prompt (frequency/presence penalties)
     width: int = 0  # branches grown beside the draft (back/branching.py)
     depth: int = 0  # most guesses after a branch's root
@@ -103,79 +95,78 @@ def extend_many(model: Any, jobs: Sequence[tuple[int, Drafter, DraftJob]]) -> li
     alone), every session on its own slot of `model` (None: one session, on its drafter's
     own). Each call grows every session's draft by a guess (the first also evaluates lead's
     last token, left by each catch-up) and stops midway once lead leaves all their paths."""
-    growths = []
-    for _, drafter, job in jobs:
-        caught = catch_up(drafter, job.lead_tokens, defer=True)
-        kept = len(drafter.local)
-        growths.append(Growth(drafter, job, caught, kept,
-                              job.ahead - (kept - len(job.lead_tokens))))
-    slots = [slot for slot, _, _ in jobs]
-    for _ in range(max(job.burst for _, _, job in jobs)):
-        if not _grow_together(model, slots, growths) or \
-                all(g.enough() or not g.open for g in growths):
+    growths = [Growth(slot, drafter, job) for slot, drafter, job in jobs]
+    for _ in range(max(g.job.burst for g in growths)):
+        seconds = _grow_together(model, growths)
+        if seconds is None or all(g.enough(seconds) or not g.open for g in growths):
             break
     return [g.drafted() for g in growths]
 
 
-def _grow_together(model: Any, slots: Sequence[int], growths: Sequence[Growth]) -> bool:
-    """One model call growing each open growth; False when none had anything to grow."""
-    batches: list[tuple[int, Growth, dict[int, list[int]]]] = []
-    for slot, g in zip(slots, growths, strict=True):
+def _grow_together(model: Any, growths: Sequence[Growth]) -> float | None:
+    """One model call growing each open growth, and its seconds; None when none had
+    anything to grow, or the call was cut short."""
+    batches: list[tuple[Growth, dict[int, list[int]]]] = []
+    for g in growths:
         batch = g.drafter.begin_growth(g.job.sampling, g.chain, g.job.width, g.job.depth) \
             if g.open else None
         g.open = batch is not None
         if batch is not None:
-            batches.append((slot, g, batch))
+            batches.append((g, batch))
     if not batches:
-        return False
-    checks = [g.job.latest.left(tuple(g.drafter.local)) for _, g, _ in batches]
+        return None
+    checks = [leaving(g.job.mirror, tuple(g.drafter.local)) for g, _ in batches]
     t0 = time.perf_counter()
     try:
         rows = _evaluate(model, batches, lambda: all(check() for check in checks))
     except EvaluationAborted:
-        for _, g, _ in batches:
+        for g, _ in batches:
             g.cut_short, g.open = 1, False
-        return False
+        return None
     seconds = time.perf_counter() - t0
-    total = sum(len(t) for _, _, b in batches for t in b.values())
-    batches[0][1].calls.append((total, seconds))  # one call, noted once
-    for (_, g, batch), got in zip(batches, rows, strict=True):
-        g.last_call_s = seconds
+    total = sum(len(t) for _, b in batches for t in b.values())
+    batches[0][0].calls.append((total, seconds))  # one call, noted once
+    for (g, batch), got in zip(batches, rows, strict=True):
         grown = g.drafter.end_growth(batch, got, g.job.sampling, g.job.rng, g.job.n_prompt,
                                      g.chain, g.job.width)
         g.open = g.took(grown)
-    return True
+    return seconds
 
 
-def _evaluate(model: Any, batches: Sequence[tuple[int, Growth, dict[int, list[int]]]],
+def _evaluate(model: Any, batches: Sequence[tuple[Growth, dict[int, list[int]]]],
               abort: Callable[[], bool]) -> list[dict[int, np.ndarray]]:
     """Every batch's rows, in one model call (none where no batch holds a token: an n-gram
     drafter's guesses are free); one session's on its drafter's own model."""
-    if not any(tokens for _, _, batch in batches for tokens in batch.values()):
+    if not any(tokens for _, batch in batches for tokens in batch.values()):
         return [{} for _ in batches]
     if model is None or len(batches) == 1:
-        return [g.drafter.evaluate(batch, abort) for _, g, batch in batches]
-    return model.evaluate_many_slots([(slot, batch) for slot, _, batch in batches], abort)
+        return [g.drafter.evaluate(batch, abort) for g, batch in batches]
+    return model.evaluate_many_slots([(g.slot, batch) for g, batch in batches], abort)
 
 
 class Growth:
-    """One session's draft growing over a job's model calls: what was grown, and how."""
+    """One session's draft growing over a job's model calls, from its drafter caught up
+    with lead: what was grown, and how."""
 
-    def __init__(self, drafter: Drafter, job: DraftJob, caught: Work, kept: int,
-                 room: int) -> None:
-        self.drafter, self.job, self.caught, self.kept, self.room = drafter, job, caught, \
-            kept, room
+    def __init__(self, slot: int, drafter: Drafter, job: DraftJob) -> None:
+        self.slot, self.drafter, self.job = slot, drafter, job
+        self.caught = catch_up(drafter, job.lead_tokens, defer=True)
+        self.kept = len(drafter.local)
         self.dists: dict[int, DraftDist] = {}
         self.probs: dict[int, float] = {}
         self.grown = self.branch_grown = self.cut_short = 0
         self.calls: list[tuple[int, float]] = []
-        self.last_call_s = 0.0  # the last model call's seconds (shared calls: each's)
         self.open = True
+
+    @property
+    def past(self) -> int:
+        """Draft tokens past lead's."""
+        return self.kept - len(self.job.lead_tokens) + self.grown
 
     @property
     def chain(self) -> bool:
         """Whether the draft itself grows (else its branches alone)."""
-        return self.grown < self.room
+        return self.past < self.job.ahead
 
     def took(self, step: Grown) -> bool:
         """Count a grown step; whether drafting goes on after it."""
@@ -191,14 +182,14 @@ class Growth:
                                                           and not step.branches_grown)
         return not ended
 
-    def enough(self) -> bool:
+    def enough(self, call_s: float) -> bool:
         """Whether the job should end here, for its post: the draft as far past lead's
-        tokens as `stop_at`, or no time for another call before `until`."""
+        tokens as `stop_at`, or no time for another call (as long as the last, `call_s`)
+        before `until`."""
         job = self.job
-        past = self.kept - len(job.lead_tokens) + self.grown
-        if job.stop_at and past >= job.stop_at:
+        if job.stop_at and self.past >= job.stop_at:
             return True
-        return job.until is not None and time.monotonic() + self.last_call_s > job.until
+        return job.until is not None and time.monotonic() + call_s > job.until
 
     def drafted(self) -> Drafted:
         work = replace(self.caught, cut_short=self.cut_short, branch_grown=self.branch_grown)

@@ -28,7 +28,7 @@ class LeadMirror:
     def __init__(self, fits: Callable[[int], bool] = lambda _: True) -> None:
         self.fits = fits  # whether the draft model holds this many tokens and a draft
         self.state = State(version=-1)
-        self.tokens: tuple[int, ...] = ()  # lead's session tokens; replaced, never mutated
+        self.tokens: tuple[int, ...] = ()  # lead's; replaced whole (jobs.leaving reads it)
         # a session sat out: more than the draft model holds, its grammar is gone, or the
         # draft model failed on it
         self.skipped: str | None = None

@@ -20,7 +20,7 @@ class PostBook:
     """One per session followed (its Follower's): no other session's guesses in it."""
 
     def __init__(self) -> None:
-        self._last: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids) last posted
+        self.last: tuple[int, tuple[int, ...]] = (0, ())  # (start, token ids) last posted
         self._dists: dict[int, DraftDist] = {}  # drafter position -> its draft distribution
         self._probs: dict[int, float] = {}  # drafter position -> the model's q of its guess
         self._branches: frozenset[tuple[int, tuple[int, ...]]] = frozenset()  # last posted
@@ -53,14 +53,14 @@ class PostBook:
         sent = frozenset((start + b.at, tuple(b.token_ids)) for b in wired)
         if not draft or (self._already_posted(start, draft) and sent <= self._branches):
             return None
-        last_start, last = self._last
+        last_start, last = self.last
         new = max(0, start + len(draft) - max(last_start + len(last), start))
-        self._last, self._branches = (start, tuple(draft)), sent
+        self.last, self._branches = (start, tuple(draft)), sent
         return DraftPost(session_id=session_id, start=start, token_ids=draft, back_id=back_id,
                          dists=dists, probs=probs, branches=wired), new
 
     def _already_posted(self, start: int, draft: list[int]) -> bool:
-        last_start, last = self._last
+        last_start, last = self.last
         skip = start - last_start
         return skip >= 0 and list(last[skip: skip + len(draft)]) == draft
 

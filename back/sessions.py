@@ -8,7 +8,7 @@ if that session is still followed.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 RECENT = 32  # sessions kept for inspection; totals cover all of them
 
@@ -35,10 +35,8 @@ class SessionStats:
     branch_grown: int = 0
 
     def add(self, work: Work) -> None:
-        self.caught_up += work.caught_up
-        self.catch_up_s += work.catch_up_s
-        self.cut_short += work.cut_short
-        self.branch_grown += work.branch_grown
+        for f in fields(work):
+            setattr(self, f.name, getattr(self, f.name) + getattr(work, f.name))
 
     def line(self) -> str:
         share = f" ({100 * self.accepted / self.drafted:.0f}%)" if self.drafted else ""
@@ -62,11 +60,8 @@ class Totals:
 
     def add(self, stats: SessionStats) -> None:
         self.sessions += 1
-        self.caught_up += stats.caught_up
-        self.drafted += stats.drafted
-        self.posts += stats.posts
-        self.accepted += stats.accepted
-        self.cut_short += stats.cut_short
+        for f in fields(self)[1:]:  # each a count of SessionStats'
+            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
     def line(self) -> str:
         sessions = f"{self.sessions} session{'' if self.sessions == 1 else 's'}"

@@ -26,8 +26,9 @@ from back.drafting import Drafting
 from back.failures import BackFatal, IncompatibleModel, ModelFailed, brief, fatal, outage
 from back.follower import Follower
 from back.links import NEWS_S, Link
-from back.mirror import LeadMirror
+from back.mirror import GRAMMARS_KEPT, LeadMirror
 from back.sessions import History
+from shared.bounded import Lru
 from shared.model import reusing_slot
 from shared.placement import Placement
 from shared.protocol import Hello, Info, State, Update, grammar_id
@@ -57,10 +58,9 @@ class Worker(Drafting):
         self.placement = Placement(None, 1)
         self.lead_id = ""
         self.followers: dict[str, Follower] = {}  # by session id
-        self.latest: Follower | None = None  # the follower of the last session news came for
         self.version = -1  # of the last update taken
         self.history = History()
-        self.grammars: dict[str, str] = {}  # grammar id -> text, shared by the mirrors
+        self.grammars: Lru[str, str] = Lru(GRAMMARS_KEPT)  # id -> text, shared by the mirrors
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
         self.backoff = Backoff()
         self._link: Link | None = None
@@ -71,9 +71,7 @@ class Worker(Drafting):
     # --- views ---
     @property
     def state(self) -> State:
-        """Lead's state of the session news came for last (before any: the version)."""
-        if self.latest is not None:
-            return self.latest.mirror.state
+        """The version of the last update taken from lead (-1: none from this lead yet)."""
         return State(version=self.version, lead_id=self.lead_id)
 
     def stop(self) -> None:
@@ -189,8 +187,8 @@ class Worker(Drafting):
     def _take(self, update: Update) -> None:
         """Take an update: each session's news to its follower (a new session gets one
         where a slot is free), the sessions gone ended."""
-        if update.version < self.version and update.lead_id == self.lead_id:
-            return  # older news from this lead (a restarted one counts versions anew)
+        if update.version < self.version:
+            return  # older news (a lead restarting was handshaken anew: version -1)
         self.version = update.version
         for sid in update.ended:  # first: their slots are free for the sessions below
             self._end(sid)
@@ -203,9 +201,7 @@ class Worker(Drafting):
                 continue
             state = news.as_state(update.version, update.lead_id, follower.mirror.state.sampling,
                                   update.step_left_s)
-            outgrew = follower.take(state, now)
-            self.latest = follower
-            if outgrew:
+            if follower.take(state, now):
                 log.warning("session %s: lead holds %d tokens, more than this draft model's "
                             "context; not drafting for it (raise --ctx-size)",
                             news.session_id, len(follower.mirror.tokens))

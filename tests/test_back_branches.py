@@ -13,7 +13,8 @@ import pytest
 
 from back.branching import Sprout
 from back.drafter import ModelDrafter
-from back.jobs import Drafted, DraftJob, LatestTokens, ahead_for
+from back.jobs import Drafted, DraftJob, ahead_for
+from back.mirror import LeadMirror
 from back.posts import PostBook
 from back.worker import Worker
 from shared.branch import Branch
@@ -130,10 +131,10 @@ def test_cover_is_how_often_the_targets_token_is_the_drafts_second_choice(
 
 def job(sampling: SamplingParams = GREEDY, width: int = 0, depth: int = 3, burst: int = 1,
         ahead: int = 8, lead: tuple[int, ...] = tuple(PROMPT),
-        latest: LatestTokens | None = None, seed: int = 0) -> DraftJob:
+        latest: LeadMirror | None = None, seed: int = 0) -> DraftJob:
     if latest is None:
-        latest = LatestTokens()
-        latest.publish(lead)
+        latest = LeadMirror()
+        latest.tokens = lead
     return DraftJob(lead, sampling, ahead, burst, frozenset({EOS}), np.random.default_rng(seed),
                     latest, width=width, depth=depth)
 
@@ -244,8 +245,8 @@ def test_lead_leaving_chain_and_branches_drops_every_branch() -> None:
 
 def test_an_aborted_call_changes_nothing() -> None:
     drafter, made = grown(width=3, calls=5)
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT) + (0,) * 30)  # lead has left this path: abort at once
+    latest = LeadMirror()
+    latest.tokens = tuple(PROMPT) + (0,) * 30  # lead has left this path: abort at once
     again = extend(drafter, job(width=3, latest=latest))
     assert again.local == made.local and again.grown == 0 and again.work.branch_grown == 0
     assert again.work.cut_short == 1
@@ -290,9 +291,9 @@ def test_branches_keep_to_the_grammar() -> None:
         assert path[-1] == EOS and path[:-1] in replies  # a whole reply the grammar allows
 
 
-def _latest() -> LatestTokens:
-    latest = LatestTokens()
-    latest.publish(tuple(PROMPT))
+def _latest() -> LeadMirror:
+    latest = LeadMirror()
+    latest.tokens = tuple(PROMPT)
     return latest
 
 

@@ -11,10 +11,10 @@ from back.branching import (
     Sprout,
     assign,
     branch_sites,
-    hanging_off,
     rejection_odds,
     taken_by_lead,
 )
+from back.posts import on_wire
 from shared.branch import Branch
 from shared.protocol import SamplingParams
 
@@ -70,8 +70,8 @@ def test_lead_took_the_branch_whose_root_it_emitted() -> None:
 
 def test_branches_hang_off_the_draft_they_were_grown_on() -> None:
     mine = Sprout(LOCAL[:5], Branch(4, (61, 70)))
-    assert hanging_off(LOCAL, [mine]) == [mine]
-    assert hanging_off(LOCAL[:4], [mine]) == []  # the draft no longer reaches its site
-    assert hanging_off(LEAD + (10, 99, 12), [mine]) == []  # another guess at its site
+    assert [b.at for b in on_wire(len(LEAD), DRAFT, [mine], False)] == [1]
+    assert on_wire(len(LEAD), DRAFT[:1], [mine], False) == []  # the draft ends before its site
+    assert on_wire(len(LEAD), (10, 99, 12), [mine], False) == []  # another guess at its site
     assert np.isclose(growing(4, [61]).path[-1], 61) and growing(4, [61]).path[:4] == list(
         LOCAL[:4])

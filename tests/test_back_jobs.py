@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from back.drafter import ModelDrafter, NgramDrafter
-from back.jobs import DraftJob, LatestTokens, ahead_for, catch_up, extend_many
+from back.jobs import DraftJob, ahead_for, catch_up, extend_many, leaving
 from back.mirror import LeadMirror
 from back.posts import PostBook
 from shared.fake import EOS, FakeModel
@@ -22,12 +22,12 @@ from tests.conftest import extend
 GREEDY = SamplingParams()
 
 
-def job(lead_tokens: Sequence[int], latest: LatestTokens | None = None, burst: int = 1,
+def job(lead_tokens: Sequence[int], latest: LeadMirror | None = None, burst: int = 1,
         draft_len: int = 3, sampling: SamplingParams = GREEDY, seed: int = 0) -> DraftJob:
     tokens = tuple(lead_tokens)
     if latest is None:
-        latest = LatestTokens()
-        latest.publish(tokens)
+        latest = LeadMirror()
+        latest.tokens = tokens
     return DraftJob(tokens, sampling, ahead_for(draft_len, 16), burst, frozenset({EOS}),
                     np.random.default_rng(seed), latest)
 
@@ -109,8 +109,8 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
     # on the dead path first made the next draft miss lead's next step.
     draft = SignalledDraft()
     drafter = ModelDrafter(draft)
-    latest = LatestTokens()
-    latest.publish((1, 2, 3))
+    latest = LeadMirror()
+    latest.tokens = (1, 2, 3)
     assert extend(drafter, job([1, 2, 3], latest)).grown == 1
     guess = drafter.local[3]
 
@@ -123,7 +123,7 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
         with ThreadPoolExecutor(1) as model_thread:
             running = model_thread.submit(extend, drafter, job(lead, latest))
             assert draft.evaluating.wait(10), "no draft evaluation began"
-            latest.publish(tuple(news))
+            latest.tokens = tuple(news)
             polls_at_news = draft.polls
             drafted = running.result(timeout=10)
             return drafted.grown, drafted.work.cut_short, draft.polls - polls_at_news
@@ -143,15 +143,15 @@ def test_news_that_parts_from_the_draft_stops_its_evaluation_midway() -> None:
 
 
 def test_the_abort_check_follows_each_snapshot_of_leads_tokens() -> None:
-    latest = LatestTokens()
-    latest.publish((1, 2))
-    left = latest.left((1, 2, 3, 4))
+    latest = LeadMirror()
+    latest.tokens = (1, 2)
+    left = leaving(latest, (1, 2, 3, 4))
     assert not left()
-    latest.publish((1, 2, 3))
+    latest.tokens = (1, 2, 3)
     assert not left()  # lead took the draft's next token
-    latest.publish((1, 2, 3, 9))
+    latest.tokens = (1, 2, 3, 9)
     assert left()
-    latest.publish((1, 2, 3, 4, 5))  # (a later snapshot back on the path)
+    latest.tokens = (1, 2, 3, 4, 5)  # (a later snapshot back on the path)
     assert not left()
 
 

@@ -54,7 +54,7 @@ def test_a_draft_on_a_path_lead_left_is_not_posted() -> None:
 def test_work_adds_to_the_session_it_was_done_for() -> None:
     f = follower()
     f.take(state(1, [1, 2]), now=0.0)
-    job = f.job(max_post=8, burst=1, eos=frozenset({0}), width=0)
+    job = f.job(max_post=8, eos=frozenset({0}), width=0)
     f.took(job, Drafted(Work(caught_up=5, catch_up_s=0.5, cut_short=1), 1, (1, 2, 7), 2, {}))
     assert (f.stats.caught_up, f.stats.cut_short) == (5, 1)
     assert job.lead_tokens == (1, 2) and job.rng is f.rng
@@ -113,12 +113,12 @@ def test_a_job_drafts_up_to_its_next_post_and_to_leave_before_lead_s_step_ends()
     f = follower()
     lead = [1, 2, 3]
     f.take(state(1, lead).model_copy(update={"step_left_s": 0.05}), now=2.0)
-    first = f.job(16, 1, frozenset(), 0, to_post=True)
+    first = f.job(16, frozenset(), 0, to_post=True)
     ahead = first.ahead
     assert (first.burst, first.stop_at) == (ahead, 1)  # the first guess goes at once
     assert first.until == pytest.approx(2.05 - TRANSIT_S)  # and nothing past lead's step
     post = f.post(Drafted(Work(), 3, (*lead, 7, 8, 9), 3, {}), "b", 16, False, ahead)
     assert post is not None and len(post.token_ids) == 3
-    assert f.job(16, 1, frozenset(), 0, to_post=True).stop_at == 6  # then as it doubles
-    plain = f.job(16, 4, frozenset(), 0)  # not a model drafter's: as asked
-    assert (plain.burst, plain.stop_at, plain.until) == (4, 0, None)
+    assert f.job(16, frozenset(), 0, to_post=True).stop_at == 6  # then as it doubles
+    plain = f.job(16, frozenset(), 0)  # not a model drafter's: as far as lead asks
+    assert (plain.burst, plain.stop_at, plain.until) == (plain.ahead, 0, None)

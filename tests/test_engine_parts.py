@@ -311,7 +311,7 @@ def test_apply_drops_the_tokens_past_a_stop_string_but_counts_their_acceptance()
 
 def test_a_step_s_tokens_go_out_as_one_event_per_source() -> None:
     def one(text: str, back: str = "", token: int = 0) -> Emission:
-        return Emission(text, 1, int(bool(back)), back=back, sid="s",
+        return Emission(text, 1, int(bool(back)), back=back,
                         logprobs=[TokenLogprob(token, -0.5, ())])
 
     step = [one("de", "b1", 1), one("f ", "b1", 2), one("x", "b1", 3), one("(", token=4)]
@@ -322,5 +322,5 @@ def test_a_step_s_tokens_go_out_as_one_event_per_source() -> None:
     assert "".join(e.text for e in out) == "".join(e.text for e in step)
     other = merged([one("a", "b1"), one("b", "b2"), one("c"), one("d")])
     assert [e.text for e in other] == ["a", "b", "cd"]  # another back's draft: apart
-    last = Emission("", 0, 0, session=session([1]), sid="s")
+    last = Emission("", 0, 0, session=session([1]))
     assert merged([one("a"), last]) == [one("a"), last]  # the reply's end stays its own

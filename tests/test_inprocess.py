@@ -273,7 +273,6 @@ def test_ngram_back_and_model_back_together() -> None:
         async with InProcessLead(app) as transport:
             ngram = Worker(LeadClient("http://lead", transport=transport),
                            NgramDrafter(), None, None, back_id="ngram")
-            ngram.burst = 8
             workers = [model_worker(transport), ngram]
 
             async def check() -> None:

@@ -21,12 +21,22 @@ import pytest
 from back.backoff import Backoff
 from back.client import LeadClient
 from back.drafter import Grown, ModelDrafter, NgramDrafter
+from back.mirror import GRAMMARS_KEPT
 from back.worker import BackFatal, Worker
 from lead.decode.session import Session
 from lead.server.app import create_app
 from shared.fake import FakeModel
 from shared.placement import Placement
-from shared.protocol import DraftPost, Info, Posted, SamplingParams, SessionState, Update
+from shared.protocol import (
+    DraftPost,
+    Grammar,
+    Info,
+    Posted,
+    SamplingParams,
+    SessionState,
+    Update,
+    grammar_id,
+)
 from shared.sampling import make_draft_rng
 from tests.conftest import InProcessLead, async_wait_until, make_settings
 
@@ -355,3 +365,47 @@ def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:
     assert not feed.back_drafting(session)
     feed.back_seen("drafter")  # a back that drafts when asked
     assert feed.back_drafting(session)
+
+
+class ManyGrammarsLead(ScriptedLead):
+    """Sessions one after another, each under a grammar of its own; the next starts once
+    the back has fetched the last one's."""
+
+    def __init__(self, sessions: int) -> None:
+        self.texts = [f'root ::= "{i}"' for i in range(sessions)]
+        self.fetched: list[str] = []
+        self.sent = 0
+        self._fetched = asyncio.Event()
+
+    async def news(self) -> Update:
+        while self.sent > len(self.fetched) or self.sent == len(self.texts):
+            await self._fetched.wait()
+            self._fetched.clear()
+        self.sent += 1
+        update = live(self.sent, f"S{self.sent}", [1, 2, 3], seed=1)
+        update.sessions[0].grammar_id = grammar_id(self.texts[self.sent - 1])
+        update.ended = [f"S{self.sent - 1}"] if self.sent > 1 else []
+        return update
+
+    async def grammar(self, session_id: str) -> Grammar:
+        text = self.texts[int(session_id[1:]) - 1]
+        self.fetched.append(session_id)
+        self._fetched.set()
+        return Grammar(session_id=session_id, grammar_id=grammar_id(text), grammar=text)
+
+
+def test_a_long_lived_back_holds_a_bounded_number_of_grammars() -> None:
+    lead = ManyGrammarsLead(3 * GRAMMARS_KEPT)
+    worker = Worker(lead, NgramDrafter(), None, None)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        task = asyncio.create_task(worker.run())
+        await async_wait_until(lambda: len(lead.fetched) == len(lead.texts),
+                               what="every session's grammar fetched")
+        worker.stop()
+        await task
+
+    asyncio.run(asyncio.wait_for(scenario(), 10))
+    assert lead.fetched == [f"S{i + 1}" for i in range(len(lead.texts))]  # each once
+    assert len(worker.grammars) == GRAMMARS_KEPT  # the newest, not every one seen
+    assert grammar_id(lead.texts[-1]) in worker.grammars

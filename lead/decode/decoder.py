@@ -25,7 +25,7 @@ from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob, token_logprob
-from shared.model import Forking, Model, Part, Slotted, can_fork, slots_of
+from shared.model import Forking, Model, Part, Slotted, can_fork
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 
@@ -72,22 +72,19 @@ class Step:
 class Decoder:
     def __init__(self, model: Model, cost: CostModel, thread: ModelThread, clock: Clock,
                  cache_bytes: int = 0) -> None:
-        """`cache_bytes`: host memory for prompts pushed out of their slots (where the model
-        saves slots)."""
+        """`cache_bytes`: host memory for prompts pushed out of their slots."""
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
         self.slotted = cast(Slotted, model)
-        self.n_slots = slots_of(model)
-        self.prompts = PromptCache(cache_bytes if hasattr(model, "save_slot") else 0)
+        self.prompts = PromptCache(cache_bytes)
         # branch sequences each slot holds for trees (0: it verifies chains only)
         self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
-    # --- prices ---
-    def calibrate(self, max_draft: int, passes: int, longest: int) -> None:
+    def calibrate(self, passes: int, longest: int) -> None:
         """Price verify batches of every size a chain may take (the fastest of `passes`),
         some past them for trees where a token more is nearly free, and a few up to
         `longest`+1 for lead's own drafts (sizes between are interpolated), so lead need
         not explore batch sizes on live replies. On the model thread, before serving."""
-        chain, tree = calibrated_sizes(max_draft, bool(self.cost.tree_width))
+        chain, tree = calibrated_sizes(self.cost.max_draft, bool(self.cost.tree_width))
         long = [b for b in LONG_SIZES if chain[-1] < b <= min(longest + 1, self.model.n_ctx)]
         log.info("pricing verify batches of 1-%d tokens", (long or chain)[-1])
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
@@ -111,22 +108,21 @@ class Decoder:
         self.model.truncate(0)
         return best
 
-    # --- seating ---
     async def seat(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
         """Seat `prompt` in one of the `free` slots, holding what it can of the prompt
         without evaluating (its own prefix, another slot's, or host memory's); the slot and
         the prompt tokens it holds. What the slot held goes to host memory if worth it."""
         # what each slot's cache holds (read between steps, on the event loop)
-        cached = [tuple(self.slotted.slot(i).cached) for i in range(self.n_slots)]
+        cached = [tuple(self.slotted.slot(i).cached) for i in range(self.slotted.n_slots)]
         stored, n_stored = self.prompts.match(prompt)
         seat = choose_seat(prompt, cached, free, n_stored)
+        restore = stored if seat.restored else None
         save = self.prompts.worth_saving(cached[seat.slot], seat.keeps)
-        held, saved = await self.thread.run(self._seat, seat, tuple(prompt),
-                                            stored if seat.restored else None, save)
+        held, saved = await self.thread.run(self._seat, seat, tuple(prompt), restore, save)
         if saved is not None:
             self.prompts.add(saved)
-        if stored is not None and seat.restored:
-            self.prompts.used(stored, held)
+        if restore is not None:
+            self.prompts.used(restore, held)
         return seat.slot, held
 
     def _seat(self, seat: Seat, prompt: tuple[int, ...], restore: Saved | None, save: bool
@@ -142,7 +138,6 @@ class Decoder:
         view.truncate(min(seat.cached, len(prompt) - 1))
         return len(view.cached), saved
 
-    # --- one step ---
     def padded(self, jobs: Sequence[Job]) -> int:
         """The batch a lone verify job is evaluated in: a larger priced one where the kernels
         make that cheaper (its padding's rows are not read); 0: no padding."""
@@ -197,14 +192,14 @@ class Decoder:
                           _covered(draft, verdict), len(draft.branches), root_at, verify_s)
 
     @staticmethod
-    def _settle(view: Model, n_keep: int, taken: int | None, n_branches: int) -> None:
+    def _settle(view: Forking, n_keep: int, taken: int | None, n_branches: int) -> None:
         """Keep the path verified: the branch taken (if one was) as the main sequence, up
         to `n_keep` tokens; every branch slot used is emptied."""
         if taken is not None:
-            cast(Forking, view).adopt(taken)
+            view.adopt(taken)
         view.truncate(n_keep)
         for branch in range(n_branches):
-            cast(Forking, view).fork(branch, 0)
+            view.fork(branch, 0)
 
 
 def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:

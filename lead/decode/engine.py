@@ -96,8 +96,7 @@ class Engine:
 
     def calibrate(self, passes: int = 2) -> None:
         """Price verify batches before serving (blocking)."""
-        self.model_thread.call(self.decoder.calibrate, self.max_draft, passes,
-                               self.own.longest if self.own else 0)
+        self.model_thread.call(self.decoder.calibrate, passes, self.own.longest if self.own else 0)
 
     def reserve(self) -> Place:
         """A place in line for one generation, or QueueFull (counted) if there is none."""
@@ -124,9 +123,8 @@ class Engine:
                     self._end(run)  # next step (the one under way, if any, is dropped)
 
     def _add(self, req: GenRequest) -> Run:
-        loop = self._loop
-        if loop is not None and not loop.done() and \
-                loop.get_loop() is not asyncio.get_running_loop():
+        loop, running = self._loop, asyncio.get_running_loop()
+        if loop is not None and not loop.done() and loop.get_loop() is not running:
             for stale in list(self.runs):  # a test's earlier event loop closed under them
                 self._end(stale)
         session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
@@ -137,11 +135,10 @@ class Engine:
         self.runs.append(run)
         self.feed.start(session)
         self.live.bump()
-        if loop is None or loop.done() or loop.get_loop() is not asyncio.get_running_loop():
+        if loop is None or loop.done() or loop.get_loop() is not running:
             self._loop = asyncio.create_task(self._steps())
         return run
 
-    # --- the loop ---
     async def _steps(self) -> None:
         changed: list[str] = []  # sessions whose news backs have not been sent
         try:
@@ -200,8 +197,7 @@ class Engine:
             prompt = run.session.tokens
             run.slot, held = await self.decoder.seat(prompt, free)
             run.todo = list(prompt[held:-1])
-            if not run.todo:
-                run.session.t_decode = self.clock()
+            run.prefilled(0, self.clock())  # all of it cached: it decodes from now
 
     def _plan(self) -> tuple[list[Job], dict[str, Draft | None]]:
         """This step's jobs: each decoding session's last token and draft, then a chunk of
@@ -268,7 +264,6 @@ class Engine:
     def _score(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
         """What one session's verify step tells of drafts: metrics, the branch cover, the
         offer watched (settled once the verdict is applied)."""
-        first = run.session.n_generated == 0
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
                                  bool(job.draft and offered and offered.branch), result.tree,
                                  result.verdict.branch is not None)
@@ -277,7 +272,7 @@ class Engine:
             self.cost.cover.record(result.covered, not result.covered)
         if offered is not None and offered.back_id != OWN:  # verified or not, a back's
             # offer shows what backs' drafts are worth (lead's own are priced apart)
-            run.offers.offered(job.tokens, offered.token_ids, first)
+            run.offers.offered(job.tokens, offered.token_ids, run.session.n_generated == 0)
         if log.isEnabledFor(logging.DEBUG):
             self._trace(run.session, offered, result)
 
@@ -312,12 +307,9 @@ class Engine:
                   cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
 
     def slot_views(self) -> list[dict[str, object]]:
-        """What each slot holds now: idle, a prompt being evaluated, or a reply decoding,
-        with its counts and the backs whose drafts for it are on its board."""
+        """What each slot holds now (idle, a prompt being evaluated or a reply decoding)."""
         by_slot = {r.slot: r for r in self.runs if r.slot is not None}
-        runs = [by_slot.get(i) for i in range(self.n_slots)]
-        return [slot_view(i, run, self.feed.board_of(run.session.id) if run else None)
-                for i, run in enumerate(runs)]
+        return [slot_view(i, by_slot.get(i), self.feed.board_of) for i in range(self.n_slots)]
 
     def gauges(self) -> dict[str, float]:
         return {"draft_len": self.cost.draft_len(), "verify_len": self.cost.verify_len(),

@@ -37,8 +37,7 @@ class Planner:
                  for (s, _), most in zip(offers, max_tokens, strict=True)]
         odds = [self._odds(s, d, max(room, 0)) for (s, d), room in zip(offers, rooms, strict=True)]
         lengths = self.cost.allocate(odds, base)
-        single = len(offers) == 1
-        return [self._cut(s, d, k, room, single) if d is not None and k else None
+        return [self._cut(s, d, k, room, len(offers) == 1) if d is not None and k else None
                 for (s, d), k, room in zip(offers, lengths, rooms, strict=True)]
 
     def _odds(self, session: Session, offered: Draft | None, room: int) -> list[float]:

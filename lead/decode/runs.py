@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
@@ -66,11 +66,11 @@ class Run:
                                         or len(s.tokens) >= vocab.n_ctx
                                         or _grammar_too_slow(s, result, grammar_s)):
             s.finish_reason = "length"
-        for emission in merged([_emission(result, i, emitted[i], chunk, s.id, vocab)
+        for emission in merged([_emission(result, i, emitted[i], chunk, vocab)
                                 for i, chunk in enumerate(chunks)]):
             self._out.put_nowait(emission)
         if s.finish_reason is not None:
-            self._out.put_nowait(Emission(self.text.finish(), 0, 0, session=s, sid=s.id))
+            self._out.put_nowait(Emission(self.text.finish(), 0, 0, session=s))
 
     def _texts(self, emitted: list[int], vocab: Model) -> list[str]:
         """The text each token releases, up to the one that completes a stop string."""
@@ -98,12 +98,13 @@ class Run:
                 return
 
 
-def slot_view(slot: int, run: Run | None, board: DraftBoard | None) -> dict[str, object]:
+def slot_view(slot: int, run: Run | None, board_of: Callable[[str], DraftBoard | None]
+              ) -> dict[str, object]:
     """What slot `slot` holds: idle, or `run` (a prompt being evaluated or a reply decoding)
-    with its counts and the backs whose drafts are on its `board`."""
+    with its counts and the backs whose drafts are on its board (`board_of` its session)."""
     if run is None:
         return {"slot": slot, "state": "idle"}
-    s = run.session
+    s, board = run.session, board_of(run.session.id)
     backs = sorted({c.back_id for kept in board.candidates.values() for c in kept} - {OWN}) \
         if board is not None else []
     return {"slot": slot, "state": "prompt" if run.todo else "decoding",
@@ -126,8 +127,7 @@ def _emitted(s: Session, result: StepResult, max_tokens: int, eos_ids: frozenset
 def _count(s: Session, result: StepResult, n_emitted: int) -> None:
     """The step's draft tokens verified and accepted (none counted past what it emits)."""
     drafted = result.batch - 1
-    accepted = sum(result.from_draft(i)
-                   for i in range(min(len(result.verdict.accepted), n_emitted)))
+    accepted = sum(result.from_draft(i) for i in range(n_emitted))
     s.drafted += drafted
     s.rejections += result.rejections
     s.accepted += accepted
@@ -149,12 +149,11 @@ def _grammar_too_slow(s: Session, result: StepResult, grammar_s: float) -> bool:
     return True
 
 
-def _emission(result: StepResult, i: int, token: int, chunk: str, sid: str, vocab: Model
-              ) -> Emission:
+def _emission(result: StepResult, i: int, token: int, chunk: str, vocab: Model) -> Emission:
     """The step's i-th token, `token`, releasing `chunk`."""
     drafted = result.from_draft(i)
     # An end-of-generation token has no logprob entry: its text is no part of the reply.
     logprobs = [] if result.logprobs is None or token in vocab.eos_token_ids else \
         [result.logprobs[i]]
     return Emission(chunk, 1, int(drafted), back=result.back_id if drafted else "",
-                    logprobs=logprobs, sid=sid)
+                    logprobs=logprobs)

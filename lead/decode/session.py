@@ -36,7 +36,6 @@ class Emission:
     session: Session | None = None  # set on the last emission of a generation
     back: str = ""  # the back whose draft gave its accepted tokens
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
-    sid: str = ""  # the session it belongs to
     choice: int = 0  # the request's choice it belongs to (OpenAI's n: lead/apis/choices.py)
     prompt: Session | None = None  # set on a generation's first: its prompt is read by then
 
@@ -53,7 +52,7 @@ def merged(emissions: list[Emission]) -> list[Emission]:
                 bool(last.n_from_draft) == bool(e.n_from_draft) and last.back == e.back:
             out[-1] = Emission(last.text + e.text, last.n_tokens + e.n_tokens,
                                last.n_from_draft + e.n_from_draft, back=e.back,
-                               logprobs=[*last.logprobs, *e.logprobs], sid=e.sid)
+                               logprobs=[*last.logprobs, *e.logprobs])
         else:
             out.append(e)
     return out

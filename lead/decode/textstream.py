@@ -25,14 +25,12 @@ class TextStream:
             return ""
         self._held += self._decoder.decode(data)
         found = self._first_stop()
-        if found is not None:
+        if found is not None:  # what it holds from there on is never released
             cut, self.matched = found
             self.stopped = True
-            out, self._held = self._held[:cut], ""
-            return out
-        keep = self._partial_stop_len()
-        out = self._held[: len(self._held) - keep]
-        self._held = self._held[len(out):]
+        else:
+            cut = len(self._held) - self._partial_stop_len()
+        out, self._held = self._held[:cut], self._held[cut:]
         return out
 
     def finish(self) -> str:

@@ -62,14 +62,13 @@ def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: Sa
     the penalties; `constraint`: the grammar's state after `context`, or None."""
     assert target_logits.shape[0] == len(draft_token_ids) + 1, "one row per draft token + 1"
     rows = adjust_rows(target_logits, params, context, n_prompt, draft_token_ids)
-    walk = _Walk(constraint)
+    walk = _Walk(constraint, params)
     if is_greedy(params):
-        verdict = _verify_drawn(draft_token_ids, rows, walk, walk.best)
+        verdict = _verify_drawn(draft_token_ids, rows, walk, lambda row: best(row, walk.state))
     elif draft_dists is None:
-        verdict = _verify_drawn(draft_token_ids, rows, walk,
-                                lambda row: sample(walk.p(row, params), rng))
+        verdict = _verify_drawn(draft_token_ids, rows, walk, lambda row: sample(walk.p(row), rng))
     else:
-        verdict = _verify_rejection(draft_token_ids, draft_dists, rows, params, rng, walk)
+        verdict = _verify_rejection(draft_token_ids, draft_dists, rows, rng, walk)
     walk.take(verdict.next_token)
     return Verdict(verdict.accepted, verdict.next_token, rows, walk.state)
 
@@ -101,14 +100,11 @@ def verify_tree(draft_token_ids: Sequence[int], target_logits: np.ndarray,
 class _Walk:
     """The grammar's state along the draft: row i is masked by the state after draft[:i]."""
 
-    def __init__(self, state: Constraint | None) -> None:
-        self.state = state
+    def __init__(self, state: Constraint | None, params: SamplingParams) -> None:
+        self.state, self.params = state, params
 
-    def best(self, row: np.ndarray) -> int:
-        return best(row, self.state)
-
-    def p(self, row: np.ndarray, params: SamplingParams) -> Dist:
-        return distribution(masked(row, self.state), params)
+    def p(self, row: np.ndarray) -> Dist:
+        return distribution(masked(row, self.state), self.params)
 
     def take(self, token: int) -> None:
         if self.state is not None:
@@ -128,16 +124,16 @@ def _verify_drawn(draft: Sequence[int], rows: np.ndarray, walk: _Walk,
 
 
 def _verify_rejection(draft: Sequence[int], dists: Sequence[Dist], rows: np.ndarray,
-                      params: SamplingParams, rng: np.random.Generator, walk: _Walk) -> Verdict:
+                      rng: np.random.Generator, walk: _Walk) -> Verdict:
     for i, token in enumerate(draft):
-        p = walk.p(rows[i], params)
+        p = walk.p(rows[i])
         p_x, q_x = p.prob_of(token), dists[i].prob_of(token)
         # q_x == 0 cannot come from an honest draw: treat as a rejection.
         if q_x > 0 and rng.random() * q_x < p_x:
             walk.take(token)
             continue
         return Verdict(list(draft[:i]), sample(residual(p, dists[i]), rng))
-    return Verdict(list(draft), sample(walk.p(rows[len(draft)], params), rng))
+    return Verdict(list(draft), sample(walk.p(rows[len(draft)]), rng))
 
 
 def residual(p: Dist, q: Dist) -> Dist:

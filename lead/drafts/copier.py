@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lead.drafts.edits import FOLLOWING, Follow, followed, moved
+from lead.drafts.edits import ANCHOR, FOLLOWING, Follow, followed, moved
 from lead.policy.acceptance import Bands, Rate, agreement
 from shared.ngram import Match
 
@@ -49,10 +49,9 @@ class Copier:
     def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         raise NotImplementedError
 
-    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
-              ) -> Follow | None:
-        """A copy to follow from `tokens`' end (keeping the changes learned on the one the
-        reply `left`); None where none matches long enough."""
+    def start(self, session_id: str, tokens: Sequence[int]) -> Follow | None:
+        """A copy that `tokens`' end matches, to follow where the match is ANCHOR tokens
+        long; None where none matches."""
         return None
 
     def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
@@ -75,7 +74,10 @@ class Copier:
         if follow is not None:
             moved(follow, tokens)
         if follow is None or follow.left is not None:
-            follow = self.start(session_id, tokens, follow) or follow
+            fresh = self.start(session_id, tokens)
+            if fresh is not None and fresh.agreed >= ANCHOR:  # the changes learned go on
+                fresh.changes = follow.changes if follow is not None else {}
+                follow = fresh
         if follow is not None:
             self.follows[session_id] = follow
         return follow

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from shared.ngram import Match, NgramIndex
+from shared.ngram import Match
 
 ANCHOR = 12  # a match this long is a copy under way: it is followed from there
 NEAR = 64  # source tokens a change may skip: the copy resumes at most this far on
@@ -145,29 +145,13 @@ def moved(f: Follow, tokens: Sequence[int]) -> None:
         resync(f, tokens)
 
 
-def started(index: NgramIndex, left: Follow | None) -> Follow | None:
-    """A copy to follow where the indexed sequence's end matches ANCHOR tokens of it (the
-    changes learned on the copy it `left` kept); None where it matches none so long."""
-    match = index.lookup(1)
-    if match is None or match.length < ANCHOR or match.source is None:
-        return None
-    return Follow(len(index.tokens), match.source, match.length,
-                  left.changes if left is not None else {})
-
-
 def followed(tokens: Sequence[int], f: Follow, most: int) -> Match | None:
     """The copy past `tokens`, its length the tokens agreed since it (re)started; where
     the reply has left it and not resumed, a guess: that the change kept the length."""
+    # past the tokens since `f.seq`: the part of a change's new tokens the sequence ends with
+    src, agreed, emitted = f.src, f.agreed, len(tokens) - f.seq
     if f.left is not None:
-        p, q = f.left
-        return _match(tokens, f, q + len(tokens) - p, most, 0)
-    return _match(tokens, f, f.src, most, f.agreed, len(tokens) - f.seq)
-
-
-def _match(tokens: Sequence[int], f: Follow, src: int, most: int, agreed: int,
-           emitted: int = 0) -> Match | None:
-    """The copy from `src` past the `emitted` tokens of it the sequence ends with (part of
-    a change's new tokens)."""
+        src, agreed, emitted = f.left[1] + len(tokens) - f.left[0], 0, 0
     copy = tuple(t for t, _, _ in drafted(tokens, src, f.changes, most + emitted,
                                           f.source))[emitted:]
     return Match(copy, agreed + emitted, src if f.source is None else None) if copy else None

@@ -20,7 +20,6 @@ class LinkedBack:
 
     feed: BackFeed
     back_id: str = ""
-    kind: str = ""
     idle: bool = False  # it sits out: sessions starting and ending only
     quiet: frozenset[str] = frozenset()  # sessions it does not draft for now
     ignored: frozenset[str] = frozenset()  # sessions it does not follow
@@ -30,7 +29,7 @@ class LinkedBack:
 
     def hello(self, hello: Hello) -> None:
         self.greeted = True
-        self.back_id, self.kind, self.idle = hello.back_id, hello.kind, hello.idle
+        self.back_id, self.idle = hello.back_id, hello.idle  # (its kind: the registry's)
         self.quiet, self.ignored = frozenset(hello.quiet), frozenset(hello.ignored)
 
     def has_news(self) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 from lead.drafts.copier import Copier
-from lead.drafts.edits import ANCHOR, Follow
+from lead.drafts.edits import Follow
 from shared.ngram import KEY, Match, agreeing, kept
 
 Spot = tuple[int, int]  # (a session's number here, where a key ended in its tokens)
@@ -57,14 +57,14 @@ class Memory:
                         if length == longest])
         return Match(copy, longest) if copy else None
 
-    def source(self, query: Sequence[int]) -> tuple[tuple[int, ...], int, int] | None:
-        """The remembered session agreeing longest with `query`'s end (the latest of those),
-        where the copy starts in it, and how many tokens agree; None where none does."""
+    def source(self, query: Sequence[int]) -> Follow | None:
+        """A copy of the remembered session agreeing longest with `query`'s end (the latest
+        of those); None where none does."""
         found = self._agreeing(query)
         if not found:
             return None
         (number, end), length = found[0]
-        return self.sessions[number], end, length
+        return Follow(len(query), end, length, source=self.sessions[number])
 
     def _agreeing(self, query: Sequence[int]) -> list[tuple[Spot, int]]:
         """The places `query`'s last KEY tokens end at, with how far each agrees with it;
@@ -116,14 +116,8 @@ class Recalled(Copier):
     def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         return self.memory.lookup(tokens, most)
 
-    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
-              ) -> Follow | None:
-        found = self.memory.source(tokens)
-        if found is None or found[2] < ANCHOR:
-            return None
-        source, end, length = found
-        return Follow(len(tokens), end, length, left.changes if left is not None else {},
-                      source=source)
+    def start(self, session_id: str, tokens: Sequence[int]) -> Follow | None:
+        return self.memory.source(tokens)
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         super().end(session_id, tokens)

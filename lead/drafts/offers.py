@@ -50,13 +50,11 @@ class OfferWatch:
         return (matches, missed) if final or missed or matches >= self.limit else None
 
 
-Record = Callable[[int, bool, bool], None]  # (matches, missed, first): CostModel.record_outcome
-
-
 class OfferLedger:
-    """The offers of one reply. `record` receives each settled outcome."""
+    """The offers of one reply. `record` receives each settled outcome: (matches, missed,
+    first), as CostModel.record_outcome takes it."""
 
-    def __init__(self, record: Record, limit: int) -> None:
+    def __init__(self, record: Callable[[int, bool, bool], None], limit: int) -> None:
         self.record, self.limit = record, limit
         self.watch: OfferWatch | None = None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from lead.drafts.copier import Copier, Proposal
-from lead.drafts.edits import Follow, started
+from lead.drafts.edits import Follow
 from lead.drafts.memory import Recalled
 from lead.policy.acceptance import expected_yield
 from shared.ngram import Match, NgramIndex
@@ -37,9 +37,11 @@ class SessionCopies(Copier):
     def lookup(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
         return self.indexes[session_id].lookup(most)
 
-    def start(self, session_id: str, tokens: Sequence[int], left: Follow | None
-              ) -> Follow | None:
-        return started(self.indexes[session_id], left)
+    def start(self, session_id: str, tokens: Sequence[int]) -> Follow | None:
+        match = self.indexes[session_id].lookup(1)
+        if match is None or match.source is None:
+            return None
+        return Follow(len(tokens), match.source, match.length)
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         super().end(session_id, tokens)

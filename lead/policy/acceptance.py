@@ -133,15 +133,13 @@ class Acceptance:
         """A draft matched lead's next `matches` tokens, then `missed` (False: it or lead's
         tokens ran out); `first`: from a reply's first token. True when the outcome moved
         alpha (a miss at a reply's first token moves only alpha_first)."""
-        if matches == 0 and not missed:
-            return False  # nothing observed
-        if first:
+        if first and (matches or missed):
             self.first.record(matches > 0, matches == 0)
             if matches == 0:
                 return False
             matches -= 1  # past its first token, a draft is like any other
-            if matches == 0 and not missed:
-                return False
+        if matches == 0 and not missed:
+            return False  # nothing observed
         self.rest.record(matches, int(missed))
         return True
 
@@ -154,7 +152,3 @@ class Acceptance:
     def expected_tokens(self, k: int, first: bool = False) -> float:
         """Tokens a step verifying k draft tokens emits: its draft's yield and one more."""
         return 1.0 + expected_yield(self.odds(k, first))
-
-    def expected_curve(self, most: int, first: bool = False) -> list[float]:
-        """expected_tokens(k) for k = 0 .. most."""
-        return [1.0 + y for y in yield_curve(self.odds(most, first))]

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate
+from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate, yield_curve
 from lead.policy.branchcost import branch_lengths
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
@@ -63,8 +63,8 @@ class CostModel:
         elif self.verify_len() > 0:
             probes.speculating()
         elif probes.quiet_step() and self.could_pay(1.0):
-            if self._too_slow():
-                self.prices.forget_slowdown()
+            if self._too_slow():  # measure the back's slowdown afresh: it may have moved or gone
+                self.prices.slowdown = 1.0
             probes.start()
 
     def _after_probe(self) -> AfterProbe:
@@ -81,13 +81,6 @@ class CostModel:
         return any((k + 1) / (self.prices.relative(k + 1) * slowdown) >= self.margin
                    for k in range(1, self.max_draft + 1))
 
-    def rates(self, most: int, first: bool = False) -> list[float]:
-        """Tokens per second verifying k draft tokens, for k = 0 .. most (k=0: plain
-        decoding, back quiet); alpha read once, as this runs at every step."""
-        expected = self.acceptance.expected_curve(most, first)
-        seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, most + 1))]
-        return [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
-
     def verify_len(self, available: int | None = None, first: bool = False) -> int:
         """The draft length to verify, at most `available` (None: no limit but max_draft);
         `first`: for a reply's first step."""
@@ -97,7 +90,11 @@ class CostModel:
         upper = min(upper, self.prices.largest)  # at most one size past the priced
         if upper < 1:
             return 0
-        rates = self.rates(upper, first)
+        # tokens per second verifying k draft tokens (k=0: plain decoding, back quiet); alpha
+        # read once, as this runs at every step
+        expected = [1.0 + y for y in yield_curve(self.acceptance.odds(upper, first))]
+        seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
+        rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
         best = max(range(1, upper + 1), key=rates.__getitem__)
         return best if rates[best] >= self.margin * rates[0] else 0
 
@@ -163,7 +160,7 @@ class CostModel:
         if self.hush:
             return 0  # backs slow lead more than drafts could repay
         best = self.verify_len(first=first)
-        if best > 0 or self.fixed is not None or self.max_draft == 0 or not self.could_pay(1.0):
+        if best > 0 or self.fixed is not None or not self.could_pay(1.0):  # (max_draft 0: cannot)
             return best
         return 1 if self.probes.probing or (first and self.verify_len() > 0) else 0
 

@@ -58,10 +58,6 @@ class Prices:
             self.plain_s = seconds / (self.slowdown * self.shape_of(batch_size))
         self.shape[batch_size] = seconds / (self.slowdown * self.plain_s)
 
-    def forget_slowdown(self) -> None:
-        """Measure the back's slowdown afresh: it may have moved or gone."""
-        self.slowdown = 1.0
-
     @property
     def largest(self) -> int:
         return max(self.shape)
