@@ -21,7 +21,7 @@ from httpx_ws import (
 )
 from pydantic import BaseModel, ValidationError
 
-from shared.httpclient import auth_headers, error_message, lead_url, retry_after
+from shared.httpclient import auth_headers, error_message, lead_url
 from shared.protocol import Grammar, Info
 
 M = TypeVar("M", bound=BaseModel)
@@ -30,9 +30,9 @@ M = TypeVar("M", bound=BaseModel)
 class LeadError(Exception):
     """Lead answered, but not with what the protocol promises (4xx/5xx)."""
 
-    def __init__(self, message: str, status: int = 0, retry_after: float = 0.0) -> None:
+    def __init__(self, message: str, status: int = 0) -> None:
         super().__init__(message)
-        self.status, self.retry_after = status, retry_after
+        self.status = status
 
 
 class BadAnswer(LeadError):
@@ -90,22 +90,13 @@ class LeadClient:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # the group may hold the closing's
                 raise asyncio.CancelledError from None  # errors first: cancelled, not failed
-            raise self._link_error(_first(exc)) from None
-
-    def _link_error(self, exc: BaseException) -> BaseException:
-        if isinstance(exc, (WebSocketDisconnect, WebSocketNetworkError)):
-            return _closed(exc)
-        if not isinstance(exc, WebSocketUpgradeError):
-            return exc
-        status = exc.response.status_code
-        hint = ": a proxy between may not pass WebSockets on" if status in NOT_UPGRADED else ""
-        return LeadError(f"lead refused the link ({status}){hint}", status)
+            raise _link_error(_first(exc)) from None
 
 
 def _model(model: type[M], response: httpx.Response) -> M:
     if response.status_code >= 400:
         raise LeadError(f"lead answered {response.status_code}: {error_message(response)}",
-                        response.status_code, retry_after(response))
+                        response.status_code)
     path = response.request.url.path
     try:
         return model.model_validate(response.json())
@@ -121,12 +112,19 @@ def _model(model: type[M], response: httpx.Response) -> M:
                         response.status_code) from None
 
 
-def _closed(exc: WebSocketDisconnect | WebSocketNetworkError) -> LinkClosed:
-    """How the link ended, said briefly: lead's close (logged as "lead closed the link
-    (1013: too many links ...)"), or its connection lost (whose message is its class's name)."""
+def _link_error(exc: BaseException) -> BaseException:
+    """What ended the link, said briefly: lead's close (logged as "lead closed the link
+    (1013: too many links ...)"), its connection lost (whose own message is its class's
+    name), or lead refusing it."""
     if isinstance(exc, WebSocketNetworkError):
         return LinkClosed("the link's connection broke")
-    return LinkClosed(f"{exc.code}: {exc.reason}" if exc.reason else str(exc.code), exc.code)
+    if isinstance(exc, WebSocketDisconnect):
+        return LinkClosed(f"{exc.code}: {exc.reason}" if exc.reason else str(exc.code), exc.code)
+    if not isinstance(exc, WebSocketUpgradeError):
+        return exc
+    status = exc.response.status_code
+    hint = ": a proxy between may not pass WebSockets on" if status in NOT_UPGRADED else ""
+    return LeadError(f"lead refused the link ({status}){hint}", status)
 
 
 def _first(exc: BaseException) -> BaseException:

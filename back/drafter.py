@@ -44,19 +44,21 @@ log = logging.getLogger("back")
 @dataclass(frozen=True)
 class Grown:
     """What one growth did: the draft's next guess (None: it was not grown), branches that
-    grew a token."""
+    grew a token, how the guess was picked (None: not known: lead verifies it by
+    sample-and-compare, without the drafter's q)."""
 
     guess: int | None
     branches_grown: int
+    pick: Pick | None = None
 
 
 class Drafter:
     """What the back's jobs (back/jobs.py) ask of every kind of drafter: hold lead's tokens
     (`catch_up`), grow the draft past them a guess per call (`begin_growth`: what the model
     call evaluates, per sequence, MAIN or a branch, empty for none, None: nothing to do;
-    `end_growth`: the guesses from its rows), with branches where it `can_branch`, and
-    tell how each guess was drawn. The defaults are a drafter's that needs no model:
-    `free`, a guess costs no model call, so a job drafts as far ahead as it may at once."""
+    `end_growth`: the guesses from its rows), with branches where it `can_branch`. The
+    defaults are a drafter's that needs no model: `free`, a guess costs no model call, so a
+    job drafts as far ahead as it may at once."""
 
     local: list[int]
     free: bool = True
@@ -78,15 +80,10 @@ class Drafter:
                  ) -> dict[int, np.ndarray]:
         return {}
 
-    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
-                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
-                   chain: bool = True, width: int = 0) -> Grown:
+    def end_growth(self, rows: dict[int, np.ndarray], params: SamplingParams,
+                   rng: np.random.Generator, n_prompt: int = 0, chain: bool = True,
+                   width: int = 0) -> Grown:
         raise NotImplementedError
-
-    def pick_at(self, pos: int) -> Pick | None:
-        """How the guess at `pos` was picked (None: not a guess, or not known: lead verifies
-        by sample-and-compare, without the drafter's q)."""
-        return None
 
 
 def _runner_up(row: np.ndarray, state: Constraint | None, token: int) -> int | None:
@@ -135,7 +132,7 @@ class ModelDrafter(Drafter):
         self.clock = clock
         self._logits: np.ndarray | None = None  # next-token logits after model.cached
         self._pending: list[int] = []  # a guess handed out, not yet evaluated
-        self.grammars = Grammars(lambda text: model.constraint(text))
+        self.grammars = Grammars(model.constraint)
         self._picks: dict[int, Pick] = {}  # position in local -> how its guess was picked
         self._growing: dict[int, Growing] = {}  # slot -> the branch it holds
         self._n_lead = 0  # lead's tokens at the last catch-up: sites lie past them
@@ -163,8 +160,7 @@ class ModelDrafter(Drafter):
         self._pending, self._picks = [], {}
         self._drop(list(self._growing))
         # Re-evaluate at least the last token, whose logits we need to draft on.
-        head = list(lead_tokens[:-1])
-        evaluated = sync_cache(self.model, head, self.batch, self.progress)
+        evaluated = sync_cache(self.model, list(lead_tokens[:-1]), self.batch, self.progress)
         if defer:
             self._logits, self._pending = None, [lead_tokens[-1]]
             return evaluated
@@ -203,21 +199,19 @@ class ModelDrafter(Drafter):
                 sum(len(t) for t in batch.values()) > self.model.n_ctx:
             self._drop(list(self._growing))  # the main sequence needs their cells
             batch = self._batch(chain, depth)
-        if not batch and not (chain and not self._pending):
-            return None
-        return batch
+        return batch if batch or (chain and not self._pending) else None
 
-    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
-                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
-                   chain: bool = True, width: int = 0) -> Grown:
-        """The draft's next guess (if `chain`) and a token more on each branch, once
-        `batch` was evaluated into `rows`."""
-        width = width if self.can_branch else 0
-        guess = self._grow_chain(rows, params, rng, n_prompt, width > 0) if chain else None
+    def end_growth(self, rows: dict[int, np.ndarray], params: SamplingParams,
+                   rng: np.random.Generator, n_prompt: int = 0, chain: bool = True,
+                   width: int = 0) -> Grown:
+        """The draft's next guess (if `chain`) and a token more on each branch, from the
+        `rows` of the call that evaluated what `begin_growth` gave."""
+        ranked = width > 0 and self.can_branch
+        pick = self._grow_chain(rows, params, rng, n_prompt, ranked) if chain else None
         full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
         for slot in rows.keys() - {MAIN}:
             self._grow_branch(self._growing[slot], rows[slot], rng, n_prompt, full)
-        return Grown(guess, len(rows) - (MAIN in rows))
+        return Grown(pick.token if pick else None, len(rows) - (MAIN in rows), pick)
 
     def evaluate(self, batch: dict[int, list[int]], abort: Callable[[], bool] | None = None
                  ) -> dict[int, np.ndarray]:
@@ -235,14 +229,14 @@ class ModelDrafter(Drafter):
         return batch
 
     def _grow_chain(self, rows: dict[int, np.ndarray], params: SamplingParams,
-                    rng: np.random.Generator, n_prompt: int, ranked: bool) -> int:
+                    rng: np.random.Generator, n_prompt: int, ranked: bool) -> Pick:
         if MAIN in rows:
             self._logits, self._pending = rows[MAIN], []
         assert self._logits is not None
         pick = self._pick(self._logits, self.local, params, rng, n_prompt, ranked)
         self._picks[len(self.local)] = pick
         self._pending = [pick.token]
-        return pick.token
+        return pick
 
     def _grow_branch(self, g: Growing, row: np.ndarray, rng: np.random.Generator,
                      n_prompt: int, full: bool) -> None:
@@ -265,9 +259,6 @@ class ModelDrafter(Drafter):
         if state is not None and grammar and self.clock() - started > GRAMMAR_PICK_S:
             self.grammars.give_up(grammar, self.clock() - started, GRAMMAR_PICK_S)
         return pick
-
-    def pick_at(self, pos: int) -> Pick | None:
-        return self._picks.get(pos)
 
     # --- branches ---
     @property
@@ -318,11 +309,11 @@ class NgramDrafter(Drafter):
             self.local = list(lead_tokens)
         return len(lead_tokens) - keep
 
-    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
-                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
-                   chain: bool = True, width: int = 0) -> Grown:
-        ahead = len(self.local) - len(self.index.tokens)
-        match = self.index.lookup(ahead + 1) if chain else None
+    def end_growth(self, rows: dict[int, np.ndarray], params: SamplingParams,
+                   rng: np.random.Generator, n_prompt: int = 0, chain: bool = True,
+                   width: int = 0) -> Grown:
+        ahead = len(self.local) - len(self.index.tokens)  # (only called with `chain`)
+        match = self.index.lookup(ahead + 1)
         if match is None or len(match.token_ids) <= ahead:
             return Grown(None, 0)
         self.local.append(match.token_ids[ahead])

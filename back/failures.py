@@ -1,7 +1,6 @@
-"""What the back does with a failure: stop on the few that retrying cannot fix (`fatal`;
-before the back first attached, a 200 that is not `Info` too: Worker.handshake), else log
-one line, back off and retry; a failure of the draft model ends that session's drafting, not
-the back (`ModelFailed`). Pure; docs/back-loop.md, "Reconnecting, and failures".
+"""What the back does with a failure: stop on the few that retrying cannot fix (`fatal`),
+else log one line, back off and retry; a failure of the draft model ends that session's
+drafting, not the back (`ModelFailed`). Pure; docs/back-loop.md, "Reconnecting, and failures".
 """
 
 from __future__ import annotations
@@ -9,15 +8,11 @@ from __future__ import annotations
 import httpx
 from httpx_ws import HTTPXWSException
 
-from back.client import LeadError, LinkClosed
+from back.client import BadAnswer, LeadError, LinkClosed
 
 
 class BackFatal(Exception):
     """A problem retrying cannot fix; the back stops with this one-line message."""
-
-
-class IncompatibleModel(BackFatal):
-    pass
 
 
 class ModelFailed(Exception):
@@ -44,7 +39,10 @@ def fatal(exc: Exception, base_url: str, attached: bool) -> BackFatal | None:
         return BackFatal("lead refused the API key: pass --api-key (or BACK_API_KEY)")
     if exc.status == 403:  # lead's own message says why and what to pass
         return BackFatal(f"lead refused this back: {brief(exc)}")
-    # Once attached, a 404 may come from a proxy while lead restarts: retried then.
+    # Before the first attach, an answer that is no Info (the handshake's) is another server
+    # or another duo; once attached, it or a proxy's 404 may come while lead restarts: retried.
+    if isinstance(exc, BadAnswer) and not attached:
+        return BackFatal(f"{base_url}/duo/info is not a duo lead's answer: {brief(exc)}")
     if exc.status == 404 and not attached:
         return BackFatal(f"{base_url} is not a duo lead (it answered 404 to /duo/info): "
                          "check --lead")

@@ -16,10 +16,10 @@ import numpy as np
 
 from back.branching import Sprout
 from back.drafter import Drafter, Grown
-from back.mirror import LeadMirror, parted
+from back.mirror import LeadMirror
 from back.posts import wire_dist
 from back.sessions import Work
-from shared.model import EvaluationAborted
+from shared.model import EvaluationAborted, common_prefix
 from shared.protocol import DraftDist, SamplingParams
 
 
@@ -35,7 +35,7 @@ def leaving(mirror: LeadMirror, path: Sequence[int]) -> Callable[[], bool]:
         nonlocal seen, left
         tokens = mirror.tokens
         if tokens is not seen:
-            seen, left = tokens, parted(path, tokens)
+            seen, left = tokens, common_prefix(path, tokens) < min(len(path), len(tokens))
         return left
     return check
 
@@ -126,9 +126,9 @@ def _grow_together(model: Any, growths: Sequence[Growth]) -> float | None:
     seconds = time.perf_counter() - t0
     total = sum(len(t) for _, b in batches for t in b.values())
     batches[0][0].calls.append((total, seconds))  # one call, noted once
-    for (g, batch), got in zip(batches, rows, strict=True):
-        grown = g.drafter.end_growth(batch, got, g.job.sampling, g.job.rng, g.job.n_prompt,
-                                     g.chain, g.job.width)
+    for (g, _), got in zip(batches, rows, strict=True):
+        grown = g.drafter.end_growth(got, g.job.sampling, g.job.rng, g.job.n_prompt, g.chain,
+                                     g.job.width)
         g.open = g.took(grown)
     return seconds
 
@@ -173,14 +173,13 @@ class Growth:
         self.branch_grown += step.branches_grown
         if step.guess is not None:
             self.grown += 1
+        if (pick := step.pick) is not None:
             pos = len(self.drafter.local) - 1
-            if (pick := self.drafter.pick_at(pos)) is not None:
-                self.probs[pos] = pick.prob
-                if pick.dist is not None:
-                    self.dists[pos] = wire_dist(pick.dist)
-        ended = step.guess in self.job.eos_token_ids or (step.guess is None
-                                                          and not step.branches_grown)
-        return not ended
+            self.probs[pos] = pick.prob
+            if pick.dist is not None:
+                self.dists[pos] = wire_dist(pick.dist)
+        return step.guess not in self.job.eos_token_ids and (step.guess is not None
+                                                              or step.branches_grown > 0)
 
     def enough(self, call_s: float) -> bool:
         """Whether the job should end here, for its post: the draft as far past lead's

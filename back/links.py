@@ -30,38 +30,17 @@ PONG_S = 1.0  # a ping unanswered this long: the link is not measured (an ASGI t
 TRIPS = 5  # round trips news_s is the median of
 
 
-class Refusals:
-    """What to do when lead refuses a post: wait out a 429 (posting nothing meanwhile),
-    log other 4xx once per session and drop the post, stop on a refused key."""
-
-    def __init__(self, clock: Callable[[], float]) -> None:
-        self.clock = clock
-        self.until = 0.0  # no posts before this time
-        self._logged: str | None = None
-
-    def paused(self) -> bool:
-        return self.clock() < self.until
-
-    def refused(self, status: int, message: str, retry_after: float, session_id: str) -> None:
-        if status == 429:
-            self.until = self.clock() + max(retry_after, 0.05)
-        elif status in (401, 403) or not 400 <= status < 500:
-            raise LeadError(f"lead refused a draft post: {message}", status, retry_after)
-        elif self._logged != session_id:  # one line per session, not per post
-            log.warning("lead refused a draft post (%s); dropped", message)
-            self._logged = session_id
-
-
 class Link:
     """The link, over an open WebSocket; `news_s`: seconds lead's news takes to reach the
     back (an estimate)."""
 
     def __init__(self, socket: Any, clock: Callable[[], float]) -> None:
         self._ws = socket  # an httpx-ws AsyncWebSocketSession
-        self.refusals = Refusals(clock)
         self.clock = clock
         self.news_s = NEWS_S
         self._trips: collections.deque[float] = collections.deque(maxlen=TRIPS)
+        self._paused_until = 0.0  # no posts before this time (lead refused one with a 429)
+        self._logged: str | None = None  # the session a refused post was last logged for
 
     async def hello(self, hello: Hello) -> None:
         """Who the back is and what news it wants (sent again whenever that changes)."""
@@ -123,16 +102,27 @@ class Link:
             except ValidationError as exc:
                 raise BadAnswer(f"lead sent no update on the link: {brief(exc)}") from None
             if isinstance(message, Refused):
-                self.refusals.refused(message.status, message.message, message.retry_after,
-                                      message.session_id or "")
+                self._refused(message)
                 continue
             yield message
 
+    def _refused(self, refused: Refused) -> None:
+        """Lead refused a post: wait out a 429 (posting nothing meanwhile), log other 4xx
+        once per session and drop the post, stop on a refused key."""
+        status, session_id = refused.status, refused.session_id or ""
+        if status == 429:
+            self._paused_until = self.clock() + max(refused.retry_after, 0.05)
+        elif status in (401, 403) or not 400 <= status < 500:
+            raise LeadError(f"lead refused a draft post: {refused.message}", status)
+        elif self._logged != session_id:  # one line per session, not per post
+            log.warning("lead refused a draft post (%s); dropped", refused.message)
+            self._logged = session_id
+
     async def post(self, post: DraftPost) -> None:
-        if self.refusals.paused():
+        if self.clock() < self._paused_until:
             return
         await self._send(Posted(draft=post).model_dump_json(exclude_none=True))
 
-    async def close(self) -> None:
+    async def aclose(self) -> None:  # (as contextlib.aclosing names it: Worker.follow)
         with contextlib.suppress(Exception):
             await self._ws.close()

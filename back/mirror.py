@@ -14,13 +14,6 @@ from collections.abc import Callable, Sequence
 from shared.bounded import Lru
 from shared.protocol import State
 
-
-def parted(path: Sequence[int], lead_tokens: Sequence[int]) -> bool:
-    """Whether lead's tokens leave `path` (a drafter's sequence) where both have tokens."""
-    n = min(len(path), len(lead_tokens))
-    return tuple(path[:n]) != tuple(lead_tokens[:n])
-
-
 GRAMMARS_KEPT = 8  # grammar texts held, by id, as many as the drafter keeps parsed
 
 

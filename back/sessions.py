@@ -56,7 +56,6 @@ class Totals:
     drafted: int = 0
     posts: int = 0
     accepted: int = 0
-    cut_short: int = 0
 
     def add(self, stats: SessionStats) -> None:
         self.sessions += 1

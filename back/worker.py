@@ -16,14 +16,14 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from back.backoff import Backoff
-from back.client import BadAnswer, LeadClient, LeadError
+from back.client import LeadClient, LeadError
 from back.drafter import Drafter
 from back.drafting import Drafting
-from back.failures import BackFatal, IncompatibleModel, ModelFailed, brief, fatal, outage
+from back.failures import BackFatal, ModelFailed, brief, fatal, outage
 from back.follower import Follower
 from back.links import NEWS_S, Link
 from back.mirror import GRAMMARS_KEPT, LeadMirror
@@ -31,9 +31,9 @@ from back.sessions import History
 from shared.bounded import Lru
 from shared.model import reusing_slot
 from shared.placement import Placement
-from shared.protocol import Hello, Info, State, Update, grammar_id
+from shared.protocol import Hello, Info, Update, grammar_id
 
-__all__ = ["BackFatal", "IncompatibleModel", "Worker"]
+__all__ = ["BackFatal", "Worker"]
 log = logging.getLogger("back")
 
 
@@ -58,7 +58,7 @@ class Worker(Drafting):
         self.placement = Placement(None, 1)
         self.lead_id = ""
         self.followers: dict[str, Follower] = {}  # by session id
-        self.version = -1  # of the last update taken
+        self.version = -1  # of the last update taken (-1: none from this lead yet)
         self.history = History()
         self.grammars: Lru[str, str] = Lru(GRAMMARS_KEPT)  # id -> text, shared by the mirrors
         self.ignored: set[str] = set()  # sessions not followed: no slot was free
@@ -67,12 +67,6 @@ class Worker(Drafting):
         self._wants: Hello | None = None  # as last told to lead
         self._stop = asyncio.Event()
         self._news = asyncio.Event()  # set when news was taken, or the link ended
-
-    # --- views ---
-    @property
-    def state(self) -> State:
-        """The version of the last update taken from lead (-1: none from this lead yet)."""
-        return State(version=self.version, lead_id=self.lead_id)
 
     def stop(self) -> None:
         self._stop.set()
@@ -99,30 +93,21 @@ class Worker(Drafting):
         if began:
             log.warning("%s (%s); retrying with backoff", outage(exc), brief(exc))
         log.debug("failure", exc_info=exc)
-        await self._sleep(wait)
+        with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see shared/broadcast.py)
+            async with asyncio.timeout(wait):
+                await self._stop.wait()
 
     def close(self) -> None:
         for sid in list(self.followers):  # a back stopped mid-session still reports it
             self._end(sid)
         self.model_thread.shutdown(wait=False)
 
-    async def _sleep(self, seconds: float) -> None:
-        with contextlib.suppress(TimeoutError):  # (asyncio.timeout: see BackFeed.wait_news)
-            async with asyncio.timeout(seconds):
-                await self._stop.wait()
-
     async def handshake(self) -> None:
         self.backoff.steady = False
-        try:
-            info = await self.client.info()
-        except BadAnswer as exc:  # an answer, but no Info: another server, or another duo
-            if self.lead_id:
-                raise  # attached before: something answers while lead restarts
-            raise BackFatal(f"{self.client.base_url}/duo/info is not a duo lead's answer: "
-                            f"{brief(exc)}") from None
+        info = await self.client.info()
         if self.n_vocab is not None and (info.n_vocab != self.n_vocab
                                          or info.fingerprint != self.fingerprint):
-            raise IncompatibleModel(
+            raise BackFatal(
                 f"draft model does not match lead's {info.model}: vocabulary {self.n_vocab} vs "
                 f"{info.n_vocab}, token table {self.fingerprint} vs {info.fingerprint}")
         if self.on_attach is not None:
@@ -144,7 +129,8 @@ class Worker(Drafting):
     async def follow(self) -> None:
         """Follow one lead over one link: its news taken as it comes (`_receive`), drafting
         whenever a session wants drafts."""
-        async with self._open_link() as link:
+        async with (self.client.link() as socket_,
+                    contextlib.aclosing(Link(socket_, time.monotonic)) as link):
             self._link, self._wants = link, None
             await self._tell_wants()
             receiver = asyncio.create_task(self._receive(link))
@@ -160,15 +146,6 @@ class Worker(Drafting):
                 receiver.cancel()
                 await asyncio.gather(receiver, return_exceptions=True)
                 self._link = None
-
-    @contextlib.asynccontextmanager
-    async def _open_link(self) -> AsyncIterator[Link]:
-        async with self.client.link() as socket_:
-            link = Link(socket_, time.monotonic)
-            try:
-                yield link
-            finally:
-                await link.close()
 
     async def _receive(self, link: Link) -> None:
         try:

@@ -172,7 +172,7 @@ def grow(drafter: Drafter, params: SamplingParams, rng: np.random.Generator,
         rows = drafter.evaluate(batch, abort) if batch else {}
     except EvaluationAborted:
         return None
-    return drafter.end_growth(batch, rows, params, rng, n_prompt)
+    return drafter.end_growth(rows, params, rng, n_prompt)
 
 
 def extend(drafter: Drafter, job: DraftJob) -> Drafted:

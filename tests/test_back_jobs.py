@@ -155,6 +155,14 @@ def test_the_abort_check_follows_each_snapshot_of_leads_tokens() -> None:
     assert not left()
 
 
+def test_the_abort_check_compares_where_both_have_tokens() -> None:
+    latest = LeadMirror()
+    for path, tokens, left in [((1, 2, 3), (1, 2), False), ([1, 2], (1, 2, 3), False),
+                               ((1, 2, 4), (1, 2, 3), True), ((), (1,), False)]:
+        latest.tokens = tokens
+        assert leaving(latest, path)() is left
+
+
 def test_every_model_guess_carries_the_draft_models_probability_of_it() -> None:
     model = FakeModel(salt="draft")
     drafted = extend(ModelDrafter(model), job([1, 2, 3], burst=3))

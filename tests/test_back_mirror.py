@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from back.mirror import LeadMirror, parted
+from back.mirror import LeadMirror
 from shared.protocol import State, grammar_id
 
 
@@ -98,13 +98,6 @@ def test_a_draft_continues_lead_only_on_the_path_lead_took() -> None:
     assert mirror.draft_past((1, 2)) is None  # does not hold lead's tokens yet
     mirror.take(live(2, [6], offset=3))  # lead took 6 where the draft said 4
     assert mirror.draft_past((1, 2, 3, 4, 5)) is None  # 5 continued a token lead rejected
-
-
-def test_parted_compares_where_both_have_tokens() -> None:
-    assert not parted((1, 2, 3), (1, 2))
-    assert not parted([1, 2], (1, 2, 3))
-    assert parted((1, 2, 4), (1, 2, 3))
-    assert not parted((), (1,))
 
 
 def test_nothing_is_a_draft_past_lead_unless_a_live_session_is_followed() -> None:

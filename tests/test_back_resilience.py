@@ -99,7 +99,7 @@ def test_bad_answers_5xx_and_refused_posts_are_survived(
 
             async def check(task: asyncio.Task[None]) -> None:
                 await async_wait_until(lambda: not transport.faults, what="the faults")
-                await async_wait_until(lambda: worker.state.version >= 0, what="news taken")
+                await async_wait_until(lambda: worker.version >= 0, what="news taken")
                 reply = await ask(transport)
                 assert text_of(reply) == alone
                 assert not transport.refusals  # every post refused...
@@ -142,7 +142,7 @@ def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
         worker = fast_worker(transport, FailsFirstSession(draft, error))
 
         async def check(task: asyncio.Task[None]) -> None:
-            await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+            await async_wait_until(lambda: worker.version >= 0, what="handshake")
             first = await ask(transport, "first")
             assert first["usage"]["drafted_tokens"] == 0  # that session: no drafts
             second = await ask(transport, "second")
@@ -167,6 +167,7 @@ def test_a_failing_draft_model_ends_that_sessions_drafting_not_the_back(
     (LeadError("", 404), True, None),  # a proxy while lead restarts
     (httpx.UnsupportedProtocol("ftp"), False, "cannot reach"),
     (BadAnswer("not JSON", 200), True, None),
+    (BadAnswer("no Info", 200), False, "not a duo lead's answer"),
     (LeadError("", 503), False, None),
     (LeadError("", 400), True, None),
     (httpx.ConnectError("refused"), False, None),

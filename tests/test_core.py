@@ -60,7 +60,7 @@ def test_registry_counts_recent_backs() -> None:
     reg = BackRegistry()
     reg.seen("a", now=0.0)
     reg.seen("b", now=50.0)
-    assert reg.active(60.0, now=70.0) == 1
+    assert reg.active(now=70.0) == 1
 
 
 def test_rate_limiter_allows_rate_then_refuses_then_refills() -> None:

@@ -36,7 +36,7 @@ def proposals(kind: SessionCopies, prompt: list[int], reply: list[int], most: in
     """The kind's copy at each token of `reply` emitted one at a time."""
     out = []
     for i in range(len(reply)):
-        match = kind.copy("s", [*prompt, *reply[:i]], most)
+        match, _ = kind.copy("s", [*prompt, *reply[:i]], most)
         out.append(match.token_ids if match is not None else ())
     return out
 

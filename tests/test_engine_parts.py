@@ -171,7 +171,7 @@ def test_a_long_poll_wakes_on_news_that_concerns_it() -> None:
         await asyncio.wait_for(plain, 5)
         await asyncio.sleep(0)
         assert not quiet.done()
-        s.done = True
+        s.finish_reason = "stop"
         feed.end(s)
         await asyncio.wait_for(quiet, 5)
     asyncio.run(body())

@@ -302,7 +302,7 @@ def test_a_back_drafts_under_the_grammar_and_output_equals_lead_alone() -> None:
                         drafter, draft.fingerprint(), draft.n_vocab, back_id="m")
         task = asyncio.create_task(worker.run())
         try:
-            await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+            await async_wait_until(lambda: worker.version >= 0, what="handshake")
             return await ask(transport)
         finally:
             worker.stop()

@@ -188,11 +188,11 @@ def test_a_back_good_for_long_that_turns_to_junk_loses_within_two_steps() -> Non
 
 def test_backs_are_scored_on_what_lead_emits_whether_chosen_or_not() -> None:
     scores = BackScores()
-    scores.watch(3, {"a": (7, 8, 9), "b": (7, 1), "c": (2,)})
+    scores.watch(3, {"a": ((7, 8, 9), None), "b": ((7, 1), None), "c": ((2,), None)})
     scores.settle([0, 0, 0, 7, 8])  # lead emitted 7, 8
     assert scores.alpha("a") > scores.alpha("b") > scores.alpha("c")
     before = dict(scores.scores)
-    scores.watch(5, {"a": (9,)})
+    scores.watch(5, {"a": ((9,), None)})
     scores.settle([0, 0, 0, 7, 8])  # no step since: nothing to compare
     assert scores.scores == before
 
@@ -349,7 +349,7 @@ def test_a_back_gets_the_grammar_once_and_drafts_under_it() -> None:
             worker._take = taking  # type: ignore[method-assign]
             task = asyncio.create_task(worker.run())
             try:
-                await async_wait_until(lambda: worker.state.version >= 0, what="handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="handshake")
                 async with httpx.AsyncClient(transport=transport, base_url="http://lead") \
                         as http:
                     for _ in range(2):  # two sessions with the same grammar

@@ -64,7 +64,7 @@ def test_lead_hushes_a_back_that_slows_it_and_the_hushed_back_takes_in_nothing()
                 return cost.hush and cost.probes.gap - cost.probes.since > 12
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 for i in range(8):  # new prompts: a repeated one, the back would draft from cache
                     await ask(transport, f"prompt number {i}", max_tokens=60)
                     if hushed_for_a_while():
@@ -96,7 +96,7 @@ def test_a_back_beside_lead_takes_in_nothing_while_lead_wants_no_drafts() -> Non
             remote = model_worker(transport, back_id="remote")  # catches up: costs lead nothing
 
             async def check() -> None:
-                await async_wait_until(lambda: beside.state.version >= 0 <= remote.state.version,
+                await async_wait_until(lambda: beside.version >= 0 <= remote.version,
                                        what="handshakes")
                 await ask(transport, "a long prompt " * 8, max_tokens=16)
                 await async_wait_until(lambda: remote.drafters[0].model.evaluated > 0,  # type: ignore
@@ -115,7 +115,7 @@ def test_a_back_sitting_out_does_nothing_even_when_lead_wants_drafts() -> None:
             idle = placed(model_worker(transport, agree=1.0), Placement(None, 1, sit_out=True))
 
             async def check() -> None:
-                await async_wait_until(lambda: idle.state.version >= 0, what="handshake")
+                await async_wait_until(lambda: idle.version >= 0, what="handshake")
                 updates = engine.metrics.link_updates
                 reply = await ask(transport, max_tokens=40)
                 assert reply["usage"]["drafted_tokens"] == 0

@@ -10,7 +10,7 @@ import pytest
 
 from back.client import LeadClient
 from back.drafter import ModelDrafter, NgramDrafter
-from back.worker import IncompatibleModel, Worker
+from back.worker import BackFatal, Worker
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
 from tests.conftest import InProcessLead, async_wait_until, make_settings
@@ -74,7 +74,7 @@ def test_output_with_back_equals_output_without() -> None:
             worker = model_worker(transport)
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport)
                 assert text_of(reply) == alone
                 assert reply["usage"]["accepted_tokens"] > 0
@@ -91,7 +91,7 @@ def test_always_wrong_draft_costs_no_correctness() -> None:
             worker = model_worker(transport, agree=0.0, salt="nonsense")
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport)
                 assert text_of(reply) == alone
                 assert reply["usage"]["drafted_tokens"] > 0
@@ -149,7 +149,7 @@ def test_where_verify_cost_is_linear_lead_never_wakes_a_back() -> None:
             worker = model_worker(transport, agree=1.0)  # a perfect draft model
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport)
                 assert text_of(reply) == alone and reply["usage"]["drafted_tokens"] == 0
                 assert engine.metrics.drafts_posted == 0  # not asked, not even in probes
@@ -173,7 +173,7 @@ def test_short_drafts_are_verified_in_the_cheaper_batch_of_four() -> None:
             worker = model_worker(transport, agree=0.9)
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 target.calls.clear()  # calibration's
                 reply = await ask(transport)
                 assert text_of(reply) == alone and reply["usage"]["accepted_tokens"] > 0
@@ -209,7 +209,7 @@ def test_steps_while_a_back_drafts_are_priced_apart() -> None:
             worker = model_worker(transport, agree=1.0)  # perfect drafts: wanted at every step
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 target.factor = 1.5  # type: ignore[attr-defined]
                 assert (await ask(transport))["usage"]["accepted_tokens"] > 0
                 # busy steps leave the quiet price alone and show how much slower they are
@@ -228,7 +228,7 @@ def test_back_dropping_mid_generation_lead_finishes_alone() -> None:
             engine = app.state.engine  # type: ignore[attr-defined]
             worker = model_worker(transport)
             task = asyncio.create_task(worker.run())
-            await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+            await async_wait_until(lambda: worker.version >= 0, what="back handshake")
             reply_task = asyncio.create_task(ask(transport, max_tokens=200))
             await async_wait_until(
                 lambda: engine.session is not None and engine.session.accepted > 5,
@@ -250,7 +250,7 @@ def test_lead_restart_back_reconnects_and_helps_next_reply() -> None:
             worker = model_worker(transport)
 
             async def scenario() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 first = await ask(transport)
                 transport.down()  # lead goes down...
                 await async_wait_until(lambda: worker.backoff.outages >= 1,
@@ -276,7 +276,7 @@ def test_ngram_back_and_model_back_together() -> None:
             workers = [model_worker(transport), ngram]
 
             async def check() -> None:
-                await async_wait_until(lambda: all(w.state.version >= 0 for w in workers),
+                await async_wait_until(lambda: all(w.version >= 0 for w in workers),
                                        what="both backs")
                 reply = await ask(transport, text)
                 assert text_of(reply) == alone
@@ -293,7 +293,7 @@ def test_incompatible_draft_model_is_refused() -> None:
         async with InProcessLead(app) as transport:
             client = LeadClient("http://lead", transport=transport)
             worker = Worker(client, ModelDrafter(FakeModel(n_vocab=80)), "other", 80)
-            with pytest.raises(IncompatibleModel, match="vocabulary"):
+            with pytest.raises(BackFatal, match="does not match lead's .*: vocabulary"):
                 await worker.run()
     run(body())
 
@@ -312,7 +312,7 @@ def test_a_session_longer_than_the_draft_context_is_sat_out_not_fatal(
             task = asyncio.create_task(worker.run())
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 assert text_of(await ask(transport, long_text, 40)) == alone
                 assert not task.done()  # the back lives on, and helps a reply that fits
                 short = await ask(transport, "hi", 30)
@@ -333,7 +333,7 @@ def test_lead_verifies_no_draft_past_max_tokens() -> None:
             worker = model_worker(transport, agree=1.0)  # every draft right: long ones pay
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 await ask(transport, "warm up the cost model", 60)
                 usages = [(await ask(transport, f"short {i}", 6))["usage"] for i in range(4)]
                 for u in usages:  # a step emits its accepted tokens and one of its own
@@ -377,7 +377,7 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
             worker = model_worker(transport, agree=0.9)
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await sampled(13)
                 assert reply["usage"]["accepted_tokens"] > 0, (reply["usage"], len(posted_dists))
                 assert posted_dists and all(posted_dists)

@@ -62,7 +62,7 @@ def test_an_update_carries_only_what_the_back_was_not_sent() -> None:
     third = link.update()
     assert third is not None and {s.session_id: s.token_ids for s in third.sessions} == \
         {"a": [6], "b": [9]}
-    a.done = True
+    a.finish_reason = "stop"
     feed.end(a)
     ended = link.update()
     assert ended is not None and [(s.session_id, s.done) for s in ended.sessions] == \
@@ -148,7 +148,7 @@ def test_one_field_says_why_lead_wants_no_drafts_and_a_hush_is_news_of_every_ses
     cost.hushed, cost.fixed = False, 0
     feed.log_hush()
     assert link.update().sessions[0].stop == Stop.UNPAID  # type: ignore[union-attr]
-    a.done = True
+    a.finish_reason = "stop"
     feed.end(a)
     assert link.update().sessions[0].stop == Stop.DONE  # type: ignore[union-attr]
 

@@ -215,7 +215,7 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
             worker = model_worker(transport, back_id="drafter-1")
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
                     r = await http.post("/v1/chat/completions", json={
                         "messages": [{"role": "user", "content": "hi"}], "stream": True})

@@ -174,7 +174,7 @@ def test_logprobs_with_a_back_equal_logprobs_without(params: dict) -> None:
             worker = model_worker(transport, agree=0.8)
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport, **params)
                 assert reply["usage"]["accepted_tokens"] > 0
                 assert entries_of(reply) == entries_of(alone)  # exactly: the fake is deterministic

@@ -136,7 +136,7 @@ def test_a_reply_asked_again_is_followed_on_past_a_token_where_it_parted() -> No
     first = recalled.draft("new", prompt, 64)  # the whole prompt agrees: a copy followed
     assert first is not None and first.token_ids == tuple(reply[:64])
     assert first.odds[0] == pytest.approx(FOLLOWING[24])  # priced as one
-    copies = [recalled.copy("new", prompt + again[:i], 64) for i in range(1, 44)]
+    copies = [recalled.copy("new", prompt + again[:i], 64)[0] for i in range(1, 44)]
     for i in (41, 42, 43):  # from the token after the one that parted, on
         copy = copies[i - 1]
         assert copy is not None and copy.token_ids[:40] == tuple(again[i:i + 40])
@@ -158,13 +158,13 @@ def reply_twice(memory: int) -> tuple[list[int], list[int], Session]:
     async def run() -> list[int]:
         async for _ in engine.generate(GenRequest(prompt, 120)):
             pass
-        session = engine.feed.session
+        session = engine.session
         assert session is not None
         return session.tokens[len(prompt):]
 
     first = asyncio.run(run())
     second = asyncio.run(run())
-    session = engine.feed.session
+    session = engine.session
     assert session is not None
     return first, second, session
 

@@ -192,7 +192,7 @@ def echo_reply(ngram: int, prices: list[float]) -> tuple[list[int], object]:
             out.extend([] if e.session else [0] * e.n_tokens)
         return out
     asyncio.run(run())
-    session = engine.feed.session
+    session = engine.session
     assert session is not None
     return session.tokens[len(body) + 2:], session
 

@@ -177,7 +177,7 @@ def test_a_back_drafting_with_penalties_changes_no_reply_and_keeps_its_acceptanc
             worker = model_worker(transport, agree=1.0)  # the draft model is the target
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport, max_tokens=80, **body)
                 assert text_of(reply) == text_of(alone)
                 usage = reply["usage"]
@@ -201,7 +201,7 @@ def test_frequency_and_presence_with_a_back_change_no_reply(temperature: float) 
             worker = model_worker(transport, agree=0.8)
 
             async def check() -> None:
-                await async_wait_until(lambda: worker.state.version >= 0, what="back handshake")
+                await async_wait_until(lambda: worker.version >= 0, what="back handshake")
                 reply = await ask(transport, max_tokens=80, **body)
                 assert reply["usage"]["drafted_tokens"] > 0
                 if temperature == 0.0:  # sampled replies match in law only (rejection sampling)

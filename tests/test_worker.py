@@ -110,9 +110,9 @@ class GatedDrafter(NgramDrafter):
             assert self.gate.wait(10), "the test never opened the gate"
         return super().catch_up(lead_tokens)
 
-    def end_growth(self, batch: dict[int, list[int]], rows: dict[int, np.ndarray],
-                   params: SamplingParams, rng: np.random.Generator, n_prompt: int = 0,
-                   chain: bool = True, width: int = 0) -> Grown:
+    def end_growth(self, rows: dict[int, np.ndarray], params: SamplingParams,
+                   rng: np.random.Generator, n_prompt: int = 0, chain: bool = True,
+                   width: int = 0) -> Grown:
         self.draws.append((tuple(self.local), int(rng.integers(1 << 30))))
         self.local.append(7)
         return Grown(7, 0)

@@ -331,11 +331,10 @@ class InfillShape:
 def timings(session: Session, now: float) -> dict[str, Any]:
     """llama.cpp's `timings`: the prompt's tokens found cached and evaluated, the reply's,
     milliseconds and rates; its drafts where there were any."""
-    cached = max(session.n_prompt - session.prompt_evaluated - 1, 0)
     decoding = session.t_decode or now
-    prompt_n, prompt_ms = session.n_prompt - cached, (decoding - session.t_start) * 1000
+    prompt_n, prompt_ms = session.n_prompt - session.n_cached, (decoding - session.t_start) * 1000
     predicted_n, predicted_ms = session.n_generated, (now - decoding) * 1000
-    out = {"cache_n": cached, **rates("prompt", prompt_n, prompt_ms),
+    out = {"cache_n": session.n_cached, **rates("prompt", prompt_n, prompt_ms),
            **rates("predicted", predicted_n, predicted_ms)}
     if session.drafted:
         out.update(draft_n=session.drafted, draft_n_accepted=session.accepted)

@@ -122,7 +122,7 @@ class Decoder:
         if saved is not None:
             self.prompts.add(saved)
         if restore is not None:
-            self.prompts.used(restore, held)
+            self.prompts.used(restore)
         return seat.slot, held
 
     def _seat(self, seat: Seat, prompt: tuple[int, ...], restore: Saved | None, save: bool

@@ -82,13 +82,9 @@ class Engine:
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
+        self.session: Session | None = None  # the session started last (running or not)
         self._loop: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
-
-    @property
-    def session(self) -> Session | None:
-        """The session started last (running or not)."""
-        return self.feed.session
 
     @property
     def busy(self) -> bool:
@@ -133,6 +129,7 @@ class Engine:
                           constraint=req.constraint, t_start=self.clock())
         run = Run(req, session, OfferLedger(self.cost.record_outcome, max(self.max_draft, 1)))
         self.runs.append(run)
+        self.session = session
         self.feed.start(session)
         self.live.bump()
         if loop is None or loop.done() or loop.get_loop() is not running:
@@ -285,7 +282,6 @@ class Engine:
         run.offers.settle(session.tokens, final=True)
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
-        session.done = True
         now = self.clock()
         self.metrics.record_session(session, now)
         log.info("%s", self.metrics.session_line(session, now))

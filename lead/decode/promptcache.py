@@ -34,7 +34,6 @@ class PromptCache:
         self.max_bytes, self.min_tokens = max_bytes, min_tokens
         self._entries: OrderedDict[tuple[int, ...], Saved] = OrderedDict()  # oldest first
         self.bytes = 0
-        self.restored = 0  # prompt tokens given back, in all
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -68,11 +67,10 @@ class PromptCache:
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
 
-    def used(self, saved: Saved, n_tokens: int) -> None:
-        """`saved` gave a prompt back `n_tokens`: it is the most recently used now."""
+    def used(self, saved: Saved) -> None:
+        """`saved` gave a prompt its cells back: it is the most recently used now."""
         if saved.tokens in self._entries:
             self._entries.move_to_end(saved.tokens)
-        self.restored += n_tokens
 
     def _drop(self, key: tuple[int, ...]) -> None:
         self.bytes -= len(self._entries.pop(key).state)

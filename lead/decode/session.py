@@ -66,8 +66,7 @@ class Session:
     params: SamplingParams
     rng: np.random.Generator
     constraint: Constraint | None = None  # the grammar's state after the tokens so far
-    done: bool = False
-    finish_reason: str | None = None
+    finish_reason: str | None = None  # set as it ends (lead/decode/engine.py `_end`)
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     drafted: int = 0
     accepted: int = 0
@@ -78,6 +77,10 @@ class Session:
     prompt_evaluated: int = 0
     t_start: float = field(default_factory=time.perf_counter)
     t_decode: float = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
 
     @property
     def n_generated(self) -> int:

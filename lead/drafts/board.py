@@ -183,8 +183,8 @@ class DraftBoard:
     def _watch(self, n: int, ready: Sequence[Candidate]) -> None:
         """Per back, the useful tail of its ready candidate reaching furthest: what it offers."""
         furthest = {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}
-        self.scores.watch(n, {key: c.token_ids[n - c.start:] for key, c in furthest.items()},
-                          {key: c.probs[n - c.start:] for key, c in furthest.items() if c.probs})
+        self.scores.watch(n, {key: (c.token_ids[n - c.start:], c.probs[n - c.start:]
+                                    if c.probs else None) for key, c in furthest.items()})
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
         """Backs' drafts, `limit` tokens at most, at the odds learned from their draft

@@ -42,7 +42,6 @@ class Copier:
         self.following = bands(FOLLOWING)  # a followed copy's, by tokens agreed since it
         # (re)started
         self.follows: dict[str, Follow] = {}  # per session: the copy under way
-        self._followed: dict[str, Match | None] = {}  # the copy last proposed from it
         self._offered: dict[str, tuple[int, Match, Bands]] = {}  # per session: its length,
         # the copy, the odds it was priced by
 
@@ -54,16 +53,15 @@ class Copier:
         long; None where none matches."""
         return None
 
-    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> tuple[Match | None, Bands]:
         """The copy under way past `tokens`, or where the reply has left it, a match looked
-        up (which goes before a guess past the change)."""
+        up (which goes before a guess past the change); and the odds that price it."""
         follow = self._follow(session_id, tokens)
         match = self.lookup(session_id, tokens, most) \
             if follow is None or follow.left is not None else None
         if match is not None or follow is None:
-            return match
-        self._followed[session_id] = match = followed(tokens, follow, most)
-        return match
+            return match, self.odds
+        return followed(tokens, follow, most), self.following
 
     def _follow(self, session_id: str, tokens: Sequence[int]) -> Follow | None:
         """The session's copy under way, moved on to `tokens`; a new one where none is
@@ -87,17 +85,16 @@ class Copier:
         nothing matches. What was proposed last is first scored against what lead
         emitted since."""
         self._settle(session_id, tokens)
-        match = self.copy(session_id, tokens, most)
+        match, odds = self.copy(session_id, tokens, most)
         if match is None:
             return None
-        odds = self.following if match is self._followed.get(session_id) else self.odds
         self._offered[session_id] = (len(tokens), match, odds)
         return Proposal(match.token_ids, tuple(odds[match.length + i].value
                                                for i in range(len(match.token_ids))))
 
     def end(self, session_id: str, tokens: Sequence[int]) -> None:
         """The session ended with `tokens`."""
-        for held in (self._offered, self.follows, self._followed):
+        for held in (self._offered, self.follows):
             held.pop(session_id, None)
 
     def _settle(self, session_id: str, tokens: Sequence[int]) -> None:

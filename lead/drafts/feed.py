@@ -81,7 +81,6 @@ class BackFeed:
         self._arrivals = RateLimiter(ARRIVALS_PER_S)
         self.followed: dict[str, FeedEntry] = {}  # running sessions, oldest first
         self.ended: deque[FeedEntry] = deque(maxlen=ENDED_KEPT)
-        self.session: Session | None = None  # the session started last
         self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
         self.news = Broadcast()  # bumped on every change backs are shown
         self.closing = False  # lead is shutting down: long-polls answer at once
@@ -98,7 +97,6 @@ class BackFeed:
     def start(self, session: Session) -> None:
         board = DraftBoard(scores=BackScores(scores=self.scores.scores, bands=self.scores.bands))
         self.followed[session.id] = FeedEntry.of(session, board, self.version)
-        self.session = session
         self.notify([session.id])
 
     def end(self, session: Session) -> None:

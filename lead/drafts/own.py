@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from lead.drafts.copier import Copier, Proposal
 from lead.drafts.edits import Follow
 from lead.drafts.memory import Recalled
-from lead.policy.acceptance import expected_yield
+from lead.policy.acceptance import Bands, expected_yield
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
@@ -30,7 +30,7 @@ class SessionCopies(Copier):
         super().__init__()
         self.indexes: dict[str, NgramIndex] = {}  # per session
 
-    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> Match | None:
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> tuple[Match | None, Bands]:
         self.indexes.setdefault(session_id, NgramIndex()).sync(tokens)
         return super().copy(session_id, tokens, most)
 

@@ -27,6 +27,7 @@ KEPT = 256  # backs whose estimate is kept (least recently updated dropped first
 BANDS = (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)
 WEIGHT = 4.0
 BAND_DECAY = 0.99  # per outcome in a band
+Offered = tuple[tuple[int, ...], tuple[float, ...] | None]  # a tail, its probabilities
 
 
 def score() -> Rate:
@@ -40,16 +41,6 @@ def bands() -> Bands:
     return Bands({b: Rate((0.0, 0.0), BAND_DECAY) for b in BANDS})
 
 
-@dataclass(frozen=True)
-class Watched:
-    """What each back offered at a step: lead's token count then, and per back (the
-    board's key) the useful tail of its best candidate."""
-
-    n: int
-    tails: Mapping[str, tuple[int, ...]]
-    probs: Mapping[str, tuple[float, ...]]  # of the tails whose back gave its draft model's
-
-
 @dataclass
 class BackScores:
     """Acceptance per back, learned by comparing what backs offered at a step (`watch`)
@@ -58,25 +49,27 @@ class BackScores:
 
     scores: Lru[str, Rate] = field(default_factory=lambda: Lru(KEPT))
     bands: Lru[str, Bands] = field(default_factory=lambda: Lru(KEPT))
-    watched: Watched | None = None
+    # what backs offered at a step: lead's token count then, and per back (the board's key)
+    # the useful tail of its best candidate, with its draft model's probabilities if given
+    watched: tuple[int, dict[str, Offered]] | None = None
 
     def alpha(self, key: str) -> float:
         return (self.scores.get(key) or score()).value
 
-    def watch(self, n: int, tails: Mapping[str, tuple[int, ...]],
-              probs: Mapping[str, tuple[float, ...]] | None = None) -> None:
-        self.watched = Watched(n, dict(tails), dict(probs or {})) if tails else None
+    def watch(self, n: int, offered: Mapping[str, Offered]) -> None:
+        self.watched = (n, dict(offered)) if offered else None
 
     def settle(self, tokens: Sequence[int]) -> None:
         """Score what was offered at the last step against the tokens lead holds now."""
         watched, self.watched = self.watched, None
-        if watched is None or len(tokens) <= watched.n:
-            return  # no step since (or another reply): nothing to compare
-        emitted = tokens[watched.n:]
-        for key, tail in watched.tails.items():
+        n, offered = watched or (len(tokens), {})
+        if len(tokens) <= n:
+            return  # nothing watched, or no step since (or another reply): nothing to compare
+        emitted = tokens[n:]
+        for key, (tail, probs) in offered.items():
             self.record(key, *draft_outcome(tail, emitted))
-            if key in watched.probs:
-                self.record_probs(key, watched.probs[key], tail, emitted)
+            if probs is not None:
+                self.record_probs(key, probs, tail, emitted)
 
     def record(self, key: str, matches: int, missed: bool) -> None:
         if matches == 0 and not missed:

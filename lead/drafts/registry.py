@@ -69,15 +69,14 @@ class BackRegistry:
                 self.records[back_id].drafted += n
                 self.records[back_id].accepted += accepted.get(back_id, 0)
 
-    def connected(self, window_s: float = ACTIVE_S, now: float | None = None
-                  ) -> dict[str, BackRecord]:
+    def connected(self, now: float | None = None) -> dict[str, BackRecord]:
         now = time.monotonic() if now is None else now
-        return {k: r for k, r in self.records.items() if now - r.last_seen <= window_s}
+        return {k: r for k, r in self.records.items() if now - r.last_seen <= ACTIVE_S}
 
-    def active(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+    def active(self, now: float | None = None) -> int:
         """Backs connected, whether or not they draft."""
-        return len(self.connected(window_s, now))
+        return len(self.connected(now))
 
-    def drafting(self, window_s: float = ACTIVE_S, now: float | None = None) -> int:
+    def drafting(self, now: float | None = None) -> int:
         """Connected backs that draft when asked (not sitting out)."""
-        return sum(1 for r in self.connected(window_s, now).values() if not r.sits_out)
+        return sum(1 for r in self.connected(now).values() if not r.sits_out)
