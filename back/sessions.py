@@ -59,8 +59,9 @@ class Totals:
 
     def add(self, stats: SessionStats) -> None:
         self.sessions += 1
-        for f in fields(self)[1:]:  # each a count of SessionStats'
-            setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
+        for f in fields(self):  # each, but `sessions`, a count of SessionStats'
+            if f.name != "sessions":
+                setattr(self, f.name, getattr(self, f.name) + getattr(stats, f.name))
 
     def line(self) -> str:
         sessions = f"{self.sessions} session{'' if self.sessions == 1 else 's'}"
