@@ -27,7 +27,6 @@ def build_worker(settings: BackSettings) -> Worker:
     client = LeadClient(settings.lead, settings.api_key, kind=settings.drafter)
     drafters: list[Drafter]
     fingerprint = n_vocab = model = None
-    set_threads = None
     if settings.drafter == "ngram":
         drafters = [NgramDrafter() for _ in range(settings.slots)]
     else:
@@ -38,7 +37,6 @@ def build_worker(settings: BackSettings) -> Worker:
                            settings.ctx_size, settings.batch_size, settings.rpc,
                            settings.tensor_split, branches=settings.branches,
                            flash_attn=settings.flash_attn, slots=settings.slots)
-        set_threads = model.set_threads
         fingerprint, n_vocab = model.fingerprint(), model.n_vocab
         drafters = [ModelDrafter(model.slot(i), settings.batch_size, _progress,
                                  blind=settings.blind) for i in range(settings.slots)]
@@ -48,7 +46,8 @@ def build_worker(settings: BackSettings) -> Worker:
                     settings.back_id, model)
     worker.send_dists = settings.send_dists
     worker.branches = settings.branches
-    worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread, set_threads)
+    worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread,
+                              model.set_threads if model is not None else None)
     return worker
 
 

@@ -90,7 +90,7 @@ class LeadClient:
             task = asyncio.current_task()
             if task is not None and task.cancelling():  # the group may hold the closing's
                 raise asyncio.CancelledError from None  # errors first: cancelled, not failed
-            raise _link_error(_first(exc)) from None
+            raise _link_error(exc) from None
 
 
 def _model(model: type[M], response: httpx.Response) -> M:
@@ -113,9 +113,11 @@ def _model(model: type[M], response: httpx.Response) -> M:
 
 
 def _link_error(exc: BaseException) -> BaseException:
-    """What ended the link, said briefly: lead's close (logged as "lead closed the link
-    (1013: too many links ...)"), its connection lost (whose own message is its class's
-    name), or lead refusing it."""
+    """What ended the link (the first of a group's, nested groups looked into), said
+    briefly: lead's close (logged as "lead closed the link (1013: too many links ...)"), its
+    connection lost (whose own message is its class's name), or lead refusing it."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
     if isinstance(exc, WebSocketNetworkError):
         return LinkClosed("the link's connection broke")
     if isinstance(exc, WebSocketDisconnect):
@@ -125,10 +127,3 @@ def _link_error(exc: BaseException) -> BaseException:
     status = exc.response.status_code
     hint = ": a proxy between may not pass WebSockets on" if status in NOT_UPGRADED else ""
     return LeadError(f"lead refused the link ({status}){hint}", status)
-
-
-def _first(exc: BaseException) -> BaseException:
-    """An exception, or the first of a group's (nested groups looked into)."""
-    while isinstance(exc, BaseExceptionGroup):
-        exc = exc.exceptions[0]
-    return exc

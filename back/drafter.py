@@ -195,8 +195,7 @@ class ModelDrafter(Drafter):
             return None
         self._open(width, params)
         batch = self._batch(chain, depth)
-        if self._growing and len(self.model.cached) + self._branch_cells() + \
-                sum(len(t) for t in batch.values()) > self.model.n_ctx:
+        if self._growing and self._cells() + sum(len(t) for t in batch.values()) > self.model.n_ctx:
             self._drop(list(self._growing))  # the main sequence needs their cells
             batch = self._batch(chain, depth)
         return batch if batch or (chain and not self._pending) else None
@@ -208,7 +207,7 @@ class ModelDrafter(Drafter):
         `rows` of the call that evaluated what `begin_growth` gave."""
         ranked = width > 0 and self.can_branch
         pick = self._grow_chain(rows, params, rng, n_prompt, ranked) if chain else None
-        full = len(self.model.cached) + self._branch_cells() + len(rows) >= self.model.n_ctx
+        full = self._cells() + len(rows) >= self.model.n_ctx
         for slot in rows.keys() - {MAIN}:
             self._grow_branch(self._growing[slot], rows[slot], rng, n_prompt, full)
         return Grown(pick.token if pick else None, len(rows) - (MAIN in rows), pick)
@@ -288,10 +287,10 @@ class ModelDrafter(Drafter):
             self._growing[slot] = Growing(
                 pos, tuple(self.local[:pos + 1]), [pick.runner_up], [pick.dist], params)
 
-    def _branch_cells(self) -> int:
-        """KV cells the branches hold beyond what they share with the main sequence: each
-        its evaluated tokens (all but the pending last one)."""
-        return sum(len(g.tokens) - 1 for g in self._growing.values())
+    def _cells(self) -> int:
+        """KV cells held: the main sequence's, and beyond what they share with it, each
+        branch's evaluated tokens (all but the pending last one)."""
+        return len(self.model.cached) + sum(len(g.tokens) - 1 for g in self._growing.values())
 
 
 class NgramDrafter(Drafter):

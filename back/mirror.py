@@ -41,21 +41,15 @@ class LeadMirror:
     def outgrew(self) -> bool:
         """Whether the session just became longer than the draft model holds (it is sat out
         from here on)."""
-        sid = self.state.session_id
-        if sid and not self.state.done and sid != self.skipped \
-                and not self.fits(len(self.tokens)):
-            self.skipped = sid
+        if self._live and not self.fits(len(self.tokens)):
+            self.skipped = self.state.session_id
             return True
         return False
 
     def missing_grammar(self) -> str | None:
         """The id of the followed session's grammar where its text is not held yet."""
-        s = self.state
-        gid = s.grammar_id
-        if gid is None or gid in self.grammars or s.session_id is None or s.done \
-                or s.session_id == self.skipped:
-            return None
-        return gid
+        gid = self.state.grammar_id
+        return gid if self._live and gid not in self.grammars else None
 
     def hold_grammar(self, gid: str, text: str) -> None:
         self.grammars[gid] = text
@@ -70,11 +64,15 @@ class LeadMirror:
         return state.model_copy(update={"sampling": sampling})
 
     @property
+    def _live(self) -> bool:
+        """A session followed, not over and not sat out."""
+        s = self.state
+        return s.session_id is not None and not s.done and s.session_id != self.skipped
+
+    @property
     def following(self) -> bool:
         """A live session the back can hold, whose every token it holds."""
-        s = self.state
-        return (s.session_id is not None and not s.done and s.session_id != self.skipped
-                and len(self.tokens) == s.n_tokens > 0)
+        return self._live and len(self.tokens) == self.state.n_tokens > 0
 
     def should_draft(self, sit_out: bool = False) -> bool:
         return self.following and self.state.stop is None and not sit_out \

@@ -189,7 +189,7 @@ class Decoder:
         root_at = None if taken is None else taken.at
         path = len(draft.token_ids) if taken is None else taken.at + len(taken.token_ids)
         return StepResult(verdict, 1 + draft.n_tokens, seconds, draft.back_id, logprobs, path,
-                          _covered(draft, verdict), len(draft.branches), root_at, verify_s)
+                          _covered(draft, verdict, root_at), len(draft.branches), root_at, verify_s)
 
     @staticmethod
     def _settle(view: Forking, n_keep: int, taken: int | None, n_branches: int) -> None:
@@ -207,11 +207,10 @@ def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
     return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
 
 
-def _covered(draft: Draft, verdict: Verdict) -> bool | None:
+def _covered(draft: Draft, verdict: Verdict, root_at: int | None) -> bool | None:
     """Whether the token emitted in place of a rejected draft token was the root of a branch
     offered there; None where no draft token was rejected or none was offered there."""
-    at = len(verdict.accepted) if verdict.branch is None else \
-        draft.branches[verdict.branch].at
+    at = len(verdict.accepted) if root_at is None else root_at
     roots = {root for where, root in draft.roots if where == at}
     if at >= len(draft.token_ids) or not roots:
         return None

@@ -84,10 +84,9 @@ def _ratio(a: float, b: float) -> float | None:
 
 
 def _draft_view(cost: CostModel) -> dict[str, Any]:
-    measured = cost.acceptance.measured
     return {"length": cost.verify_len(), "asked": cost.draft_len(), "max": cost.max_draft,
             "fixed": cost.fixed is not None, "acceptance": round(cost.acceptance.alpha, 4),
-            "acceptance_measured": measured, "hush": cost.hush,
+            "acceptance_measured": cost.acceptance.measured, "hush": cost.hush,
             "probing": cost.probes.probing > 0, "slowdown": round(cost.prices.slowdown, 3)}
 
 

@@ -42,9 +42,7 @@ def choose_seat(prompt: Sequence[int], cached: Sequence[Sequence[int]], free: Se
     least (the least to lose), then the lowest; a prefix shared from another slot goes to the
     free slot holding least. (Not an empty slot where one holds something of the prompt:
     every cell in use is attended over, and idle slots' cells cost a step 2-3 %; what the
-    slot held goes to host memory.)"""
-    if not free:
-        raise ValueError("no free slot")
+    slot held goes to host memory.) No free slot: ValueError, from `min`."""
     prefix = [common_prefix(c, prompt) for c in cached]
     slot = min(free, key=lambda i: (-prefix[i], len(cached[i]), i))
     donor = max(range(len(cached)), key=lambda i: prefix[i])

@@ -132,7 +132,6 @@ class DraftBoard:
     `Candidate.poster`); counts the posts it drops; each back's acceptance (`scores`)."""
 
     max_backs: int = 16
-    per_address: int = BACKS_PER_ADDRESS
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     stale: int = 0
     scores: BackScores = field(default_factory=BackScores)
@@ -143,9 +142,8 @@ class DraftBoard:
         none of them can still be verified, or a new back finds no place."""
         key = candidate.poster
         kept = [c for c in (candidate, *branches) if consistent(tokens, c)]
-        if not kept or (key not in self.candidates and (
-                len(self.candidates) >= self.max_backs
-                or self.address_full(tokens, candidate.address, candidate.back_id))):
+        if not kept or self.address_full(tokens, candidate.address, candidate.back_id) or (
+                key not in self.candidates and len(self.candidates) >= self.max_backs):
             self.stale += 1
             return False
         self.candidates[key] = kept
@@ -158,7 +156,7 @@ class DraftBoard:
             return False
         held = sum(1 for kept in self.candidates.values() if kept[0].address == address
                    and any(consistent(tokens, c) for c in kept))
-        return held >= self.per_address
+        return held >= BACKS_PER_ADDRESS
 
     def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
         """The useful tail of the candidate expected to yield the most accepted tokens at

@@ -60,15 +60,11 @@ def drafted(tokens: Sequence[int], src: int, changes: Changes, most: int,
     text = tokens if source is None else source
     n, i = len(text), src
     while len(out) < most:
-        if i >= n:  # past the sequence's end the copy reads itself
-            if source is not None or i - n >= len(out):
-                break
-            out.append((out[i - n][0], i + 1, None))
-            i += 1
-            continue
+        if i >= n and (source is not None or i - n >= len(out)):
+            break
         old = next((o for o in changes if tuple(text[i:i + len(o)]) == o), None)
-        if old is None:
-            out.append((text[i], i + 1, None))
+        if old is None:  # past the sequence's end the copy reads itself
+            out.append((text[i] if i < n else out[i - n][0], i + 1, None))
             i += 1
         else:
             new, i = changes[old], i + len(old)

@@ -55,16 +55,15 @@ class FeedEntry:
 
     session: Session
     board: DraftBoard
-    grammar_id: str | None = None
-    sampling: SamplingParams = field(default_factory=SamplingParams)
     version: int = 0  # the feed's version at its last change
+    grammar_id: str | None = field(init=False)
+    sampling: SamplingParams = field(init=False)
 
-    @classmethod
-    def of(cls, session: Session, board: DraftBoard, version: int) -> FeedEntry:
-        grammar = session.params.grammar
-        sampling = session.params.model_copy(update={"grammar": None}) if grammar \
-            else session.params
-        return cls(session, board, grammar_id(grammar) if grammar else None, sampling, version)
+    def __post_init__(self) -> None:
+        grammar = self.session.params.grammar
+        self.grammar_id = grammar_id(grammar) if grammar else None
+        self.sampling = self.session.params.model_copy(update={"grammar": None}) if grammar \
+            else self.session.params
 
 
 class BackFeed:
@@ -96,7 +95,7 @@ class BackFeed:
     # --- sessions ---
     def start(self, session: Session) -> None:
         board = DraftBoard(scores=BackScores(scores=self.scores.scores, bands=self.scores.bands))
-        self.followed[session.id] = FeedEntry.of(session, board, self.version)
+        self.followed[session.id] = FeedEntry(session, board, self.version)
         self.notify([session.id])
 
     def end(self, session: Session) -> None:

@@ -78,19 +78,15 @@ class Memory:
         tokens = self.sessions.pop(number)
         self.size -= len(tokens)
         for key, _ in _keys(tokens):
-            ends = self._ends.get(key)
-            if ends is None:
-                continue
+            ends = self._ends.get(key, [])  # (a key seen again in it: dropped already)
             ends[:] = [p for p in ends if p[0] != number]
             if not ends:
-                del self._ends[key]
+                self._ends.pop(key, None)
 
 
 def _agreed(copies: list[tuple[int, ...]]) -> tuple[int, ...]:
     """The copies' tokens as far as every copy that runs that far agrees: where two replies
     to the same context parted (a near-tie, or a sampled reply), the next one may too."""
-    if len(copies) == 1:
-        return copies[0]
     agreed: list[int] = []
     for i in range(max(map(len, copies))):
         votes = {copy[i] for copy in copies if i < len(copy)}

@@ -43,7 +43,6 @@ class BackRegistry:
         if record is None:
             self._make_room(address)
             record = self.records[back_id] = BackRecord(now)
-            self._bound()
         record.last_seen = now
         record.address = address or record.address
         record.kind = kind or record.kind
@@ -52,15 +51,13 @@ class BackRegistry:
 
     def _make_room(self, address: str) -> None:
         """A new id from an address that has BACKS_PER_ADDRESS takes the place of its least
-        recently seen one: made-up ids push out only each other."""
+        recently seen one (made-up ids push out only each other), and where lead holds 1024
+        backs, of the least recently seen of all."""
         mine = [k for k, r in self.records.items() if address and r.address == address]
         if len(mine) >= BACKS_PER_ADDRESS:
             del self.records[min(mine, key=lambda k: self.records[k].last_seen)]
-
-    def _bound(self) -> None:
-        if len(self.records) > 1024:  # bound memory against many ids
-            oldest = min(self.records, key=lambda k: self.records[k].last_seen)
-            del self.records[oldest]
+        if len(self.records) >= 1024:  # bound memory against many ids
+            del self.records[min(self.records, key=lambda k: self.records[k].last_seen)]
 
     def credit(self, drafted: dict[str, int], accepted: dict[str, int]) -> None:
         """Add one reply's verified and accepted draft tokens per back."""

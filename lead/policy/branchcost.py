@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from lead.policy.acceptance import expected_yield
+from lead.policy.acceptance import yield_curve
 
 
 def branch_lengths(k: int, offered: Sequence[tuple[int, int]], alpha: float, cover: float,
@@ -21,19 +21,16 @@ def branch_lengths(k: int, offered: Sequence[tuple[int, int]], alpha: float, cov
     kept where it raises them; at most `most` tokens in the batch in all."""
     lengths = [0] * len(offered)
     batch, value = k + 1, expected
-    seen: set[int] = set()
     for j, (at, n_tokens) in enumerate(offered):
-        if at >= k or at in seen:
+        if at >= k or at in (earlier for earlier, _ in offered[:j]):  # a position's first only
             continue
-        seen.add(at)
         reach = alpha ** at * (1.0 - alpha) * cover
-        rate, best = value / price(batch), 0
-        for n in range(2, min(n_tokens, most - batch) + 1):  # a root alone adds nothing
-            gained = (value + reach * expected_yield([alpha] * (n - 1))) / price(batch + n)
-            if gained > rate:
-                rate, best = gained, n
-        if best:
+        more = yield_curve([alpha] * (min(n_tokens, most - batch) - 1))  # n tokens: more[n - 1]
+        rates = {n: (value + reach * more[n - 1]) / price(batch + n)
+                 for n in range(2, len(more) + 1)}  # a root alone adds nothing
+        best = max(rates, key=rates.__getitem__, default=0)
+        if best and rates[best] > value / price(batch):
             lengths[j] = best
             batch += best
-            value += reach * expected_yield([alpha] * (best - 1))
+            value += reach * more[best - 1]
     return lengths

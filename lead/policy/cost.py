@@ -30,7 +30,7 @@ class CostModel:
     acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     # how often a rejection's correction was the root of a branch offered there
-    cover: Rate = field(default_factory=lambda: Rate((1.0, 1.0), 0.9))
+    cover: Rate = field(default_factory=Rate)  # from 0.5, weight 2
     tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
     longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
 
