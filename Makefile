@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models browser clients run test test-fast test-process lint bench advise bench-structured clean
+.PHONY: install models browser clients vulkan run test test-fast test-process lint bench advise bench-structured clean
 
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
@@ -31,8 +31,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	@ls $(WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || { \
 	  echo "building $(LLAMA) with $(GGML_$(GPU)) (compiles llama.cpp: ~10 min on 2 cores)"; \
-	  CMAKE_ARGS="$(GGML_$(GPU))" $(PY) -m pip wheel --no-deps --no-cache-dir \
-	    --no-binary llama-cpp-python -w $(WHEELS) "$(LLAMA)"; }
+	  CMAKE_ARGS="$(GGML_$(GPU))" scripts/build-wheel.sh $(PY) "$(LLAMA)" $(WHEELS); }
 	$(PY) -m pip install --force-reinstall --no-deps $(WHEELS)/llama_cpp_python-*.whl
 	$(PY) -m pip install -e '.[test,web]'
 	rm -f $(VENV)/.installed-*
@@ -61,10 +60,16 @@ browser:
 clients:
 	@PYTHON=$(PYTHON) scripts/clients.sh
 
+# A GPU backend on every machine: llama.cpp built for Vulkan in .venv-vulkan, over Mesa's
+# software driver where there is no GPU (tests/test_vulkan.py; ~15 min to build on 2 cores,
+# cached as the CPU wheel is). Debian's packages installed where apt-get and root allow.
+vulkan:
+	@scripts/vulkan.sh
+
 run: models  ## lead + back on the default pair, then the chat REPL (GPU=cuda: target on it)
 	TARGET=$(TARGET) DRAFT=$(DRAFT) PY=$(PY) GPU=$(GPU) scripts/run.sh
 
-test: models browser clients  ## everything: unit, in-process, PTY chat and real-model tiers
+test: models browser clients vulkan  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest
 
 test-fast: install  ## the unit tier: one process, fake models (about a minute)
@@ -86,14 +91,24 @@ bench-structured: models  ## duo on JSON-schema prompts: back under the grammar 
 	$(PY) -m bench.structured $(BENCH_ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) .venv-vulkan .pytest_cache .ruff_cache *.egg-info
 
 # The GPU check (docs/gpu.md): what a lent device lacks, packed into .device/ (under the
 # device call's 64 MiB with the working tree), and the check rehearsed here end to end
 # with DEVICE=cpu and small shapes (compiles llama.cpp: not part of `make test`).
-.PHONY: device-pack device-rehearsal
+.PHONY: device-pack device-rehearsal gpu-check
 device-pack: install
 	$(PY) -m device.pack
 
 device-rehearsal: device-pack
 	scripts/device-rehearsal.sh
+
+# The same check for anyone with an NVIDIA GPU and CUDA's nvcc: llama.cpp built for CUDA
+# (CMake's `native`: the card's own architecture), lead and a back served on it, batches priced, duo predicted
+# beside llama-server; results in gpu-check/ (summary.md). Takes 10-40 minutes, the build
+# most of it. docs/gpu.md says what it prints.
+gpu-check: device-pack
+	DEVICE=cuda CUDA_ARCH=native PY=$(abspath $(PY)) OUT=$(CURDIR)/gpu-check WORK=$${WORK:-/tmp/duo-gpu-check} \
+	  BUDGET=$${BUDGET:-3600} BUILD_LIMIT=$${BUILD_LIMIT:-2400} SERVE_LIMIT=$${SERVE_LIMIT:-300} \
+	  DIAGNOSE_LIMIT=$${DIAGNOSE_LIMIT:-600} PRICE_LIMIT=$${PRICE_LIMIT:-600} \
+	  PREDICT_LIMIT=$${PREDICT_LIMIT:-300} scripts/device-check.sh

@@ -12,6 +12,7 @@ from back.drafter import Drafter, ModelDrafter, NgramDrafter
 from back.placer import Placer
 from back.settings import BackSettings
 from back.worker import BackFatal, Worker
+from shared import crashtrace
 from shared.cli import fail, parse_settings, setup_logging
 from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError
@@ -75,6 +76,8 @@ def main(argv: list[str] | None = None) -> None:
         restart_with_huge_pages("back", sys.argv[1:])
     settings = parse_settings(BackSettings, "python -m back", DESCRIPTION, argv)
     setup_logging(settings.log_level)
+    if argv is None:  # a fatal signal names its frames, during the model load too
+        crashtrace.install()
     try:
         worker = build_worker(settings)
     except (ModelError, PlacementError) as exc:

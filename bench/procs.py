@@ -110,25 +110,26 @@ class Proc:
 class Lead(Proc):
     def __init__(self, model: str = "smollm2-135m", *extra: str,
                  env: dict[str, str] | None = None, cpus: str | None = None,
-                 cwd: Path = ROOT, sized: bool = True) -> None:
+                 cwd: Path = ROOT, sized: bool = True, program: str = sys.executable,
+                 start_s: float = 300) -> None:
         """`cwd`: the checkout whose lead runs (another commit's, for an A/B); `sized`: one
         thread and LEAD_CTX tokens before `extra` (False: lead's own defaults, as a user
-        starts it)."""
+        starts it); `program`: the Python that runs it (another build's venv)."""
         self.port = free_port()
         sizes = ["--threads", "1", "--ctx-size", str(LEAD_CTX)] if sized else []
         super().__init__(["-m", "lead", "-m", model, "--host", "127.0.0.1", "--port",
-                          str(self.port), *sizes, *extra], env, "lead", cpus, cwd)
-        self.url = self.wait_serving("lead", self.port, 300)  # a ceiling for hangs: a busy
-        # machine's startup pricing took 45 s, a 32k context's cache 6 s more
+                          str(self.port), *sizes, *extra], env, "lead", cpus, cwd, program)
+        self.url = self.wait_serving("lead", self.port, start_s)  # a ceiling for hangs: a
+        # busy machine's startup pricing took 45 s, a 32k context's cache 6 s more
 
 
 class Back(Proc):
     def __init__(self, lead: Lead, model: str = "smollm2-135m", *extra: str,
-                 cpus: str | None = None, cwd: Path = ROOT) -> None:
+                 cpus: str | None = None, cwd: Path = ROOT, program: str = sys.executable,
+                 env: dict[str, str] | None = None) -> None:
         """`cwd`: the checkout whose back runs (another commit's, for an A/B)."""
         super().__init__(["-m", "back", "--lead", f"127.0.0.1:{lead.port}", "-m", model,
-                          "--threads", "1", *extra], None, "back", cpus,
-                         cwd)
+                          "--threads", "1", *extra], env, "back", cpus, cwd, program)
         self.lead = lead
 
     def wait_attached(self, timeout: float = 60) -> None:

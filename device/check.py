@@ -90,6 +90,7 @@ def diagnose(a: argparse.Namespace, plan: Plan) -> int:
     """Run where serve failed: device/diagnose.py's probes on the serve check's target."""
     cmd = [sys.executable, "-m", "device.diagnose", "--model",
            str(model_path(a, plan.serve_shape)), "--ngl", str(plan.ngl), "--work", a.work,
+           "--draft", str(model_path(a, plan.shapes[1])),
            "--deadline", str(a.deadline), "--out", str(results(a) / "diagnose.json")]
     return subprocess.run(cmd, timeout=max(left(a), 1)).returncode
 

@@ -4,7 +4,7 @@ Run by scripts/device-check.sh when the serve step fails. The first H100 run (do
 saw lead exit with SIGSEGV while loading, silently, where a bare process loading the same
 model did not, and the same bare process crashed once lead's modules were imported first.
 So each probe here is a short process with a native backtrace on a fatal signal
-(device/segvtrace.c, preloaded; frames in the built libraries resolved with addr2line):
+(shared/crashtrace.c, preloaded; frames in the built libraries resolved with addr2line):
 bare loads in several import orders and on a thread, then lead itself with one thing
 changed at a time. Each probe records its exit, its seconds, the trace and its last lines.
 """
@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from bench.procs import free_port
+from shared.crashtrace import SOURCE
 
 HERE = Path(__file__).parent
 # A bare load and one evaluation; {before} is what the process imports first
@@ -61,12 +62,16 @@ class Probe:
 
 PROBES = [
     Probe("lead, as the serve step starts it", lead_args=[]),
+    Probe("lead, CUDA hidden (CUDA_VISIBLE_DEVICES empty)", lead_args=[],
+          env={"CUDA_VISIBLE_DEVICES": ""}),
+    Probe("lead, no pinned host memory (GGML_CUDA_NO_PINNED=1)", lead_args=[],
+          env={"GGML_CUDA_NO_PINNED": "1"}),
     Probe("lead --tree 0 --ctx-size 4096 (no branch sequences)",
           lead_args=["--tree", "0", "--ctx-size", "4096"]),
     Probe("bare load", before=""),
+    Probe("bare load of the draft, CPU only", before="DRAFT"),
     Probe("bare load after import lead.policy.cost", before="import lead.policy.cost"),
     Probe("bare load after lead's app module", before="import lead.server.app"),
-    Probe("bare load after import numpy", before="import numpy"),
     Probe("bare load on a thread", before="THREAD"),
     Probe("lead, CUDA graphs off", lead_args=[], env={"GGML_CUDA_DISABLE_GRAPHS": "1"}),
     Probe("lead, CUDA_LAUNCH_BLOCKING=1", lead_args=[], env={"CUDA_LAUNCH_BLOCKING": "1"}),
@@ -87,13 +92,13 @@ class Outcome:
 
 
 def compile_trace(work: Path) -> Path | None:
-    """device/segvtrace.c as a preloadable library, or None where there is no C compiler."""
+    """shared/crashtrace.c as a preloadable library, or None where there is no C compiler."""
     cc = shutil.which("cc") or shutil.which("gcc")
     if cc is None:
         return None
-    out = work / "segvtrace.so"
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out),
-                           str(HERE / "segvtrace.c")], capture_output=True, text=True)
+    out = work / "crashtrace.so"
+    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(out), str(SOURCE)],
+                          capture_output=True, text=True)
     return out if done.returncode == 0 else None
 
 
@@ -103,7 +108,10 @@ def command(probe: Probe, a: argparse.Namespace, port: int) -> list[str]:
         code = LOAD.format(before=before)
         if before == "THREAD":
             code = f"BODY = {LOAD.format(before='')!r}\n" + ON_A_THREAD.format()
-        argv = [sys.executable, "-c", code, a.model, str(a.ngl)]
+        model, ngl = (a.draft, 0) if before == "DRAFT" else (a.model, a.ngl)
+        if before == "DRAFT":
+            code = LOAD.format(before="")
+        argv = [sys.executable, "-c", code, model, str(ngl)]
     else:
         args = ["--n-gpu-layers", str(a.ngl), "--ctx-size", "8192", *probe.lead_args]
         argv = [sys.executable, "-m", "lead", "-m", a.model, "--host", "127.0.0.1",
@@ -135,7 +143,8 @@ def dedupe_flags(argv: list[str]) -> list[str]:
 
 def run(probe: Probe, a: argparse.Namespace, preload: Path | None, limit: float) -> Outcome:
     port = free_port()
-    env = {**os.environ, "PYTHONFAULTHANDLER": "1", **probe.env}
+    # llama.cpp's whole log: its last lines before a crash say which step it was in
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1", "DUO_LLAMA_LOG": "1", **probe.env}
     if preload is not None:
         env["LD_PRELOAD"] = f"{preload}:{env['LD_PRELOAD']}" if env.get("LD_PRELOAD") \
             else str(preload)
@@ -184,9 +193,9 @@ def answers(port: int) -> bool:
 
 
 def traced(lines: list[str]) -> list[str]:
-    """The segv-trace block (its head line and the frames after it)."""
+    """The crash-trace block (its head line and the frames after it)."""
     for i, line in enumerate(lines):
-        if line.startswith("[segv-trace]"):
+        if line.startswith("[crash-trace]"):
             return lines[i:i + 40]
     return []
 
@@ -212,14 +221,39 @@ def diagnose(a: argparse.Namespace) -> dict:
     outcomes: list[Outcome] = []
     for probe in PROBES:
         left = a.deadline - time.time()
-        if left < 10:
+        if left < 10 or (probe.before == "DRAFT" and not a.draft):
             outcomes.append(Outcome(probe.name, "skipped", 0.0, [], []))
             continue
         outcomes.append(run(probe, a, preload, min(a.probe_s, left - 5)))
         print(f"{probe.name}: {outcomes[-1].status} in {outcomes[-1].seconds} s",
               file=sys.stderr, flush=True)
+    crashed = next((p for p, o in zip(PROBES, outcomes, strict=True)
+                    if o.status.startswith("signal")), None)
+    gdb = under_gdb(crashed, a) if crashed else []
     return {"model": a.model, "ngl": a.ngl, "segvtrace": preload is not None,
-            "probes": [asdict(o) for o in outcomes]}
+            "probes": [asdict(o) for o in outcomes], "gdb": gdb}
+
+
+def under_gdb(probe: Probe, a: argparse.Namespace) -> list[str]:
+    """The first crashing probe again under gdb, address randomisation left on (as it
+    crashed): every thread's backtrace; [] without gdb or time."""
+    gdb, left = shutil.which("gdb"), a.deadline - time.time() - 5
+    if gdb is None or left < 15:
+        return []
+    argv = command(probe, a, free_port())
+    if argv[0] == "bash":  # a shell probe: gdb runs the program it would exec
+        argv = argv[4:]
+    env = {**os.environ, "DUO_LLAMA_LOG": "1", **probe.env}
+    try:
+        done = subprocess.run([gdb, "-q", "-batch", "-ex", "set disable-randomization off",
+                               "-ex", "set pagination off", "-ex", "run",
+                               "-ex", "thread apply all bt 30", "--args", *argv],
+                              capture_output=True, text=True, env=env, timeout=min(left, 90))
+    except subprocess.TimeoutExpired:
+        return ["(gdb: no crash within the time left)"]
+    lines = done.stdout.splitlines()
+    start = next((i for i, line in enumerate(lines) if "received signal" in line), None)
+    return lines[start:start + 200] if start is not None else lines[-20:]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -227,6 +261,7 @@ def main(argv: list[str] | None = None) -> None:
                                 description=__doc__.splitlines()[0])
     p.add_argument("--model", required=True)
     p.add_argument("--ngl", type=int, default=-1)
+    p.add_argument("--draft", default="", help="the draft model, for its CPU-only load")
     p.add_argument("--work", required=True, help="where the trace library is compiled")
     p.add_argument("--probe-s", type=float, default=45, help="each probe's limit")
     p.add_argument("--deadline", type=float, required=True, help="seconds since the epoch")

@@ -61,6 +61,10 @@ def diagnosis(data: dict) -> list[str]:
     crashed = next((p for p in probes if p["trace"]), None)
     if crashed is not None:
         lines += ["", f"Native trace ({crashed['name']}):", "", "```", *crashed["trace"], "```"]
+    gdb = data.get("diagnose", {}).get("gdb", [])
+    if gdb:
+        lines += ["", "The first crash again under gdb (ASLR on), every thread:", "", "```",
+                  *gdb[:80], "```"]
     return [*lines, ""]
 
 

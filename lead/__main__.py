@@ -6,6 +6,7 @@ import logging
 import sys
 
 from lead.server.settings import LeadSettings
+from shared import crashtrace
 from shared.cli import fail, parse_settings, setup_logging
 from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError, allowed_cpus, apply
@@ -20,6 +21,8 @@ def main(argv: list[str] | None = None) -> None:
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.log_level)
+    if argv is None:  # a fatal signal names its frames, during the model load too
+        crashtrace.install()
     from lead.server.app import create_app, lead_placement
     from lead.server.serve import bound_socket, serve
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU check, one command on a lent device (docs/gpu.md). From the repository root:
+# The GPU check (docs/gpu.md). From the repository root:
 #
-#   scripts/device-check.sh                     # DEVICE=cuda: the H100, writes into $OUT
+#   make gpu-check                              # on a machine with an NVIDIA GPU and nvcc
+#   scripts/device-check.sh                     # DEVICE=cuda, offline, from the pack alone
 #   DEVICE=cpu PY=... scripts/device-check.sh   # the rehearsal (make device-rehearsal)
 #
 # Steps, one line each: probe, install (the pack's wheels and Python files), unpack (the
@@ -70,10 +71,14 @@ probe() {
   "$PY" -m device.probe "$gpu" "$WORK/results/device.json"
 }
 
-install() {
-  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target "$WORK/site" "$PACK"/wheels/*.whl || return 1
-  untar python && cp -r "$WORK/python/." "$WORK/site/" || return 1
+install() {  # the pack's wheels, unless PY has duo's packages (make gpu-check: its venv)
+  if "$PY" -c 'import fastapi, uvicorn, pydantic_settings, httpx_ws' 2>/dev/null; then
+    echo "$PY has duo's packages: the pack's wheels are not needed"
+  else
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$WORK/site" "$PACK"/wheels/*.whl || return 1
+  fi
+  untar python && mkdir -p "$WORK/site" && cp -r "$WORK/python/." "$WORK/site/" || return 1
   "$PY" -c 'import fastapi, uvicorn, pydantic, pydantic_settings, httpx_ws, httpx_sse, gguf
 import prompt_toolkit, diskcache
 print("imports ok: fastapi", fastapi.__version__, "pydantic", pydantic.__version__)'
@@ -95,6 +100,7 @@ unpack() {
 build() {
   "$PY" -m device.build --src "$WORK/llama.cpp" --build "$BUILD" --site "$WORK/site" \
     --device "$DEVICE" --jobs "$JOBS" --timeout "$((STEP_LIMIT - 10))" \
+    --arch "${CUDA_ARCH:-90-real}" \
     --log "$WORK/logs/build-full.log" --json "$WORK/results/build.json" || return 1
   "$PY" -c 'import llama_cpp, sys
 info = llama_cpp.llama_print_system_info().decode()

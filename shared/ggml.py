@@ -2,7 +2,8 @@
 
 The library llama-cpp-python ships exports them once llama.cpp is built with GGML_RPC=ON;
 they are reached the way llama.cpp's own `--rpc` and `rpc-server` reach them, through the
-RPC backend registry's proc addresses. Only shared.llm and shared.rpc import this module.
+RPC backend registry's proc addresses. Only shared.llm, shared.llm_load and shared.rpc
+import this module.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The one module that talks to llama-cpp-python (lead and back both use it), with its KV
-cache half in shared/llm_seqs.py and its grammar half in shared/llm_grammar.py.
+"""The one module that talks to llama-cpp-python (lead and back both use it), with its
+loading in shared/llm_load.py, its KV cache half in shared/llm_seqs.py and its grammar
+half in shared/llm_grammar.py.
 
-LlamaModel drives the context directly through the low-level API: one batch per
+LlamaModel drives its one context directly through the C API: one batch per
 call, logits requested only for the rows that are needed (no logits_all), and
 `llama_memory_seq_rm` to roll the KV cache back. A model loaded with `slots=S` holds S
 generations side by side in one unified KV cache, decoded together by `evaluate_parts`;
@@ -15,34 +16,35 @@ import ctypes
 import hashlib
 import logging
 import os
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import llama_cpp
-from llama_cpp import _logger as llama_logger
-from llama_cpp._internals import LlamaContext
 
 from shared.chat_template import ChatTemplate
-from shared.context import SMALLEST, gib, kv_bytes_per_token, physical_memory
 from shared.context import choose as choose_context
+from shared.context import gib, kv_bytes_per_token, physical_memory
 from shared.llm_grammar import GrammarState, captured, schema_grammar
+from shared.llm_load import (
+    ContextShape,
+    LogRoute,
+    load_weights,
+    metadata,
+    model_params,
+    new_context,
+    tokenize,
+)
 from shared.llm_seqs import Batches, Sequences, SlotView, aborting
 from shared.llm_state import SlotStates
 from shared.model import flash_attention
-from shared.presets import ModelError, resolve_model
+from shared.presets import resolve_model
 
 log = logging.getLogger(__name__)
 _PIECE_BUF = 256
 _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
                      "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
-
-def _load_hint(exc: Exception, n_ctx: int) -> str:
-    """What to try: the model loaded but its cache did not fit, or the file is no model."""
-    if "context" in str(exc):
-        return f"a context of {n_ctx} tokens does not fit: try a smaller --ctx-size"
-    return "is it a GGUF file?"
 
 
 class LlamaModel(Sequences, Batches, SlotStates):
@@ -55,45 +57,36 @@ class LlamaModel(Sequences, Batches, SlotStates):
                  branches: int = 0, flash_attn: bool = True, slots: int = 1) -> None:
         """`n_ctx`: the most tokens one slot holds (the cache holds n_ctx per slot; 0: as an
         agent's prompt needs, where the model and memory allow: shared/context.py);
-        `branches`: branch sequences beside each slot's main one (`fork`, `evaluate_many`)."""
-        threads = threads or os.cpu_count() or 1
-        try:
-            self._llm = llama_cpp.Llama(
-                model_path=str(path), n_ctx=n_ctx or SMALLEST, n_batch=n_batch,
-                n_ubatch=n_batch, n_threads=threads, n_threads_batch=threads,
-                n_gpu_layers=n_gpu_layers, tensor_split=tensor_split, logits_all=False,
-                verbose=False, flash_attn=flash_attn)
-        except (ValueError, RuntimeError) as exc:
-            raise ModelError(f"cannot load {path}: {exc} ({_load_hint(exc, n_ctx)})") from None
+        `branches`: sequences beside each slot's main one (`fork`, `evaluate_many`)."""
         self.name = path.stem
         self.n_branches = max(branches, 0)
         self.can_fork = self.n_branches > 0
         self.n_slots = max(slots, 1)
         n_roles = self.n_slots * (1 + self.n_branches)
-        wanted = n_ctx or self._chosen_context()
-        if n_roles > 1 or wanted != self._llm.n_ctx():
-            try:
-                self._more_sequences(n_roles, wanted * self.n_slots)
-            except (ValueError, RuntimeError) as exc:
-                raise ModelError(f"cannot load {path}: {exc} "
-                                 f"({_load_hint(exc, wanted)})") from None
-        self._ctx = self._llm.ctx
-        self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
+        params, self._split = model_params(n_gpu_layers, tensor_split)
+        self._model = load_weights(path, params)
+        self.metadata = metadata(self._model)
+        shape = ContextShape((n_ctx or self._chosen_context()) * self.n_slots, n_roles,
+                             n_batch, threads or os.cpu_count() or 1, flash_attn)
+        self._ctx = new_context(self._model, shape, str(path))
+        self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // self.n_slots
-        self.n_batch = n_batch
+        self.n_batch = llama_cpp.llama_n_batch(self._ctx)  # what the context takes
         self.eos_token_ids = frozenset(
             t for t in range(self.n_vocab) if llama_cpp.llama_vocab_is_eog(self._vocab, t))
         self._own, self._base = self, 0  # as a Model: slot 0
         self._lists: list[list[int]] = [[] for _ in range(n_roles)]
         self._ids = list(range(n_roles))
         # a token of a slot's main sequence may belong to its every branch too
-        self._batch = llama_cpp.llama_batch_init(n_batch, 0, 1 + self.n_branches)
+        self._batch = llama_cpp.llama_batch_init(self.n_batch, 0, 1 + self.n_branches)
+        self._free = weakref.finalize(self, _free_native, self._batch, self._ctx, self._model)
+        self._free.atexit = False  # at exit the process's memory goes anyway
         self._views = [SlotView(self, i) for i in range(1, self.n_slots)]
         self._piece = ctypes.create_string_buffer(_PIECE_BUF)
         self._fingerprint: str | None = None
         # the GGUF's own template (None: it has none, and a default one is used)
-        self.chat_template: str | None = self._llm.metadata.get("tokenizer.chat_template")
+        self.chat_template: str | None = self.metadata.get("tokenizer.chat_template")
         fim = (int(llama_cpp.llama_vocab_fim_pre(self._vocab)),
                int(llama_cpp.llama_vocab_fim_suf(self._vocab)),
                int(llama_cpp.llama_vocab_fim_mid(self._vocab)))
@@ -106,27 +99,16 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self._polled = False
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
         self._evaluating_thread: int | None = None  # see _check_thread
-        llama_cpp.llama_log_set(_log_unless_aborting, ctypes.c_void_p(0))  # holds pointers
 
     def _chosen_context(self) -> int:
         """--ctx-size 0: what an agent's prompt needs, as the model and memory allow."""
-        meta, memory = self._llm.metadata, physical_memory()
+        meta, memory = self.metadata, physical_memory()
         chosen = choose_context(meta, self.n_slots, memory)
         log.info("%s: a generation holds %d tokens (%s; --ctx-size to change): %s of KV "
                  "cache for %d slot%s", self.name, chosen.n_ctx, chosen.why,
                  gib(chosen.n_ctx * self.n_slots * kv_bytes_per_token(meta)), self.n_slots,
                  "" if self.n_slots == 1 else "s")
         return chosen.n_ctx
-
-    def _more_sequences(self, n_seq: int, n_ctx: int) -> None:
-        """Replace Llama's context (made for one sequence) with one for `n_seq` sharing one
-        KV buffer of `n_ctx` cells: unified, so that a branch's cells see the prefix it shares
-        with the main sequence, and one slot's prefix can be shared with another."""
-        params = llama_cpp.llama_context_params.from_buffer_copy(self._llm.context_params)
-        params.n_seq_max, params.kv_unified, params.n_ctx = n_seq, True, n_ctx
-        context = LlamaContext(model=self._llm._model, params=params, verbose=False)
-        self._llm._ctx.close()
-        self._llm._ctx = context
 
     def slot(self, i: int) -> Sequences:
         """Slot i's sequences as a model of their own (slot 0: this model)."""
@@ -139,12 +121,14 @@ class LlamaModel(Sequences, Batches, SlotStates):
         llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
 
     def close(self) -> None:
-        llama_cpp.llama_batch_free(self._batch)
-        self._llm.close()
+        """Free the batch, the context and the model (once; the model is unusable after;
+        a model dropped without close is freed when collected)."""
+        self._free()
+        self._ctx = self._model = None
 
     # --- text ---
     def tokenize(self, text: str, special: bool = False, add_bos: bool = True) -> list[int]:
-        return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
+        return tokenize(self._vocab, text.encode("utf-8"), add_bos, special)
 
     def token_bytes(self, token_id: int) -> bytes:
         n = llama_cpp.llama_token_to_piece(self._vocab, token_id, self._piece, _PIECE_BUF, 0, False)
@@ -161,8 +145,8 @@ class LlamaModel(Sequences, Batches, SlotStates):
 
     def _chat_formatter(self) -> ChatTemplate:
         template = self.chat_template or _DEFAULT_TEMPLATE
-        eos = self._text_of(self._llm.token_eos())
-        bos = self._text_of(self._llm.token_bos())
+        eos = self._text_of(llama_cpp.llama_vocab_eos(self._vocab))
+        bos = self._text_of(llama_cpp.llama_vocab_bos(self._vocab))
         return ChatTemplate(template, bos=bos, eos=eos)
 
     def _text_of(self, token_id: int) -> str:
@@ -189,16 +173,24 @@ class LlamaModel(Sequences, Batches, SlotStates):
         return schema_grammar(schema, strict)
 
 
-@llama_cpp.llama_log_callback
-def _log_unless_aborting(level: int, text: bytes, user_data: ctypes.c_void_p) -> None:
-    # An aborted decode logs three errors and a warning; for a back dropping a stale
-    # draft that is routine. A grammar's parse errors become the ValueError's message.
-    # All else goes to llama-cpp-python's own logger, as before.
+def _free_native(batch: Any, context: Any, model: Any) -> None:
+    llama_cpp.llama_batch_free(batch)
+    llama_cpp.llama_free(context)
+    llama_cpp.llama_model_free(model)
+
+
+def _quiet_line(level: int, text: str) -> bool:
+    """Whether a llama.cpp log line is taken here: a grammar's parse errors become its
+    ValueError's message; an aborted decode's three errors and a warning are routine for
+    a back dropping a stale draft, so not shown."""
     lines = getattr(captured, "lines", None)
     if lines is not None:
-        lines.append(text.decode("utf-8", "replace"))
-    elif not getattr(aborting, "now", False):
-        llama_logger.llama_log_callback(level, text, user_data)
+        lines.append(text)
+        return True
+    return bool(getattr(aborting, "now", False))
+
+
+LogRoute.hook = _quiet_line
 
 
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,

@@ -45,7 +45,9 @@ def warning(host: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(RpcSettings, "python -m shared.rpc", DESCRIPTION, argv)
-    from shared import ggml  # loads llama.cpp: after --help and flag errors
+    from shared import crashtrace, ggml  # loads llama.cpp: after --help and flag errors
+
+    crashtrace.install()
 
     if not ggml.rpc_supported():
         fail(f"this llama-cpp-python has no RPC backend; {ggml.REBUILD}")

@@ -38,7 +38,7 @@ def test_a_crash_on_a_thread_leaves_a_native_trace(segvtrace: Path) -> None:
                           text=True, env={"LD_PRELOAD": str(segvtrace), "PATH": "/usr/bin"})
     assert done.returncode == -11
     trace = traced(done.stderr.splitlines())
-    assert trace[0].startswith("[segv-trace] signal 11") and "address (nil)" in trace[0]
+    assert trace[0].startswith("[crash-trace] signal 11") and "address (nil)" in trace[0]
     assert any("_ctypes" in frame for frame in trace[1:]), trace  # the frame that faulted
 
 
@@ -50,7 +50,7 @@ def test_a_process_that_does_not_crash_is_unchanged_by_the_trace(segvtrace: Path
 
 
 def test_frames_in_a_library_are_resolved_where_addr2line_knows_them() -> None:
-    lines = ["[segv-trace] signal 11 (Segmentation fault) at address 0x8 on thread 7",
+    lines = ["[crash-trace] signal 11 (Segmentation fault) at address 0x8 on thread 7",
              "/nonexistent/libggml-cuda.so(+0x1234)[0x7f0000001234]",
              "/lib/libc.so.6(abort+0x10)[0x7f0000000010]"]
     out = resolved(lines)
@@ -59,7 +59,7 @@ def test_frames_in_a_library_are_resolved_where_addr2line_knows_them() -> None:
 
 
 def test_the_trace_is_found_among_a_process_s_lines() -> None:
-    lines = ["loading", "flash attention on", "", "[segv-trace] signal 11 at (nil)",
+    lines = ["loading", "flash attention on", "", "[crash-trace] signal 11 at (nil)",
              "/a(+0x1)[0x2]"]
     assert traced(lines) == lines[3:] and traced(["no crash"]) == []
 
@@ -82,16 +82,35 @@ def test_a_probe_s_flags_replace_the_defaults() -> None:
     assert bare[-2:] == ["m.gguf", "-1"] and "import numpy\nfrom shared.llm" in bare[2]
 
 
+def test_the_draft_probe_loads_the_draft_on_the_cpu() -> None:
+    args = Namespace(model="target.gguf", ngl=-1, draft="draft.gguf")
+    argv = command(Probe("draft", before="DRAFT"), args, 5000)
+    assert argv[-2:] == ["draft.gguf", "0"] and "DRAFT" not in argv[2]
+
+
+@pytest.mark.process
+@pytest.mark.skipif(shutil.which("gdb") is None, reason="no gdb here")
+def test_a_crashing_probe_is_run_again_under_gdb_with_every_threads_frames() -> None:
+    args = Namespace(model="m.gguf", ngl=0, draft="", deadline=time.time() + 120)
+    crash = Probe("crash", before="import ctypes; ctypes.string_at(0)")
+    lines = diagnose.under_gdb(crash, args)
+    assert "received signal SIGSEGV" in lines[0], lines
+    assert any(line.startswith("#0") for line in lines), lines
+
+
 def test_the_summary_shows_each_probe_and_the_first_trace() -> None:
     data = {"diagnose": {"probes": [
         {"name": "lead", "status": "signal SIGSEGV", "seconds": 3.1,
-         "trace": ["[segv-trace] signal 11", "/x/libllama.so(+0x10)[0x1]  llama_decode"],
+         "trace": ["[crash-trace] signal 11", "/x/libllama.so(+0x10)[0x1]  llama_decode"],
          "tail": []},
         {"name": "bare load", "status": "evaluated", "seconds": 2.0, "trace": [], "tail": []}]}}
     text = report.markdown(data)
     assert "| lead | signal SIGSEGV | 3.1 |" in text and "| bare load | evaluated | 2.0 |" in text
     assert "Native trace (lead):" in text and "llama_decode" in text
     assert "Why lead did not serve" not in report.markdown({})
+    data["diagnose"]["gdb"] = ["Thread 7 received signal SIGSEGV", "#0  0x1 in f ()"]
+    assert "under gdb (ASLR on)" in report.markdown(data) and "#0  0x1 in f" in \
+        report.markdown(data)
 
 
 @pytest.mark.real
