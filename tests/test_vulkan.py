@@ -1,12 +1,12 @@
 """A GPU backend on every machine: lead and a back on llama.cpp's Vulkan build (`make
 vulkan`: .venv-vulkan), over Mesa's software Vulkan driver (lavapipe) where no GPU is.
 
-Lead runs with every layer offloaded and its defaults (startup pricing, flash attention,
-the draft length it chooses), its own drafts off so that every draft is the back's;
-a back on the same build with none offloaded must not touch the GPU. A reply is streamed
-with the back's drafts verified; the back is killed mid-reply and another joins; every
-emitted token must be the target's own greedy choice as lead computed it on that backend
-(its top logprob). Slow on lavapipe (SmolLM2 at a few tokens a second), so one reply.
+Lead runs with every layer offloaded and its defaults (startup pricing of batches of 1-65
+tokens, flash attention) and serves. Then, its draft length forced, a back on the same
+build with none offloaded (it must not touch the GPU) drafts for a streamed reply; the back
+is killed mid-reply and another joins and drafts; every emitted token must be the target's
+own greedy choice as lead computed it on that backend (its top logprob). Slow on lavapipe
+(SmolLM2 at a few tokens a second), so short replies.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from bench.procs import ROOT, Back, Lead
-from tests.drafting import HELD_PROMPT
+from tests.drafting import FORCED, HELD_PROMPT
 from tests.test_real import back_accepted
 
 pytestmark = pytest.mark.real
@@ -50,12 +50,22 @@ def vulkan_devices() -> list[str]:
     return found
 
 
+@pytest.fixture
+def default_lead() -> Iterator[Lead]:
+    """Lead as a user starts it on a GPU: every layer offloaded, nothing else changed."""
+    vulkan_devices()
+    proc = Lead("smollm2-135m", "--n-gpu-layers", "-1", sized=False, program=str(PYTHON),
+                env=VISIBLE, start_s=900)
+    yield proc
+    proc.stop()
+
+
 @pytest.fixture(scope="module")
 def lead() -> Iterator[Lead]:
+    """Every layer offloaded, the draft length forced (whether drafts pay on lavapipe is
+    this machine's business) and lead's own drafts off: every draft verified is a back's."""
     vulkan_devices()
-    # lead's defaults (startup pricing, flash attention, the draft length it chooses) but
-    # its own drafts: every draft verified here is the back's
-    proc = Lead("smollm2-135m", "--n-gpu-layers", "-1", "--no-ngram", sized=False,
+    proc = Lead("smollm2-135m", "--n-gpu-layers", "-1", *FORCED, sized=False,
                 program=str(PYTHON), env=VISIBLE, start_s=900)
     yield proc
     proc.stop()
@@ -82,10 +92,14 @@ def own_choices(events: list[dict]) -> list[tuple[str, str]]:
     return pairs
 
 
-def test_lead_offloads_every_layer_and_prices_batches(lead: Lead) -> None:
-    log = lead.log()
-    assert "using device Vulkan0" in log and "pricing verify batches" in log
-    assert "flash attention on" in log
+def test_lead_with_its_defaults_prices_batches_and_serves(default_lead: Lead) -> None:
+    log = default_lead.log()
+    assert "using device Vulkan0" in log and "flash attention on" in log
+    assert "pricing verify batches of 1-65 tokens" in log and "verify cost over one" in log
+    events = list(stream(default_lead, 12))
+    assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
+    pairs = own_choices(events)
+    assert pairs and [t for t, _ in pairs] == [top for _, top in pairs]
 
 
 def test_a_reply_with_drafts_survives_a_back_killed_and_rejoining(lead: Lead) -> None:
