@@ -29,7 +29,7 @@ from lead.server.settings import parse_costs
 
 LONGEST = 64  # lead's --ngram-max default
 # A 2-core AMD EPYC (family 25) calibrated on the default target: b=2 .. 9, then 24, 32,
-# 48, 65 (docs/benchmarks.md, 2026-11-28, fifteenth session); sizes between are interpolated.
+# 48, 65 (docs/benchmarks.md, "Replays without a model"); sizes between are interpolated.
 EPYC_25 = {1: 1.0, 2: 1.62, 3: 2.09, 4: 2.26, 5: 2.94, 6: 3.51, 7: 4.12, 8: 4.70, 9: 6.63,
            24: 12.96, 32: 13.70, 48: 20.05, 65: 29.09}
 # A 2-core AMD EPYC (family 26), where batches are cheaper: b=48 at about 12 single steps.

@@ -49,26 +49,52 @@ def _help(description: str, default: Any) -> str:
     return f"{description} (default: {default})"
 
 
+def cli(group: str, *flags: str, bare: str | None = None) -> dict[str, Any]:
+    """A field's CLI extras: its --help section, more names for its flag (`-c`, a short
+    one first, or llama-server's), and what the flag means given bare (`-fa`: on)."""
+    short = [f[1:] for f in flags[:1] if not f.startswith("--") and len(f) == 2]
+    extra: dict[str, Any] = {"group": group, "flags": [f for f in flags if f[1:] not in short]}
+    if short:
+        extra["short"] = short[0]
+    if bare is not None:
+        extra["bare"] = bare
+    return extra
+
+
+def _extra(field: Any) -> dict[str, Any]:
+    """A field's CLI extras: `short` (-x), `flags` (more names, e.g. llama-server's),
+    `bare` (the value a flag given without one means), `group` (its --help section)."""
+    extra = field.json_schema_extra
+    return extra if isinstance(extra, dict) else {}
+
+
+def _flags(name: str, extra: dict[str, Any]) -> list[str]:
+    short = [f"-{extra['short']}"] if extra.get("short") else []
+    return [*short, f"--{name.replace('_', '-')}", *extra.get("flags", [])]
+
+
 def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse.ArgumentParser:
     prefix = settings_cls.model_config.get("env_prefix", "")
-    parser = argparse.ArgumentParser(
-        prog=prog, description=description,
-    )
+    parser = argparse.ArgumentParser(prog=prog, description=description)
+    groups: dict[str, argparse._ArgumentGroup] = {}
     for name, field in settings_cls.model_fields.items():
-        flags = [f"--{name.replace('_', '-')}"]
-        short = (field.json_schema_extra or {}).get("short") if isinstance(
-            field.json_schema_extra, dict) else None
-        if short:
-            flags.insert(0, f"-{short}")
+        extra = _extra(field)
+        title = extra.get("group")
+        where = groups.setdefault(title, parser.add_argument_group(title)) if title else parser
         help_text = f"{_help(field.description or '', field.default)} " \
                     f"[env {prefix}{name.upper()}]"
         help_text = help_text.replace("%", "%%")  # argparse %-formats help: keep a % as is
         if field.annotation is bool:
-            parser.add_argument(*flags, dest=name, action=argparse.BooleanOptionalAction,
-                                default=argparse.SUPPRESS, help=help_text)
+            where.add_argument(*_flags(name, extra), dest=name,
+                               action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
             continue
-        parser.add_argument(*flags, dest=name, type=_flag_type(field.annotation),
-                            default=argparse.SUPPRESS, help=help_text)
+        bare = {"nargs": "?", "const": extra["bare"]} if "bare" in extra else {}
+        # a field that reads words itself (-ngl all) gets them as text
+        words = any(isinstance(m, BeforeValidator) for m in field.metadata)
+        where.add_argument(*_flags(name, extra), dest=name,
+                           type=str if words else _flag_type(field.annotation),
+                           default=argparse.SUPPRESS, help=help_text, **bare)
     return parser
 
 

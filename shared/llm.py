@@ -30,6 +30,7 @@ from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.llm_load import (
     ContextShape,
     LogRoute,
+    Tuning,
     load_weights,
     metadata,
     model_params,
@@ -54,20 +55,24 @@ class LlamaModel(Sequences, Batches, SlotStates):
 
     def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,
                  n_batch: int = 512, tensor_split: list[float] | None = None,
-                 branches: int = 0, flash_attn: bool = True, slots: int = 1) -> None:
+                 branches: int = 0, flash_attn: bool = True, slots: int = 1,
+                 more: Tuning | None = None) -> None:
         """`n_ctx`: the most tokens one slot holds (the cache holds n_ctx per slot; 0: as an
         agent's prompt needs, where the model and memory allow: shared/context.py);
-        `branches`: sequences beside each slot's main one (`fork`, `evaluate_many`)."""
+        `branches`: sequences beside each slot's main one (`fork`, `evaluate_many`);
+        `more`: llama-server's knobs beyond these (threads for batches, mmap, ...)."""
+        more = more or Tuning()
         self.name = path.stem
         self.n_branches = max(branches, 0)
         self.can_fork = self.n_branches > 0
         self.n_slots = max(slots, 1)
         n_roles = self.n_slots * (1 + self.n_branches)
-        params, self._split = model_params(n_gpu_layers, tensor_split)
+        params, self._split = model_params(n_gpu_layers, tensor_split, more.mmap, more.mlock)
         self._model = load_weights(path, params)
         self.metadata = metadata(self._model)
         shape = ContextShape((n_ctx or self._chosen_context()) * self.n_slots, n_roles,
-                             n_batch, threads or os.cpu_count() or 1, flash_attn)
+                             n_batch, threads or os.cpu_count() or 1, flash_attn,
+                             more.threads_batch, more.n_ubatch)
         self._ctx = new_context(self._model, shape, str(path))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -196,7 +201,8 @@ LogRoute.hook = _quiet_line
 def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,
                n_batch: int = 512, rpc: str | None = None,
                tensor_split: str | None = None, branches: int = 0,
-               flash_attn: str = "auto", slots: int = 1) -> LlamaModel:
+               flash_attn: str = "auto", slots: int = 1,
+               more: Tuning | None = None) -> LlamaModel:
     """`rpc`: servers as --rpc takes them; `tensor_split`: weights as --tensor-split;
     `branches`: sequences to draft branches on, beside each slot's main one; `slots`:
     generations held at once, `n_ctx` tokens each; `flash_attn`: on, off,
@@ -216,4 +222,4 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
     log.info("%s: flash attention %s (--flash-attn %s, %d slot%s)", path.stem,
              "on" if flash else "off", flash_attn, slots, "" if slots == 1 else "s")
     return LlamaModel(path, threads, n_gpu_layers, n_ctx, n_batch, weights, branches, flash,
-                      slots)
+                      slots, more)

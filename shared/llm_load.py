@@ -31,6 +31,9 @@ ALL_LAYERS = 0x7FFFFFFF  # llama.cpp caps it at the model's layer count
 LOG_ENV = "DUO_LLAMA_LOG"  # 1: llama.cpp's whole log on stderr (else warnings and errors)
 GGML_LOG_INFO, GGML_LOG_WARN, GGML_LOG_ERROR, GGML_LOG_CONT = 2, 3, 4, 5  # ggml.h
 _META_BUF = 1024
+LOAD_MODES = {(True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,  # (mmap, mlock)
+              (False, True): llama_cpp.LLAMA_LOAD_MODE_MLOCK,
+              (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}
 
 
 @dataclass(frozen=True)
@@ -42,13 +45,28 @@ class ContextShape:
     n_batch: int
     threads: int
     flash_attn: bool
+    threads_batch: int = 0  # for prompt batches (0: threads)
+    n_ubatch: int = 0  # a compute step within a batch (0: n_batch)
 
 
-def model_params(n_gpu_layers: int, tensor_split: list[float] | None
-                 ) -> tuple[llama_cpp.llama_model_params, Any]:
-    """llama.cpp's model parameters, and the tensor split array they point to (keep it)."""
+@dataclass(frozen=True)
+class Tuning:
+    """llama-server's knobs beyond what lead and back choose themselves."""
+
+    threads_batch: int = 0  # CPU threads for prompt batches (0: the threads)
+    n_ubatch: int = 0  # tokens per compute step within a batch (0: the batch)
+    mmap: bool = True  # map the file (else read it whole)
+    mlock: bool = False  # keep the weights in RAM
+
+
+def model_params(n_gpu_layers: int, tensor_split: list[float] | None, mmap: bool = True,
+                 mlock: bool = False) -> tuple[llama_cpp.llama_model_params, Any]:
+    """llama.cpp's model parameters, and the tensor split array they point to (keep it).
+    `mmap`: map the file (else read it); `mlock`: keep the weights in RAM."""
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
+    if mlock or not mmap:
+        params.load_mode = LOAD_MODES[mmap, mlock]
     if n_gpu_layers == 0:  # no device list at all: no GPU backend, no pinned host buffers
         params.split_mode, params.main_gpu = llama_cpp.LLAMA_SPLIT_MODE_NONE, -1
     split = None
@@ -61,8 +79,9 @@ def model_params(n_gpu_layers: int, tensor_split: list[float] | None
 def context_params(shape: ContextShape) -> llama_cpp.llama_context_params:
     params = llama_cpp.llama_context_default_params()
     params.n_ctx, params.n_seq_max, params.kv_unified = shape.n_ctx, shape.n_seq, True
-    params.n_batch = params.n_ubatch = min(shape.n_batch, shape.n_ctx)
-    params.n_threads = params.n_threads_batch = shape.threads
+    params.n_batch = min(shape.n_batch, shape.n_ctx)
+    params.n_ubatch = min(shape.n_ubatch or params.n_batch, params.n_batch)
+    params.n_threads, params.n_threads_batch = shape.threads, shape.threads_batch or shape.threads
     params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if shape.flash_attn
                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     return params

@@ -61,6 +61,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     (tests give a fake target a virtual one)."""
     placement = lead_placement(settings)
     model = target if target is not None else _load_target(settings, placement.threads)
+    if settings.alias:
+        model.name = settings.alias  # how replies, /v1/models and the page name it
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
                     tree=settings.tree, grammar_s=settings.max_grammar_s,
@@ -97,7 +99,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,
                                    max_message=settings.max_body_kb * 1024))
-    mount_web(app, engine)
+    mount_web(app, engine, page=settings.webui)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -105,19 +107,22 @@ def create_app(settings: LeadSettings, target: Model | None = None,
         return {"status": "ok", "model": model.name, "busy": engine.busy,
                 "slots": engine.n_slots, "api_key": settings.api_key is not None}
 
-    @app.get("/metrics")
-    async def metrics() -> Response:
-        text = exposition(engine.metrics, engine.gauges(), engine.cost.prices.cost_s,
-                          engine.slot_views())
-        return Response(text, media_type=CONTENT_TYPE_LATEST)
+    if settings.metrics:
+        @app.get("/metrics")
+        async def metrics() -> Response:
+            text = exposition(engine.metrics, engine.gauges(), engine.cost.prices.cost_s,
+                              engine.slot_views())
+            return Response(text, media_type=CONTENT_TYPE_LATEST)
 
     return app
 
 
 def _load_target(settings: LeadSettings, threads: int) -> Model:
     from shared.llm import load_model  # the llama.cpp edge, imported only when needed
+    from shared.llm_load import Tuning
 
+    more = Tuning(settings.threads_batch, settings.ubatch_size, settings.mmap, settings.mlock)
     return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
                       tensor_split=settings.tensor_split, branches=settings.tree,
-                      flash_attn=settings.flash_attn, slots=settings.parallel)
+                      flash_attn=settings.flash_attn, slots=settings.parallel, more=more)

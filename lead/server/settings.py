@@ -2,17 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from shared.cli import ApiKey
+from shared.cli import ApiKey, cli
 from shared.context import check_context
 from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
 
 MIN_MEMORY = 1024  # tokens: the smallest --ngram-memory but 0
+# --help's sections; llama-server's names for a flag are given beside lead's
+MODEL, SERVING, SPECULATION, BACKS = "model and devices", "serving", "speculation", "backs"
+
+
+def _layers(value: object) -> object:
+    """-ngl as llama-server takes it: a number, or 'all' (-1)."""
+    if value == "all":
+        return -1
+    if value == "auto":
+        raise ValueError("'auto' sizes offloading to free memory in llama-server; lead "
+                         "cannot: give a number of layers or 'all'")
+    return value
+
+
+# llama-server's names for values: -ngl all, -n -1 (no limit)
+GpuLayers = Annotated[int, BeforeValidator(_layers)]
+Predict = Annotated[int, BeforeValidator(lambda v: 0 if str(v) == "-1" else v)]
 
 
 def parse_costs(text: str) -> list[float]:
@@ -31,101 +48,163 @@ class LeadSettings(DeviceChecks):
 
     model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
                        "(qwen2.5-coder-1.5b, qwen2.5-coder-0.5b, smollm2-135m)",
-                       json_schema_extra={"short": "m"})
+                       json_schema_extra=cli(MODEL, "-m"))
     host: str = Field("127.0.0.1", description="address to listen on (0.0.0.0: every "
                       "interface; give --api-key there, or anyone who reaches the port uses "
-                      "lead)")
-    port: int = Field(5555, ge=1, le=65535, description="port to listen on")
+                      "lead)",
+        json_schema_extra=cli(SERVING))
+    port: int = Field(5555, ge=1, le=65535, description="port to listen on",
+        json_schema_extra=cli(SERVING))
     threads: int = Field(0, ge=0, description="CPU threads for the target (0: one per CPU "
-                         "lead runs on)")
+                         "lead runs on)",
+        json_schema_extra=cli(MODEL, "-t"))
     cpus: str = Field("all", description="CPUs to run on, e.g. 0-3 ('all': every CPU this "
-                      "process may use); a back on this host drafts on the others")
-    n_gpu_layers: int = Field(0, ge=-1, description="layers to offload to GPUs and --rpc "
-                              "servers (-1: all)")
+                      "process may use); a back on this host drafts on the others",
+        json_schema_extra=cli(MODEL))
+    n_gpu_layers: GpuLayers = Field(0, ge=-1, description="layers to offload to GPUs and --rpc "
+                              "servers (-1: all)",
+        json_schema_extra=cli(MODEL, "-ngl", "--gpu-layers"))
     rpc: str | None = Field(None, description="llama.cpp RPC servers host:port[,host:port] "
-                            "(python -m shared.rpc) that take the target's --n-gpu-layers")
+                            "(python -m shared.rpc) that take the target's --n-gpu-layers",
+        json_schema_extra=cli(MODEL))
     tensor_split: str | None = Field(None, description="weights of the offloaded layers per "
-                                     "device, in order (--rpc servers, then local GPUs), e.g. 3,1")
+                                     "device, in order (--rpc servers, then local GPUs), e.g. 3,1",
+        json_schema_extra=cli(MODEL, "-ts"))
     flash_attn: Literal["auto", "on", "off"] = Field("auto", description="llama.cpp's flash "
                                                     "attention; auto: on where layers are "
                                                     "offloaded (--n-gpu-layers) or several "
                                                     "generations share the cache, off for one "
                                                     "on a CPU, where it made long verify "
                                                     "batches 7-50 % "
-                                                    "dearer at 1-2k tokens of context")
+                                                    "dearer at 1-2k tokens of context",
+        json_schema_extra=cli(MODEL, "-fa", bare="on"))
     ctx_size: int = Field(0, ge=0, description="tokens one generation holds, prompt and "
                           "reply (the KV cache holds --parallel times as many); 0: 32768, "
                           "enough for a coding agent's prompt, or less where the model was "
                           "trained for less or the cache would take over a quarter of "
-                          "memory (lead logs what it chose)")
-    batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt")
-    max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step")
+                          "memory (lead logs what it chose)",
+        json_schema_extra=cli(MODEL, "-c"))
+    batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt",
+        json_schema_extra=cli(MODEL, "-b"))
+    ubatch_size: int = Field(0, ge=0, description="tokens per llama.cpp compute step within "
+                             "a batch (0: --batch-size)",
+                             json_schema_extra=cli(MODEL, "-ub"))
+    threads_batch: int = Field(0, ge=0, description="CPU threads for prompt batches (0: "
+                               "--threads)", json_schema_extra=cli(MODEL, "-tb"))
+    alias: str | None = Field(None, description="the model's name in replies and /v1/models "
+                              "(default: the GGUF's file name)",
+                              json_schema_extra=cli(MODEL, "-a"))
+    jinja: bool = Field(True, description="render the GGUF's Jinja chat template (always: "
+                        "accepted as llama-server's --jinja; --no-jinja is refused)",
+                        json_schema_extra=cli(MODEL))
+    mlock: bool = Field(False, description="keep the model's weights in RAM (mlock)",
+                        json_schema_extra=cli(MODEL))
+    mmap: bool = Field(True, description="map the model file (--no-mmap: read it whole)",
+                       json_schema_extra=cli(MODEL))
+    max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step",
+        json_schema_extra=cli(SPECULATION))
     ngram: bool = Field(True, description="lead's own drafts, model-free: what followed the "
                         "longest earlier match of the reply's last tokens in the prompt and "
                         "reply, verified where the cost model says they pay (edits, code "
-                        "echoed back); backs' drafts compete with them")
+                        "echoed back); backs' drafts compete with them",
+        json_schema_extra=cli(SPECULATION))
     ngram_max: int = Field(64, ge=1, le=64, description="most tokens of one of lead's own "
-                           "drafts")
+                           "drafts",
+        json_schema_extra=cli(SPECULATION))
     ngram_memory: int = Field(65536, ge=0, le=1 << 20, description="tokens of finished "
                               "prompts and replies lead's own drafts also copy from, so that "
                               "a reply asked for again, regenerated or repeated by an agent "
                               "drafts from the last (0: none, else at least 1024; ~300 bytes "
                               "of memory a token; every client's replies draft for every "
-                              "other's, which speed alone can show)")
+                              "other's, which speed alone can show)",
+        json_schema_extra=cli(SPECULATION))
     draft_len: int | None = Field(None, ge=0, le=64,
-                                  description="fixed draft length (default: cost-aware, measured)")
+                                  description="fixed draft length (default: cost-aware, measured)",
+        json_schema_extra=cli(SPECULATION))
     tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "
                       "its draft in one batch (a tree); only those that pay at the measured "
                       "prices are, so on a CPU, where a token more costs about a token, steps "
-                      "stay chains (0: chains only)")
+                      "stay chains (0: chains only)",
+        json_schema_extra=cli(SPECULATION))
     verify_cost: str | None = Field(None, description="verify costs given instead of "
                                     "measured: a batch of 2, 3, ... tokens over one token, "
                                     "e.g. 1.1,1.2,1.3 (later sizes go on by the last step); "
                                     "for a machine already measured, and for tests ('2,3': "
-                                    "drafts never pay; '1': they always do)")
+                                    "drafts never pay; '1': they always do)",
+        json_schema_extra=cli(SPECULATION))
     calibrate: bool = Field(True, description="price verify batches of 1..max-draft+1 tokens "
                             "at startup (seconds on a CPU), so drafts are verified at the "
-                            "length that pays from the first reply")
+                            "length that pays from the first reply",
+        json_schema_extra=cli(SPECULATION))
     parallel: int = Field(4, ge=1, le=64, description="generations decoded at once, in one "
                           "batch a step, each drafted for (slots of --ctx-size tokens each)",
-                          json_schema_extra={"short": "np"})
+                          json_schema_extra=cli(SERVING, "-np"))
+    cache_reuse: int = Field(0, ge=0, description="llama-server's least prefix chunk reused "
+                             "by shifting the cache: lead always reuses a cached prefix (its "
+                             "own slot's, another's or host memory's) and shifts nothing, so "
+                             "this is accepted and changes nothing", json_schema_extra=cli(SERVING))
+    webui: bool = Field(True, description="serve the web page at / (--no-webui: not)",
+                        json_schema_extra=cli(SERVING))
+    metrics: bool = Field(True, description="serve Prometheus metrics at /metrics (always on "
+                          "unless --no-metrics; llama-server's --metrics is accepted)",
+                          json_schema_extra=cli(SERVING))
     cache_ram: int = Field(8192, ge=0, description="MiB of host memory for the KV cells of "
                            "prompts pushed out of their slot by another, given back to a later "
                            "prompt that begins with one (a conversation's next turn, a system "
                            "prompt sent again) instead of evaluated again; the least recently "
-                           "used go first (0: off). As llama-server's --cache-ram")
+                           "used go first (0: off). As llama-server's --cache-ram",
+        json_schema_extra=cli(SERVING, "-cram"))
     max_queue: int = Field(8, ge=0, description="requests that may wait behind the running "
-                           "ones; more get 429")
-    max_tokens: int = Field(0, ge=0, description="max_tokens of a request that gives none "
+                           "ones; more get 429",
+        json_schema_extra=cli(SERVING))
+    max_tokens: Predict = Field(0, ge=0, description="max_tokens of a request that gives none "
                             "(0: up to the context's end, as llama-server and the official "
                             "APIs do: agents such as Codex send none, and take a reply cut "
-                            "short for a failure)")
-    api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'")
+                            "short for a failure)",
+        json_schema_extra=cli(SERVING, "-n", "--n-predict", "--predict"))
+    api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'",
+        json_schema_extra=cli(SERVING))
     back_key: ApiKey = Field(None, description="the key that makes a back trusted: its draft "
                              "probabilities count (exact rejection sampling); a back without it "
                              "(but with --api-key) is verified as if its drafts were chosen, "
-                             "not sampled (default: the API key)")
+                             "not sampled (default: the API key)",
+        json_schema_extra=cli(BACKS))
     write_timeout: float = Field(10.0, gt=0, le=600, description="seconds a client may read "
                                  "nothing of its reply while lead has more to send; then its "
-                                 "generation is cancelled and its place freed")
+                                 "generation is cancelled and its place freed",
+        json_schema_extra=cli(SERVING, "-to", "--timeout"))
     max_grammar_s: float = Field(1.0, gt=0, description="most seconds of grammar work per "
                                  "token a constrained reply may take; one over it ends there "
-                                 "(finish_reason length) with a warning")
+                                 "(finish_reason length) with a warning",
+        json_schema_extra=cli(SERVING))
     cors_origins: str = Field("local", description="web pages (origins) whose scripts may "
                               "call lead from a browser, comma-separated, e.g. "
                               "https://chat.example.com: 'local' (pages served from this "
                               "machine: localhost, 127.0.0.1, [::1], any port), '*' (any "
                               "page: anyone whose browser can reach lead can use it), or '' "
-                              "(none). A key, where lead has one, is needed all the same")
-    max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB")
+                              "(none). A key, where lead has one, is needed all the same",
+        json_schema_extra=cli(SERVING))
+    max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB",
+        json_schema_extra=cli(SERVING))
     max_poll_s: float = Field(30.0, gt=0, le=30, description="longest long-poll wait granted "
-                              "to a back, seconds")
+                              "to a back, seconds",
+        json_schema_extra=cli(BACKS))
     max_draft_posts: float = Field(500.0, gt=0, description="draft posts per second allowed "
                                    "from one back, and four backs' worth from one address "
-                                   "(more get 429)")
+                                   "(more get 429)",
+        json_schema_extra=cli(BACKS))
     log_level: str = Field("info", pattern="^(?i)(debug|info|warning|error)$",
-                           description="debug, info, warning or error")
+                           description="debug, info, warning or error",
+        json_schema_extra=cli(SERVING))
 
+
+    @field_validator("jinja")
+    @classmethod
+    def _jinja(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("lead always renders the GGUF's Jinja chat template (it has no "
+                             "built-in templates to fall back on)")
+        return value
 
     @field_validator("ctx_size")
     @classmethod

@@ -29,17 +29,20 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
                 "frame-ancestors 'none'", "Cache-Control": "no-cache"}
 
 
-def mount_web(app: FastAPI, engine: Engine) -> None:
-    app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
-    app.include_router(_router(engine))
+def mount_web(app: FastAPI, engine: Engine, page: bool = True) -> None:
+    """The live stream, and the page at / unless `page` is False (--no-webui)."""
+    if page:
+        app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
+    app.include_router(_router(engine, page))
 
 
-def _router(engine: Engine) -> APIRouter:
+def _router(engine: Engine, page: bool) -> APIRouter:
     router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
 
-    @router.api_route("/", methods=["GET", "HEAD"])  # HEAD: clients' preconnect (Claude Code)
-    async def page() -> FileResponse:
-        return FileResponse(WEB_DIR / "index.html", headers=PAGE_HEADERS)
+    if page:
+        @router.api_route("/", methods=["GET", "HEAD"])  # HEAD: clients' preconnect
+        async def index() -> FileResponse:
+            return FileResponse(WEB_DIR / "index.html", headers=PAGE_HEADERS)
 
     @router.get("/duo/live")
     async def live() -> StreamingResponse:
