@@ -9,7 +9,7 @@ set -euo pipefail
 PY=$1 LLAMA=$2 WHEELS=$3
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$PY" -m pip download -q --no-deps --no-binary :all: -d "$work" "$LLAMA"
+"$PY" -m pip download -q --no-deps --no-binary llama-cpp-python -d "$work" "$LLAMA"
 tar -xzf "$work"/llama_cpp_python-*.tar.gz -C "$work"
 src=$(echo "$work"/llama_cpp_python-*/)
 case "${CMAKE_ARGS:-}" in *GGML_VULKAN=on*)
