@@ -62,7 +62,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
         `branches`: sequences beside each slot's main one (`fork`, `evaluate_many`);
         `more`: llama-server's knobs beyond these (threads for batches, mmap, ...)."""
         more = more or Tuning()
-        self.name = path.stem
+        self.name, self.path = path.stem, path
         self.n_branches = max(branches, 0)
         self.can_fork = self.n_branches > 0
         self.n_slots = max(slots, 1)

@@ -108,6 +108,17 @@ def test_a_service_units_llama_server_command_line_serves_as_python_m_lead() -> 
         r = httpx.post(f"{url}/v1/chat/completions", json=chat_body(max_tokens=4),
                        headers=key, timeout=60)
         assert r.status_code == 200 and r.json()["model"] == "my-model"
+        # llama-server's own endpoints on the real tokenizer
+        text = "def add(a, b):\n    return a + b"
+        ids = httpx.post(f"{url}/tokenize", json={"content": text, "with_pieces": True},
+                         headers=key).json()["tokens"]
+        assert "".join(p["piece"] for p in ids) == text
+        back = httpx.post(f"{url}/detokenize", json={"tokens": [p["id"] for p in ids]},
+                          headers=key).json()
+        assert back == {"content": text}
+        props = httpx.get(f"{url}/props", headers=key).json()
+        assert props["model_path"].endswith(".gguf") and props["total_slots"] == 2
+        assert httpx.get(f"{url}/models", headers=key).json()["data"][0]["id"] == "my-model"
     finally:
         lead.terminate()
         lead.wait(30)

@@ -28,6 +28,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
     router = APIRouter()
     model = engine.model
 
+    @router.post("/responses", include_in_schema=False, response_model=None)
     @router.post("/v1/responses", response_model=None)
     async def create_response(body: responses.ResponsesRequest, request: Request) -> Response:
         if (refused := responses.refusal(body)) is not None:

@@ -30,12 +30,15 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
     """`max_tokens`: a request's default; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
+    # each path also without /v1, as llama-server serves them (out of the schema: the same)
 
+    @router.get("/models", include_in_schema=False, response_model=None)
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model.name, "object": "model",
                                             "owned_by": "duo", "n_ctx": model.n_ctx}]}
 
+    @router.post("/chat/completions", include_in_schema=False, response_model=None)
     @router.post("/v1/chat/completions", response_model=None)
     async def chat(body: shapes.ChatRequest, request: Request) -> Response:
         shapes.check_served(body)
@@ -45,6 +48,7 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
         prepare = partial(prepare_chat, model, max_tokens, body)
         return await _reply(engine, workers, request, body, shape, prepare)
 
+    @router.post("/completions", include_in_schema=False, response_model=None)
     @router.post("/v1/completions", response_model=None)
     async def completions(body: shapes.CompletionRequest, request: Request) -> Response:
         shapes.check_served(body)

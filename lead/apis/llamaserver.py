@@ -1,0 +1,95 @@
+"""llama-server's own endpoints beside the OpenAI ones, as its clients and scripts call
+them: /tokenize, /detokenize, /apply-template, GET /props. (The OpenAI paths without
+their /v1 prefix, which llama-server also serves, are beside theirs, out of the schema.)
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter
+from pydantic import BaseModel, ConfigDict, Field
+
+from lead.apis import shapes, toolreply
+from lead.decode.engine import Engine
+from shared.model import Model
+from shared.modelthread import Threads
+
+MAX_DETOKENIZE = 1 << 20  # token ids in one /detokenize request
+
+
+class TokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")  # llama-server's other fields change nothing
+
+    content: shapes.Text
+    add_special: bool = False  # the BOS token first, where the model adds one
+    parse_special: bool = True  # "<|im_start|>" as its special token, not as text
+    with_pieces: bool = False  # each id with its text
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
+
+
+def llama_server_router(engine: Engine, workers: Threads) -> APIRouter:
+    router = APIRouter()
+    model = engine.model
+
+    @router.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
+        ids = await workers.run(partial(model.tokenize, body.content, body.parse_special,
+                                        body.add_special))
+        if not body.with_pieces:
+            return {"tokens": ids}
+        return {"tokens": [{"id": t, "piece": piece(model.token_bytes(t))} for t in ids]}
+
+    @router.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        bad = [t for t in body.tokens if not 0 <= t < model.n_vocab]
+        if bad:
+            raise shapes.FieldRefused("tokens", f"tokens: {bad[0]} is no token id of "
+                                                f"{model.name} (0-{model.n_vocab - 1})")
+        text = b"".join(model.token_bytes(t) for t in body.tokens)
+        return {"content": text.decode("utf-8", "replace")}
+
+    @router.post("/apply-template")
+    async def apply_template(body: shapes.ChatRequest) -> dict[str, Any]:
+        return {"prompt": await workers.run(partial(template_prompt, model, body))}
+
+    @router.get("/props")
+    async def props() -> dict[str, Any]:
+        return properties(engine)
+
+    return router
+
+
+def piece(raw: bytes) -> str | list[int]:
+    """A token's text, or its bytes where they are not UTF-8 alone (part of a character),
+    as llama-server gives them."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return list(raw)
+
+
+def template_prompt(model: Model, body: shapes.ChatRequest) -> str:
+    shapes.check_served(body)
+    try:
+        return toolreply.chat_prompt(model, body)[1]
+    except ValueError as exc:
+        raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
+                                              f"{exc}") from None
+
+
+def properties(engine: Engine) -> dict[str, Any]:
+    """What GET /props says, in llama-server's shape, of what lead has."""
+    model = engine.model
+    return {"default_generation_settings": {"n_ctx": model.n_ctx, "params": {"seed": -1}},
+            "total_slots": engine.n_slots, "model_alias": model.name,
+            "model_path": str(getattr(model, "path", model.name)),
+            "chat_template": model.chat_template or "",
+            "modalities": {"vision": False, "audio": False},
+            "build_info": "duo lead", "is_sleeping": False}
