@@ -119,6 +119,10 @@ def test_a_service_units_llama_server_command_line_serves_as_python_m_lead() -> 
         props = httpx.get(f"{url}/props", headers=key).json()
         assert props["model_path"].endswith(".gguf") and props["total_slots"] == 2
         assert httpx.get(f"{url}/models", headers=key).json()["data"][0]["id"] == "my-model"
+        done = httpx.post(f"{url}/completion", headers=key, timeout=60, json={
+            "prompt": "def add(a, b):", "n_predict": 8, "return_tokens": True}).json()
+        assert done["stop"] is True and done["tokens_predicted"] == len(done["tokens"]) > 0
+        assert done["content"] and done["timings"]["predicted_n"] == done["tokens_predicted"]
     finally:
         lead.terminate()
         lead.wait(30)

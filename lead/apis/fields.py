@@ -217,6 +217,7 @@ INFILL = {
     "model": accepted("lead serves the one model it loaded, whatever the name"),
     "lora": refused("LoRA adapters are not served", lambda v: not v),
     "mirostat": refused("mirostat sampling is not served", lambda v: v == 0),
-    "n_probs": refused("token probabilities are not served on /infill", lambda v: v == 0),
+    "n_probs": refused("token probabilities are not served on /infill or /completion",
+                       lambda v: v == 0),
     "ignore_eos": refused("the end of text always ends the reply", lambda v: v is False),
 }

@@ -20,6 +20,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from lead.apis.agentroutes import agent_router
+from lead.apis.completion import completion_router
 from lead.apis.infill import infill_router
 from lead.apis.llamaserver import llama_server_router
 from lead.apis.openairoutes import openai_router
@@ -97,6 +98,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(agent_router(engine, settings.max_tokens, workers))
     app.include_router(infill_router(engine, settings.max_tokens, workers))
     app.include_router(llama_server_router(engine, workers))
+    app.include_router(completion_router(engine, settings.max_tokens, workers))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,
