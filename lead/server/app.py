@@ -40,9 +40,20 @@ from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
 PREPARE_THREADS = 2  # requests prepared at once (templates, tokens, grammars), off the loop
 
 
-def lead_placement(settings: LeadSettings) -> Placement:
-    return choose_lead(settings.cpus, settings.threads, allowed_cpus(),
-                       on_gpu=settings.n_gpu_layers < 0)
+def lead_placement(settings: LeadSettings, target: Model | None = None) -> Placement:
+    """Where lead runs; with every layer offloaded (`-ngl -1`/`all`) one CPU, where there
+    is a device to offload to (an --rpc server or a GPU: on a CPU-only build every layer
+    stays on the CPU, and lead takes every core as llama-server would)."""
+    on_gpu = settings.n_gpu_layers < 0 and (bool(settings.rpc) or
+                                            (target is None and _has_accelerator()))
+    return choose_lead(settings.cpus, settings.threads, allowed_cpus(), on_gpu=on_gpu)
+
+
+def _has_accelerator() -> bool:
+    from shared import ggml  # the llama.cpp edge, imported only when needed
+
+    return any(kind not in (ggml.DEVICE_TYPE_CPU, ggml.DEVICE_TYPE_ACCEL)
+               for _, kind, _ in ggml.devices())
 
 
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
@@ -61,7 +72,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
                clock: Callable[[], float] = time.perf_counter) -> FastAPI:
     """`clock`: lead's time, by which it prices the target's steps and rates backs' posts
     (tests give a fake target a virtual one)."""
-    placement = lead_placement(settings)
+    placement = lead_placement(settings, target)
     model = target if target is not None else _load_target(settings, placement.threads)
     if settings.alias:
         model.name = settings.alias  # how replies, /v1/models and the page name it
