@@ -16,18 +16,16 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from pydantic import Field
 
 from lead.apis import shapes
-from lead.apis.infill import InfillRequest, InfillShape, InfillText, sse
+from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, sse
 from lead.apis.infill import infill_request as checked_request
-from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Prepared, gen_request
 from lead.apis.renames import renaming
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
-from lead.server.delivery import StreamedReply
 from shared.model import Model
 from shared.modelthread import Threads
 
@@ -56,13 +54,8 @@ def completion_router(engine: Engine, max_tokens: int, workers: Threads) -> APIR
                                                           "input_extra": None}))
         shape = CompletionShape(model, engine.clock, body, max_tokens)
         prepare = renaming(NAMES, partial(prepare_completion, model, max_tokens,
-                                                 engine.clock, body, pieces, checked))
-
-        def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
-                     ) -> Response:
-            return StreamedReply(gen, shape.events, release)
-        return await reply(engine, workers, request, body.stream, prepare,
-                           lambda emissions, _: JSONResponse(shape.whole(emissions)), streamed)
+                                          engine.clock, body, pieces, checked))
+        return await native_reply(engine, workers, request, shape, prepare)
 
     return router
 

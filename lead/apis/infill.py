@@ -109,14 +109,18 @@ def infill_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
         shape = InfillShape(model, engine.clock, body, max_tokens)
         prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, max_tokens,
                                                  engine.batch, engine.clock, body, completion))
-
-        def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
-                     ) -> Response:
-            return StreamedReply(gen, shape.events, release)
-        return await reply(engine, workers, request, body.stream, prepare,
-                           lambda emissions, _: JSONResponse(shape.whole(emissions)), streamed)
+        return await native_reply(engine, workers, request, shape, prepare)
 
     return router
+
+
+async def native_reply(engine: Engine, workers: Threads, request: Request,
+                       shape: InfillShape, prepare: Callable[[], Prepared]) -> Response:
+    """A reply in llama-server's native shape (/infill's, /completion's), whole or streamed."""
+    def streamed(gen: Generation, _: Prepared, release: Callable[[], None]) -> Response:
+        return StreamedReply(gen, shape.events, release)
+    return await reply(engine, workers, request, shape.body.stream, prepare,
+                       lambda emissions, _: JSONResponse(shape.whole(emissions)), streamed)
 
 
 # --- the request ---
