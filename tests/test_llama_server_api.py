@@ -4,6 +4,8 @@ OpenAI paths without /v1; bad input a 400 naming the field, lead serving on."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi.testclient import TestClient
 
@@ -84,3 +86,14 @@ def test_junk_on_llama_servers_endpoints_is_a_400_and_lead_serves_on(path: str,
     assert r.status_code == 400 and r.json()["error"]["message"], r.text
     assert c.post("/tokenize", json={"content": "ok"}).status_code == 200
     assert c.post("/v1/chat/completions", json=chat_body(max_tokens=2)).status_code == 200
+
+
+def test_openai_replies_say_what_served_them() -> None:
+    c, _ = client()
+    whole = c.post("/v1/chat/completions", json=chat_body(max_tokens=3)).json()
+    assert whole["system_fingerprint"].startswith("duo-")
+    with c.stream("POST", "/v1/completions", json={"prompt": "ab", "max_tokens": 3,
+                                                   "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines()
+                  if line.startswith("data: {")]
+    assert chunks and {ch["system_fingerprint"] for ch in chunks} == {whole["system_fingerprint"]}

@@ -10,6 +10,7 @@ import codecs
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal
 
 from fastapi import HTTPException
@@ -240,8 +241,20 @@ def usage(prompt: int, completion: int, drafted: int, accepted: int, cached: int
             "drafted_tokens": drafted, "accepted_tokens": accepted}
 
 
+def _fingerprint() -> str:
+    """OpenAI's `system_fingerprint`: what serves the reply (lead's and llama.cpp's builds)."""
+    try:
+        return f"duo-{version('duo')}-llama-cpp-python-{version('llama-cpp-python')}"
+    except PackageNotFoundError:  # run from a tree not installed
+        return "duo"
+
+
+FINGERPRINT = _fingerprint()
+
+
 def envelope(kind: str, rid: str, model: str) -> dict[str, Any]:
-    return {"id": rid, "object": kind, "created": int(time.time()), "model": model}
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model,
+            "system_fingerprint": FINGERPRINT}
 
 
 def chat_choice(text: str, finish: str | None, delta: bool, first: bool = False,
