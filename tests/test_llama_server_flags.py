@@ -142,3 +142,16 @@ def test_ngl_all_leaves_cpus_to_backs_only_where_a_device_takes_the_layers(
     monkeypatch.setattr(ggml, "devices", lambda: devices)
     placement = lead_placement(parse("-ngl", "all", *(["--rpc", rpc] if rpc else [])))
     assert (placement.threads == 1 and placement.cpus is not None) is one_cpu, placement
+
+
+def test_temp_and_seed_are_what_a_request_that_gives_none_gets() -> None:
+    def text(c: TestClient, **body: object) -> str:
+        reply = c.post("/v1/chat/completions", json=chat_body(max_tokens=24, **body)).json()
+        return reply["choices"][0]["message"]["content"]
+
+    sampled = TestClient(create_app(make_settings(temp=1.5, seed=42), FakeModel()))
+    assert text(sampled) == text(sampled) == text(sampled, temperature=1.5, seed=42)
+    assert text(sampled) != text(sampled, temperature=0)  # --temp applied, not greedy
+    greedy = TestClient(create_app(make_settings(), FakeModel()))
+    assert text(greedy) == text(greedy, temperature=0) == text(sampled, temperature=0)
+    assert parse("--temp", "0.8", "--seed", "-1").seed is None

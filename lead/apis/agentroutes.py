@@ -16,15 +16,15 @@ from fastapi.responses import JSONResponse, Response
 
 from lead.apis import anthropic, anthropicreply, responsereply, responses
 from lead.apis.openairoutes import Generation, reply
-from lead.apis.prepare import Prepared, chat_ids, prepare_chat
+from lead.apis.prepare import Defaults, Prepared, chat_ids, prepare_chat
 from lead.apis.renames import renaming
 from lead.decode.engine import Engine
 from lead.server.delivery import StreamedReply
 from shared.modelthread import Threads
 
 
-def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
-    """`max_tokens`: a request's default; `workers`: where requests are prepared."""
+def agent_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
+    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
 
@@ -42,7 +42,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
             return StreamedReply(gen, lambda emissions: shape.events(emissions, prepared),
                                  release)
         return await reply(engine, workers, request, body.stream,
-                           renaming(names, partial(prepare_chat, model, max_tokens, chat)),
+                           renaming(names, partial(prepare_chat, model, defaults, chat)),
                            lambda emissions, prepared: JSONResponse(shape.whole(emissions,
                                                                                 prepared)),
                            streamed)
@@ -53,7 +53,7 @@ def agent_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter
             raise refused
         chat, names = anthropic.to_chat(body)
         shape = anthropicreply.MessageShape(model.name, anthropicreply.new_id("msg"))
-        prepare = renaming(names, partial(prepare_chat, model, max_tokens, chat))
+        prepare = renaming(names, partial(prepare_chat, model, defaults, chat))
 
         def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
                      ) -> Response:

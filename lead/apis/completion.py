@@ -22,7 +22,7 @@ from pydantic import Field
 from lead.apis import shapes
 from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, sse
 from lead.apis.infill import infill_request as checked_request
-from lead.apis.prepare import Prepared, gen_request
+from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
@@ -41,8 +41,8 @@ class CompletionRequest(InfillRequest):
     return_tokens: bool = False  # the reply's token ids beside its text
 
 
-def completion_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
-    """`max_tokens`: a request's default; `workers`: where requests are prepared."""
+def completion_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
+    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
 
@@ -52,8 +52,8 @@ def completion_router(engine: Engine, max_tokens: int, workers: Threads) -> APIR
         checked = checked_request(body.model_copy(update={"prompt": "", "input_prefix": "",
                                                           "input_suffix": "",
                                                           "input_extra": None}))
-        shape = CompletionShape(model, engine.clock, body, max_tokens)
-        prepare = renaming(NAMES, partial(prepare_completion, model, max_tokens,
+        shape = CompletionShape(model, engine.clock, body, defaults.max_tokens)
+        prepare = renaming(NAMES, partial(prepare_completion, model, defaults,
                                           engine.clock, body, pieces, checked))
         return await native_reply(engine, workers, request, shape, prepare)
 
@@ -87,11 +87,11 @@ def prompt_ids(model: Model, pieces: list[Piece]) -> list[int]:
     return ids
 
 
-def prepare_completion(model: Model, default_max_tokens: int, clock: Callable[[], float],
+def prepare_completion(model: Model, defaults: Defaults, clock: Callable[[], float],
                        body: CompletionRequest, pieces: list[Piece],
                        checked: shapes.CompletionRequest) -> Prepared:
     """The generation: the prompt as given, /infill's checks, sampling and limits."""
-    req = gen_request(model, default_max_tokens, checked, prompt_ids(model, pieces), None)
+    req = gen_request(model, defaults, checked, prompt_ids(model, pieces), None)
     text = partial(InfillText, req.stop, body.n_indent, body.t_max_predict_ms, clock)
     return Prepared(replace(req, max_tokens=0 if body.n_predict == 0 else req.max_tokens,
                             text=text))

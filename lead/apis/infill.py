@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import fields, shapes
 from lead.apis.openairoutes import Generation, reply
-from lead.apis.prepare import Prepared, gen_request
+from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming, validated
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
@@ -98,16 +98,16 @@ class InfillRequest(BaseModel):
     presence_penalty: Any = None
 
 
-def infill_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
-    """`max_tokens`: a request's default; `workers`: where requests are prepared."""
+def infill_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
+    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
 
     @router.post("/infill", response_model=None)
     async def infill(body: InfillRequest, request: Request) -> Response:
         completion = infill_request(body)
-        shape = InfillShape(model, engine.clock, body, max_tokens)
-        prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, max_tokens,
+        shape = InfillShape(model, engine.clock, body, defaults.max_tokens)
+        prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, defaults,
                                                  engine.batch, engine.clock, body, completion))
         return await native_reply(engine, workers, request, shape, prepare)
 
@@ -155,15 +155,15 @@ def completion_fields(body: InfillRequest) -> dict[str, Any]:
             "stream": body.stream}
 
 
-def prepare_infill(model: Model, default_max_tokens: int, n_batch: int, clock: Clock,
+def prepare_infill(model: Model, defaults: Defaults, n_batch: int, clock: Clock,
                    body: InfillRequest, completion: shapes.CompletionRequest) -> Prepared:
     """The generation: llama.cpp's prompt, the completion's checks and sampling, the
     plugins' limits on its text; `n_predict` 0 evaluates the prompt and says nothing.
     Chunks are kept as llama.cpp's server keeps them, up to the context less a batch and
     twice the default reply (its own n_predict): a warm-up caches what the next request
     reads."""
-    n_extra = max(0, model.n_ctx - n_batch - 2 * default_max_tokens)
-    req = gen_request(model, default_max_tokens, completion,
+    n_extra = max(0, model.n_ctx - n_batch - 2 * defaults.max_tokens)
+    req = gen_request(model, defaults, completion,
                       infill_ids(model, body, n_batch, n_extra), None)
     text = partial(InfillText, req.stop, body.n_indent, body.t_max_predict_ms, clock)
     return Prepared(replace(req, max_tokens=0 if body.n_predict == 0 else req.max_tokens,

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from lead.apis import shapes, toolreply
 from lead.apis.choices import choice_requests, merged
-from lead.apis.prepare import Prepared, prepare_chat, prepare_completion
+from lead.apis.prepare import Defaults, Prepared, prepare_chat, prepare_completion
 from lead.decode.admission import Place, QueueFull
 from lead.decode.engine import Engine
 from lead.decode.session import Emission
@@ -26,8 +26,8 @@ from shared.modelthread import Threads
 Generation = AsyncGenerator[Emission, None]
 
 
-def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRouter:
-    """`max_tokens`: a request's default; `workers`: where requests are prepared."""
+def openai_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
+    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
     # each path also without /v1, as llama-server serves them (out of the schema: the same)
@@ -45,7 +45,7 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
         check_choices(engine, body.n)
         shape = shapes.ReplyShape(chat=True, token_bytes=model.token_bytes,
                                logprobs=body.top_logprobs_wanted() is not None)
-        prepare = partial(prepare_chat, model, max_tokens, body)
+        prepare = partial(prepare_chat, model, defaults, body)
         return await _reply(engine, workers, request, body, shape, prepare)
 
     @router.post("/completions", include_in_schema=False, response_model=None)
@@ -55,7 +55,7 @@ def openai_router(engine: Engine, max_tokens: int, workers: Threads) -> APIRoute
         check_choices(engine, body.n)
         shape = shapes.ReplyShape(chat=False, token_bytes=model.token_bytes,
                                   prompt=None if body.logprobs is None else body.prompt)
-        prepare = partial(prepare_completion, model, max_tokens, body)
+        prepare = partial(prepare_completion, model, defaults, body)
         return await _reply(engine, workers, request, body, shape, prepare)
 
     return router

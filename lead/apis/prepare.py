@@ -35,10 +35,20 @@ class Prepared:
         return ThinkSplit(self.inside) if self.thinks else None
 
 
-def prepare_chat(model: Model, default_max_tokens: int, body: shapes.ChatRequest) -> Prepared:
+@dataclass(frozen=True)
+class Defaults:
+    """What a request that leaves a field out gets: lead's --max-tokens (0: up to the
+    context's end), --temp (0: greedy), --seed (None: a new one a request)."""
+
+    max_tokens: int = 0
+    temperature: float = 0.0
+    seed: int | None = None
+
+
+def prepare_chat(model: Model, defaults: Defaults, body: shapes.ChatRequest) -> Prepared:
     plan, prompt, prompt_ids = chat_ids(model, body)
     thinks = model.thinks and body.thinking is not False
-    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, plan), plan,
+    return Prepared(gen_request(model, defaults, body, prompt_ids, plan), plan,
                     thinks, thinks and starts_inside(prompt))
 
 
@@ -52,11 +62,11 @@ def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str, lis
     return plan, prompt, model.tokenize(prompt, special=True, add_bos=False)
 
 
-def prepare_completion(model: Model, default_max_tokens: int,
+def prepare_completion(model: Model, defaults: Defaults,
                        body: shapes.CompletionRequest) -> Prepared:
     prompt_ids = infill_ids(model, body.prompt, body.suffix) if body.suffix else \
         model.tokenize(body.prompt, special=False, add_bos=True)
-    return Prepared(gen_request(model, default_max_tokens, body, prompt_ids, None))
+    return Prepared(gen_request(model, defaults, body, prompt_ids, None))
 
 
 def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
@@ -71,7 +81,7 @@ def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
             *model.tokenize(suffix, special=False, add_bos=False), mid]
 
 
-def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonRequest,
+def gen_request(model: Model, defaults: Defaults, body: shapes.CommonRequest,
                 prompt_ids: list[int], plan: ToolPlan | None) -> GenRequest:
     n_ctx = model.n_ctx
     field = "messages" if isinstance(body, shapes.ChatRequest) else "prompt"
@@ -87,9 +97,11 @@ def gen_request(model: Model, default_max_tokens: int, body: shapes.CommonReques
         raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
                                              f"the vocabulary (0-{model.n_vocab - 1})")
     forced = toolreply.forced_grammar(plan, model) if plan is not None else None
-    params = body.sampling(0.0)
+    params = body.sampling(defaults.temperature)
+    if body.seed is None and defaults.seed is not None:
+        params = params.model_copy(update={"seed": defaults.seed})
     constrained = structured.constraint_of(body, model, forced)
     if constrained is not None:
         params = params.model_copy(update={"grammar": constrained[0]})
-    return GenRequest(prompt_ids, wanted or default_max_tokens or n_ctx, params, body.stops(),
+    return GenRequest(prompt_ids, wanted or defaults.max_tokens or n_ctx, params, body.stops(),
                       body.top_logprobs_wanted(), constrained[1] if constrained else None)

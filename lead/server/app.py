@@ -24,6 +24,7 @@ from lead.apis.completion import completion_router
 from lead.apis.infill import infill_router
 from lead.apis.llamaserver import llama_server_router
 from lead.apis.openairoutes import openai_router
+from lead.apis.prepare import Defaults
 from lead.decode.engine import Engine
 from lead.server.backroutes import back_router
 from lead.server.errors import install_error_handlers
@@ -105,11 +106,12 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     # outside the gate: a browser's preflight carries no key
     app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
     app.add_middleware(RequestLog)
-    app.include_router(openai_router(engine, settings.max_tokens, workers))
-    app.include_router(agent_router(engine, settings.max_tokens, workers))
-    app.include_router(infill_router(engine, settings.max_tokens, workers))
+    defaults = Defaults(settings.max_tokens, settings.temp, settings.seed)
+    app.include_router(openai_router(engine, defaults, workers))
+    app.include_router(agent_router(engine, defaults, workers))
+    app.include_router(infill_router(engine, defaults, workers))
     app.include_router(llama_server_router(engine, workers))
-    app.include_router(completion_router(engine, settings.max_tokens, workers))
+    app.include_router(completion_router(engine, defaults, workers))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,

@@ -30,6 +30,7 @@ def _layers(value: object) -> object:
 # llama-server's names for values: -ngl all, -n -1 (no limit)
 GpuLayers = Annotated[int, BeforeValidator(_layers)]
 Predict = Annotated[int, BeforeValidator(lambda v: 0 if str(v) == "-1" else v)]
+Seed = Annotated[int | None, BeforeValidator(lambda v: None if str(v) == "-1" else v)]
 
 
 def parse_costs(text: str) -> list[float]:
@@ -162,6 +163,12 @@ class LeadSettings(DeviceChecks):
                             "APIs do: agents such as Codex send none, and take a reply cut "
                             "short for a failure)",
         json_schema_extra=cli(SERVING, "-n", "--n-predict", "--predict"))
+    temp: float = Field(0.0, ge=0.0, le=2.0, description="the temperature of a request that "
+                        "gives none (0: greedy; llama-server's --temp)",
+                        json_schema_extra=cli(SERVING))
+    seed: Seed = Field(None, description="the sampling seed of a request that gives none "
+                       "(-1 or unset: a new one each request)",
+                       json_schema_extra=cli(SERVING, "-s"))
     api_key: ApiKey = Field(None, description="require 'Authorization: Bearer KEY'",
         json_schema_extra=cli(SERVING))
     back_key: ApiKey = Field(None, description="the key that makes a back trusted: its draft "
