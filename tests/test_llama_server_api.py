@@ -9,8 +9,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from lead.apis.llamaserver import piece
 from lead.server.app import create_app
-from shared.fake import SPLIT_UTF8, FakeModel
+from shared.fake import ALPHABET, SPLIT_UTF8, FakeModel
 from tests.conftest import chat_body, make_settings
 
 
@@ -31,12 +32,11 @@ def test_tokenize_with_pieces_gives_each_ids_text_or_its_bytes() -> None:
     pieces = c.post("/tokenize", json={"content": "hi", "with_pieces": True}).json()["tokens"]
     assert pieces == [{"id": t, "piece": model.token_bytes(t).decode()}
                       for t in model.tokenize("hi")]
-    half = len("abcdefghijklmnopqrstuvwxyz") + 1  # past the fake's letters: part of a character
-    while model.token_bytes(half) == b"~" or half == 0:
-        half += 1
-    assert SPLIT_UTF8  # the fake has tokens that are part of a character
-    out = c.post("/detokenize", json={"tokens": [half]}).json()["content"]
-    assert out == model.token_bytes(half).decode("utf-8", "replace")
+    # a token that is part of a character: its bytes (the fake's two halves of "é")
+    assert piece(b"\xc3") == [0xC3] and piece("é".encode()) == "é"
+    halves = [len(ALPHABET) + 1, len(ALPHABET) + 2]
+    assert [model.token_bytes(t) for t in halves] == SPLIT_UTF8
+    assert c.post("/detokenize", json={"tokens": halves}).json() == {"content": "é"}
 
 
 def test_detokenizing_an_id_the_model_lacks_is_a_400_naming_it() -> None:

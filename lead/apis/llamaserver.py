@@ -11,7 +11,8 @@ from typing import Any
 from fastapi import APIRouter
 from pydantic import BaseModel, ConfigDict, Field
 
-from lead.apis import shapes, toolreply
+from lead.apis import shapes
+from lead.apis.prepare import chat_prompt
 from lead.decode.engine import Engine
 from shared.model import Model
 from shared.modelthread import Threads
@@ -77,11 +78,7 @@ def piece(raw: bytes) -> str | list[int]:
 
 def template_prompt(model: Model, body: shapes.ChatRequest) -> str:
     shapes.check_served(body)
-    try:
-        return toolreply.chat_prompt(model, body)[1]
-    except ValueError as exc:
-        raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
-                                              f"{exc}") from None
+    return chat_prompt(model, body)[1]
 
 
 def properties(engine: Engine) -> dict[str, Any]:

@@ -54,12 +54,17 @@ def prepare_chat(model: Model, defaults: Defaults, body: shapes.ChatRequest) -> 
 
 def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str, list[int]]:
     """The request's tool plan, its prompt and its tokens (what a count of them counts)."""
+    plan, prompt = chat_prompt(model, body)
+    return plan, prompt, model.tokenize(prompt, special=True, add_bos=False)
+
+
+def chat_prompt(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str]:
+    """The request's tool plan and its prompt as the model's template renders it."""
     try:
-        plan, prompt = toolreply.chat_prompt(model, body)
+        return toolreply.chat_prompt(model, body)
     except ValueError as exc:  # the model's template refuses these messages
         raise shapes.FieldRefused("messages", f"messages: the chat template refuses them: "
                                               f"{exc}") from None
-    return plan, prompt, model.tokenize(prompt, special=True, add_bos=False)
 
 
 def prepare_completion(model: Model, defaults: Defaults,
