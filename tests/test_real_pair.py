@@ -138,13 +138,14 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     drafted = accepted = 0
     # Drafts replay an earlier reply; after a batched-vs-single near-tie the paths part and
     # the rest are stale (dropped, never verified). Where that comes early (it depends on
-    # the CPU's kernels), replay the helped reply again until 8 tokens have been verified.
+    # the CPU's kernels), replay the helped reply again until 16 tokens have been verified:
+    # one near-tie broken the other way in 9 read 8/9, under the 0.9 bar, on a busy machine.
     for _attempt in range(4):
         helped, _ = _post_drafts_while_generating(lead, source, n_prompt, garbage=False)
         drafted += helped["usage"]["drafted_tokens"]
         accepted += helped["usage"]["accepted_tokens"]
         source = state(lead)["token_ids"]
-        if drafted >= 8:
+        if drafted >= 16:
             break
     assert drafted >= 8, (drafted, accepted)
     assert accepted / drafted > 0.9, (drafted, accepted)
