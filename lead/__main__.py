@@ -20,31 +20,34 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # the program itself (not a test calling main): its memory first
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
-    setup_logging(settings.log_level)
+    setup_logging("debug" if settings.verbose else settings.log_level)
     if argv is None:  # a fatal signal names its frames, during the model load too
         crashtrace.install()
     from lead.server.app import create_app, lead_placement
-    from lead.server.serve import bound_socket, serve
+    from lead.server.loading import Loading
+    from lead.server.serve import bound_sockets, serve
 
     log = logging.getLogger("lead")
     try:
-        sock = bound_socket(settings.host, settings.port)
+        sockets = bound_sockets(settings.host, settings.port)
     except OSError as exc:
         fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc}")
     try:
         placement = lead_placement(settings)
         apply(placement, allowed_cpus())  # before the model: its threads inherit this
         log.info("placement: %s", placement.describe())
-        app = create_app(settings)
+        with Loading(sockets):  # 503 "Loading model" meanwhile, as llama-server answers
+            app = create_app(settings)
     except BaseException as exc:
-        sock.close()  # (a test calling main leaks no port)
+        for sock in sockets:  # (a test calling main leaks no port)
+            sock.close()
         if isinstance(exc, (ModelError, PlacementError)):
             fail(str(exc))
         raise
     model = app.state.engine.model
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
-    serve(app, settings.host, settings.port, settings.log_level, sock=sock)
+    serve(app, settings.host, settings.port, settings.log_level, sockets=sockets)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ back=
 trap 'kill $lead $back 2>/dev/null || true; wait 2>/dev/null || true' EXIT
 echo "starting lead on 127.0.0.1:$PORT (log: logs/lead.log) ..."
 for _ in $(seq 1 240); do
-  "$PY" -c "import httpx,sys; httpx.get('http://127.0.0.1:$PORT/health', timeout=1)" \
+  "$PY" -c "import httpx; httpx.get('http://127.0.0.1:$PORT/health', timeout=1).raise_for_status()" \
       2>/dev/null && break
   kill -0 "$lead" 2>/dev/null || { echo "lead failed to start:"; tail -5 logs/lead.log; exit 1; }
   sleep 0.5

@@ -15,6 +15,7 @@ from typing import Any
 
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+THINK, THINK_END = "<think>", "</think>"
 THINKING_SWITCH = "enable_thinking"  # Qwen3's and others' templates read it
 
 
@@ -39,6 +40,7 @@ class ChatTemplate:
                                                     extensions=["jinja2.ext.loopcontrols"])
         environment.filters["tojson"] = _tojson
         self.source, self.bos, self.eos = source, bos, eos
+        self.thinking: bool | None = None  # a thinking model's default (--reasoning)
         self._template = environment.from_string(source)
 
     @property
@@ -50,14 +52,19 @@ class ChatTemplate:
                add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
         """The prompt; ValueError with the template's own message where it refuses the
         messages (many raise on a role they do not know, or on roles out of turn)."""
+        thinking = self.thinking if thinking is None else thinking
         switches = {THINKING_SWITCH: thinking} if thinking is not None else {}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=messages, tools=tools, add_generation_prompt=add_generation_prompt,
                 bos_token=self.bos, eos_token=self.eos, raise_exception=_raise,
-                strftime_now=_now, **switches)
+                strftime_now=_now, date_string=_now("%d %b %Y"), **switches)
         except Exception as exc:  # a template is the model's code: any error is the input's
             raise ValueError(str(exc) or type(exc).__name__) from None
+        # reasoning off where the template opens it regardless (DeepSeek-R1's, QwQ's): closed
+        if thinking is False and add_generation_prompt and text.rstrip().endswith(THINK):
+            return text + THINK_END
+        return text
 
 
 def continued(rendered: str, text: str) -> str | None:

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import slotfile
 from shared.grammar_bounds import check_gbnf
 from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
 from shared.schema_bounds import check_schema
@@ -246,6 +247,21 @@ class FakeModel:
         good = np.frombuffer(state, np.int32).tolist() == list(tokens)
         taker.cached = list(tokens) if good else []
         return good
+
+    def save_slot_file(self, slot: int, path: str) -> int:
+        """llama-server's slot file, its cells save_slot's (0: it could not be written)."""
+        try:
+            return slotfile.write(path, slotfile.packed(self.slot(slot).cached),
+                                  self.save_slot(slot))
+        except OSError:
+            return 0
+
+    def load_slot_file(self, slot: int, path: str) -> int:
+        self.load_slot(slot, [], b"")  # refused or not, what it held is gone
+        words, state, size = slotfile.read(path)
+        if not self.load_slot(slot, slotfile.unpacked(words), state):
+            raise ValueError(slotfile.UNREADABLE)
+        return size
 
     def _check_part(self, part: Part) -> None:
         check_tree(len(part.tokens), part.branches, self.n_branches)

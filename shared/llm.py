@@ -26,6 +26,7 @@ import llama_cpp
 from shared.chat_template import ChatTemplate
 from shared.context import choose as choose_context
 from shared.context import gib, kv_bytes_per_token, physical_memory
+from shared.llm_chat import BuiltinTemplate
 from shared.llm_grammar import GrammarState, captured, schema_grammar
 from shared.llm_load import (
     ContextShape,
@@ -72,7 +73,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self.metadata = metadata(self._model)
         shape = ContextShape((n_ctx or self._chosen_context()) * self.n_slots, n_roles,
                              n_batch, threads or os.cpu_count() or 1, flash_attn,
-                             more.threads_batch, more.n_ubatch)
+                             more.threads_batch, more.n_ubatch, more.kv_types, more.swa_full)
         self._ctx = new_context(self._model, shape, str(path))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
@@ -99,7 +100,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
         rep, sep = (int(llama_cpp.llama_vocab_fim_rep(self._vocab)),
                     int(llama_cpp.llama_vocab_fim_sep(self._vocab)))
         self.fim_repo_tokens = (rep if rep >= 0 else None, sep if sep >= 0 else None)
-        self._chat = self._chat_formatter()
+        self._chat: ChatTemplate | BuiltinTemplate = self._chat_formatter()
         self._abort: Callable[[], bool] | None = None
         self._polled = False
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
@@ -153,6 +154,29 @@ class LlamaModel(Sequences, Batches, SlotStates):
         eos = self._text_of(llama_cpp.llama_vocab_eos(self._vocab))
         bos = self._text_of(llama_cpp.llama_vocab_bos(self._vocab))
         return ChatTemplate(template, bos=bos, eos=eos)
+
+    def use_chat_template(self, source: str | None, jinja: bool = True,
+                          thinking: bool | None = None) -> None:
+        """Render chats with `source` (None: the GGUF's own) as Jinja (`thinking`: its
+        switch where a request sets none), or with jinja False
+        through llama.cpp's built-in templates (`source` may name one: llama3, chatml...)
+        as llama-server does without --jinja; ValueError where none is like it."""
+        if jinja:
+            # llama-server's one named template under --jinja
+            self.chat_template = _DEFAULT_TEMPLATE if source == "chatml" else \
+                source or self.chat_template
+            self._chat = self._chat_formatter()
+            self._chat.thinking = thinking
+            return
+        if source is None:  # the GGUF's, where llama.cpp knows its kind; else ChatML
+            try:
+                self._chat = BuiltinTemplate(self.chat_template or "chatml")
+            except ValueError:
+                log.warning("%s: llama.cpp has no built-in template like the GGUF's: using "
+                            "chatml (--jinja renders the GGUF's own)", self.name)
+                self._chat = BuiltinTemplate("chatml")
+            return
+        self._chat = BuiltinTemplate(source)
 
     def _text_of(self, token_id: int) -> str:
         if token_id < 0:

@@ -47,6 +47,8 @@ class ContextShape:
     flash_attn: bool
     threads_batch: int = 0  # for prompt batches (0: threads)
     n_ubatch: int = 0  # a compute step within a batch (0: n_batch)
+    kv_types: tuple[int, int] = (1, 1)  # ggml types of the cache's keys and values (f16)
+    swa_full: bool = False  # a full-size cache for sliding-window layers
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,8 @@ class Tuning:
     n_ubatch: int = 0  # tokens per compute step within a batch (0: the batch)
     mmap: bool = True  # map the file (else read it whole)
     mlock: bool = False  # keep the weights in RAM
+    kv_types: tuple[int, int] = (1, 1)  # ggml types of the cache's keys and values (f16)
+    swa_full: bool = False  # a full-size cache for sliding-window layers (--swa-full)
 
 
 def model_params(n_gpu_layers: int, tensor_split: list[float] | None, mmap: bool = True,
@@ -82,6 +86,8 @@ def context_params(shape: ContextShape) -> llama_cpp.llama_context_params:
     params.n_batch = min(shape.n_batch, shape.n_ctx)
     params.n_ubatch = min(shape.n_ubatch or params.n_batch, params.n_batch)
     params.n_threads, params.n_threads_batch = shape.threads, shape.threads_batch or shape.threads
+    params.type_k, params.type_v = shape.kv_types
+    params.swa_full = shape.swa_full
     params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if shape.flash_attn
                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     return params

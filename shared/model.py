@@ -167,6 +167,18 @@ class Slotted(Protocol):
         tokens), its branches empty; False where the state was refused (the slot is empty)."""
         ...
 
+    def save_slot_file(self, slot: int, path: str) -> int:
+        """Slot `slot`'s main sequence written to `path` as llama-server writes a slot
+        (shared/slotfile.py: its tokens, then its cells); the bytes written, 0 where the
+        file could not be written."""
+        ...
+
+    def load_slot_file(self, slot: int, path: str) -> int:
+        """Slot `slot` holds what `path` holds (save_slot_file's, or llama-server's), its
+        branches empty; the bytes read. ValueError, saying why, where the file is refused:
+        the slot is then empty."""
+        ...
+
 
 def slots_of(model: object) -> int:
     """How many generations the model holds at once (1 for any plain Model)."""

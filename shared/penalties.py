@@ -2,7 +2,8 @@
 
 In llama.cpp's order: the bias is added first, then the repeat penalty (llama.cpp's:
 a logit > 0 of a token in the window is divided by it, one <= 0 multiplied), then
-OpenAI's frequency and presence penalties (logit -= count * frequency + presence).
+OpenAI's frequency and presence penalties (logit -= count * frequency + presence), then
+DRY (shared/dry.py). Mirostat leaves all but the bias off, as llama-server's chain does.
 The repeat window is the last `repeat_last_n` tokens of the whole context, prompt
 included; frequency and presence count only the reply's tokens, as OpenAI's do.
 
@@ -17,13 +18,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from shared import dry
 from shared.protocol import SamplingParams
 
 
 def active(params: SamplingParams) -> bool:
     """Whether the settings change any logit: if not, rows are used as they are."""
-    return bool(params.logit_bias) or _repeat_on(params) or \
-        params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+    return bool(params.logit_bias) or _repeat_on(params) or _openai_on(params) or \
+        dry.on(params)
 
 
 def adjust(row: np.ndarray, params: SamplingParams, context: Sequence[int] | np.ndarray,
@@ -51,7 +53,13 @@ def adjust_rows(rows: np.ndarray, params: SamplingParams, context: Sequence[int]
 
 
 def _repeat_on(params: SamplingParams) -> bool:
-    return params.repeat_penalty != 1.0 and params.repeat_last_n != 0
+    # mirostat's chain in llama-server holds the bias alone: no penalties, no DRY
+    return params.repeat_penalty != 1.0 and params.repeat_last_n != 0 and not params.mirostat
+
+
+def _openai_on(params: SamplingParams) -> bool:
+    return (params.frequency_penalty != 0.0 or params.presence_penalty != 0.0) and \
+        not params.mirostat
 
 
 def _apply(row: np.ndarray, params: SamplingParams, history: np.ndarray, n_prompt: int) -> None:
@@ -65,6 +73,8 @@ def _apply(row: np.ndarray, params: SamplingParams, history: np.ndarray, n_promp
         logits = row[seen]
         row[seen] = np.where(logits <= 0, logits * params.repeat_penalty,
                              logits / params.repeat_penalty)
-    if params.frequency_penalty or params.presence_penalty:
+    if _openai_on(params):
         ids, counts = np.unique(history[n_prompt:], return_counts=True)
         row[ids] -= (counts * params.frequency_penalty + params.presence_penalty).astype(row.dtype)
+    if dry.on(params):
+        dry.penalize(row, params, history)

@@ -78,6 +78,14 @@ def resolve_model(spec: str, progress: Callable[[str], None] | None = None) -> P
     raise ModelError(f"model {spec!r} is neither a file nor a preset (presets: {names})")
 
 
+def require_cached(spec: str) -> None:
+    """--offline: ModelError where `spec` names a preset not yet downloaded."""
+    preset = PRESETS.get(spec)
+    if preset and not (cache_dir() / preset.filename).with_suffix(".verified").is_file():
+        raise ModelError(f"--offline: preset {spec} is not in {cache_dir()} yet "
+                         f"(python -m shared.presets {spec} installs it)")
+
+
 def ensure_preset(preset: Preset, root: Path, progress: Callable[[str], None]) -> Path:
     target = root / preset.filename
     marker = target.with_suffix(".verified")

@@ -30,6 +30,19 @@ RepeatLastN = Annotated[int, Field(ge=-1, le=1 << 20)]
 Bias = Annotated[float, Field(ge=-100.0, le=100.0, allow_inf_nan=False)]
 LogitBias = Annotated[dict[Annotated[int, Field(ge=0)], Bias],
                       Field(max_length=MAX_LOGIT_BIAS)]
+# llama-server's samplers lead serves beyond those (shared/samplers.py, shared/dry.py)
+Share = Annotated[float, Field(ge=0.0, le=1.0, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=1 << 20)]
+Strength = Annotated[float, Field(ge=0.0, le=100.0, allow_inf_nan=False)]
+DryLastN = Annotated[int, Field(ge=-1, le=1 << 20)]
+DRY_BREAKERS = ("\n", ":", "\"", "*")  # llama-server's default sequence breakers
+DryBreakers = Annotated[list[str], Field(min_length=1, max_length=64)]  # ("": skipped)
+
+
+def _off(default: Any, description: str, **limits: Any) -> Any:
+    """A field left off the wire at its default."""
+    return Field(default, description=description, exclude_if=lambda v: v == default,
+                 **limits)
 
 
 class SamplingParams(BaseModel):
@@ -53,6 +66,23 @@ class SamplingParams(BaseModel):
                                        "whole context, 0 = off")
     logit_bias: LogitBias = Field(default_factory=dict, description="token id -> added to "
                                   "its logit")
+    # llama-server's other samplers (lead's order, llama-server's: shared/sampling.py), off
+    # the wire at their defaults: a back that predates them follows every other request
+    dry_multiplier: Strength = _off(0.0, "DRY's penalty on extending a repeat; 0 = off")
+    dry_base: float = _off(1.75, "DRY's base", ge=1.0, le=100.0, allow_inf_nan=False)
+    dry_allowed_length: Count = _off(2, "DRY: the longest repeat free of penalty")
+    dry_penalty_last_n: DryLastN = _off(-1, "DRY's window; -1 = the whole context, 0 = off")
+    dry_sequence_breakers: DryBreakers = _off(list(DRY_BREAKERS), "DRY: repeats end there")
+    # the breakers as lead's vocabulary's tokens (shared/dry.py); None: none (a back's)
+    dry_restarts: dict[int, tuple[tuple[int, ...], ...]] | None = Field(None, exclude=True,
+                                                                        repr=False)
+    typical_p: Share = _off(1.0, "locally typical sampling; 1 = off")
+    min_keep: Count = _off(0, "the fewest tokens top-p, min-p, typical and XTC leave")
+    xtc_probability: Share = _off(0.0, "XTC: the chance the likeliest tokens are excluded")
+    xtc_threshold: Share = _off(0.1, "XTC: tokens this likely are excluded; > 0.5 = off")
+    mirostat: Literal[0, 1, 2] = _off(0, "mirostat 1 or 2, in place of truncation; 0 = off")
+    mirostat_tau: Strength = _off(5.0, "mirostat's target surprise (bits)")
+    mirostat_eta: Share = _off(0.1, "mirostat's learning rate")
     # On the wire it is the state's `grammar`, beside `sampling`: a back that predates it
     # ignores it there, where in `sampling` (extra fields forbidden) it would refuse it.
     grammar: str | None = Field(None, exclude=True, description="GBNF the reply follows: "

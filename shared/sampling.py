@@ -1,8 +1,9 @@
-"""Pure sampling over logits (numpy): temperature, top-k, top-p, min-p, seeded draws.
+"""Pure sampling over logits (numpy): llama-server's chain of samplers, seeded draws.
 
 A distribution is sparse: `Dist(token_ids, probs)`, the exact truncated
 distribution a token is drawn from. Greedy (temperature 0) is the one-point
-distribution on the argmax.
+distribution on the argmax (on the best token left, where typical or XTC leave it out).
+The samplers themselves, llama.cpp's, are shared/samplers.py's.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from shared import samplers
 from shared.protocol import SamplingParams
 
 # Candidates examined before falling back to a full sort for top-p: argpartition
@@ -57,50 +59,119 @@ def greedy(logits: np.ndarray) -> int:
     return int(np.argmax(logits))
 
 
-def distribution(logits: np.ndarray, params: SamplingParams, max_support: int = 0) -> Dist:
-    """The exact distribution the settings sample from; `max_support` adds a top-k cap."""
-    if is_greedy(params):
-        return Dist(np.array([greedy(logits)]), np.array([1.0]))
+def distribution(logits: np.ndarray, params: SamplingParams, max_support: int = 0,
+                 coin: float | None = None, mu: float | None = None) -> Dist:
+    """The exact distribution the settings sample from; `max_support` adds a top-k cap.
+
+    In llama-server's default order (common/sampling.cpp's chain, after the penalties and
+    DRY of shared/penalties.py): top-k, typical, top-p, min-p, XTC, temperature. Mirostat
+    (1 or 2) takes the place of all of them: temperature, then mirostat. `coin`: the
+    uniform XTC's chance is drawn against (None: XTC is off); `mu`: mirostat's state
+    (None: its start, 2 tau)."""
+    if params.mirostat:
+        return _mirostat(logits, params, mu, max_support)
+    if is_greedy(params) and not drops_best(params):
+        return _one(greedy(logits))
     top_k = params.top_k
     if max_support and (top_k == 0 or top_k > max_support):
         top_k = max_support
-    ids = _top_candidates(logits, top_k, params.top_p, params.temperature)
-    probs = _softmax(logits[ids].astype(np.float64) / params.temperature)
-    # tokens of probability 0 (masked by a grammar, or underflowed) are no part of it
-    keep = _nucleus(probs, params.top_p) & (probs >= params.min_p * probs[0]) & (probs > 0)
+    ids, x = _truncated(logits, *_top_candidates(logits, top_k, params), params, coin)
+    if is_greedy(params):
+        return _one(int(ids[0]))
+    probs = samplers.softmax(x / params.temperature)
+    keep = probs > 0  # (underflowed: no part of it)
     return Dist(ids[keep], probs[keep] / probs[keep].sum())
 
 
-def _top_candidates(logits: np.ndarray, top_k: int, top_p: float,
-                    temperature: float) -> np.ndarray:
-    """Ids sorted by descending logit: all of top-k, or enough to hold top-p's mass."""
+def xtc_draws(params: SamplingParams) -> bool:
+    """Whether XTC draws a uniform at each position (one, before the token's)."""
+    return params.xtc_probability > 0.0 and params.xtc_threshold <= 0.5 and not params.mirostat
+
+
+def drops_best(params: SamplingParams) -> bool:
+    """Typical and XTC may leave out the likeliest token, so greedy picks among what they
+    leave (llama.cpp's temperature 0 keeps the best token left)."""
+    return params.typical_p < 1.0 or xtc_draws(params)
+
+
+def _one(token: int) -> Dist:
+    return Dist(np.array([token]), np.array([1.0]))
+
+
+def _top_candidates(logits: np.ndarray, top_k: int,
+                    params: SamplingParams) -> tuple[np.ndarray, float]:
+    """Ids of finite logits, sorted by descending logit: all of top-k, or enough to hold
+    top-p's mass; and the log-sum-exp over the whole candidate set (the vocabulary, or
+    top-k)."""
     n = logits.shape[0]
-    window = top_k if 0 < top_k < n else (_TOP_P_WINDOW if top_p < 1.0 else n)
+    window = top_k if 0 < top_k < n else _TOP_P_WINDOW if _windowed(params) else n
     if window < n:
-        part = np.argpartition(-logits, window - 1)[:window]
-        ids = part[np.argsort(-logits[part], kind="stable")]
-        if top_k or _mass(logits / temperature, ids) >= top_p:
-            return ids
-    return np.argsort(-logits, kind="stable")
+        ids = _head(logits, window)
+        lse = samplers.logsumexp(logits[ids].astype(np.float64)) if top_k else _lse(logits)
+        if top_k or _mass(logits, ids, lse) >= params.top_p:
+            return ids, lse
+    ids = np.argsort(-logits, kind="stable")
+    ids = ids[np.isfinite(logits[ids])]  # (a grammar's mask: no part of it)
+    return ids, samplers.logsumexp(logits[ids].astype(np.float64))
 
 
-def _mass(logits: np.ndarray, ids: np.ndarray) -> float:
-    """Share of the full softmax (of already temperature-scaled logits) held by `ids`."""
-    shifted = logits.astype(np.float64) - float(logits[ids[0]])
-    return float(np.exp(shifted[ids]).sum() / np.exp(shifted).sum())
+def _windowed(params: SamplingParams) -> bool:
+    """Whether top-p may look at the likeliest _TOP_P_WINDOW alone: typical needs all."""
+    return params.top_p < 1.0 and params.typical_p >= 1.0 and params.min_keep <= _TOP_P_WINDOW
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max())
-    return e / e.sum()
+def _head(logits: np.ndarray, k: int) -> np.ndarray:
+    part = np.argpartition(-logits, k - 1)[:k]
+    ids = part[np.argsort(-logits[part], kind="stable")]
+    return ids[np.isfinite(logits[ids])]
 
 
-def _nucleus(sorted_probs: np.ndarray, top_p: float) -> np.ndarray:
-    """Keep the smallest prefix whose mass reaches top_p (always at least one)."""
-    if top_p >= 1.0:
-        return np.ones(sorted_probs.shape, dtype=bool)
-    before = np.cumsum(sorted_probs) - sorted_probs
-    return before < top_p
+def _lse(logits: np.ndarray) -> float:
+    finite = logits[np.isfinite(logits)]
+    return samplers.logsumexp(finite.astype(np.float64))
+
+
+def _mass(logits: np.ndarray, ids: np.ndarray, lse: float) -> float:
+    """Share of the whole softmax held by `ids`."""
+    return float(np.exp(logits[ids].astype(np.float64) - lse).sum())
+
+
+def _truncated(logits: np.ndarray, ids: np.ndarray, lse: float, params: SamplingParams,
+               coin: float | None) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates typical, top-p, min-p and XTC leave, in order, with their logits."""
+    x = logits[ids].astype(np.float64)
+    kept = samplers.typical(x, params.typical_p, params.min_keep)
+    if kept is not None:
+        ids, x = ids[kept], x[kept]
+        lse = samplers.logsumexp(x)
+    n = samplers.top_p(x, lse, params.top_p, params.min_keep)
+    n = samplers.min_p(x[:n], params.min_p, params.min_keep)
+    start = samplers.xtc(x[:n], coin, params.xtc_probability, params.xtc_threshold,
+                         params.min_keep)
+    return ids[start:n], x[start:n]
+
+
+def _mirostat(logits: np.ndarray, params: SamplingParams, mu: float | None,
+              max_support: int) -> Dist:
+    """Temperature, then mirostat's truncation (1.0: a top-k; 2.0: surprise at most mu)."""
+    if is_greedy(params):
+        return _one(greedy(logits))
+    mu = 2.0 * params.mirostat_tau if mu is None else mu
+    x = logits.astype(np.float64) / params.temperature
+    if params.mirostat == 1:
+        head = _head(x, min(samplers.MIROSTAT_M, x.size))
+        n = samplers.mirostat_k(x[head], mu, x.size)
+    else:
+        n = samplers.mirostat_v2(x, mu)
+    ids = _head(x, min(n, max_support or n, x.size))
+    probs = samplers.softmax(x[ids])
+    return Dist(ids[probs > 0], probs[probs > 0])  # (underflowed: no part of it)
+
+
+def mirostat_mu(mu: float | None, params: SamplingParams, p_token: float) -> float:
+    """Mirostat's state after a token its distribution gave probability p_token."""
+    mu = 2.0 * params.mirostat_tau if mu is None else mu
+    return samplers.next_mu(mu, params.mirostat_tau, params.mirostat_eta, p_token)
 
 
 def sample(dist: Dist, rng: np.random.Generator) -> int:

@@ -50,13 +50,19 @@ def test_a_post_for_a_session_lead_does_not_show_the_back_gets_the_shown_one_who
     assert feed.state(3, "q", "elsewhere").offset == 0
 
 
-def test_a_body_sent_as_a_form_is_told_to_come_as_json() -> None:
+def test_json_sent_as_a_form_is_read_from_curl_and_refused_from_a_page() -> None:
     app = create_app(make_settings(calibrate=False), FakeModel())
-    with TestClient(app) as client:  # what curl -d sends without -H
-        r = client.post("/v1/chat/completions", content=b'{"messages": []}',
-                        headers={"content-type": "application/x-www-form-urlencoded"})
-    assert r.status_code == 400
-    assert "Content-Type: application/json" in r.json()["error"]["message"], r.text
+    form = {"content-type": "application/x-www-form-urlencoded"}
+    body = b'{"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}'
+    with TestClient(app) as client:  # what curl -d sends without -H: read, as llama-server
+        by_curl = client.post("/v1/chat/completions", content=body, headers=form)
+        untyped = client.post("/v1/chat/completions", content=body)
+        # a page's form (sent without a preflight): told to come as JSON
+        by_page = client.post("/v1/chat/completions", content=body,
+                              headers={**form, "origin": "http://localhost:3000"})
+    assert by_curl.status_code == 200 and untyped.status_code == 200, by_curl.text
+    assert by_page.status_code == 400
+    assert "Content-Type: application/json" in by_page.json()["error"]["message"], by_page.text
 
 
 # --- long-polls: a place freed when its back leaves, and at shutdown ---

@@ -18,7 +18,7 @@ def flag_helps(settings_cls: type[BaseSettings]) -> dict[str, str]:
     """Each flag's help as `--help` prints it, on one line."""
     text = " ".join(build_parser(settings_cls, "prog", "").format_help().split())
     text = text.partition("-h, --help show this help message and exit")[2]  # (past usage)
-    flag = r"(--[a-z][a-z-]*)(?:, --no-[a-z-]+)?(?: [A-Z_]+)?"
+    flag = r"(--[a-z][a-z-]*)(?:, --?[a-z][a-z_-]*)*(?: [A-Z_]+)?"  # (then its other names)
     return dict(re.findall(flag + r" (.*?\[env \w+\])", text))
 
 @pytest.mark.parametrize("settings_cls", [BackSettings, LeadSettings, RpcSettings])

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from lead.__main__ import main
-from lead.server.serve import bound_socket
+from lead.server.serve import bound_socket, bound_sockets
 
 
 @pytest.fixture
@@ -47,3 +47,17 @@ def test_localhost_is_bound_as_uvicorn_binds_it_ipv4(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(socket, "getaddrinfo", ipv6_first)
     with bound_socket("localhost", 0) as sock:  # a back at 127.0.0.1 must reach it
         assert sock.family == socket.AF_INET
+
+
+def test_several_addresses_are_each_bound_or_none_is(taken_port: int) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+    sockets = bound_sockets("127.0.0.1, localhost", free)  # llama-server's --host a,b
+    try:
+        assert [s.getsockname() for s in sockets] == [("127.0.0.1", free)] * 2
+    finally:
+        for sock in sockets:
+            sock.close()
+    with pytest.raises(OSError):  # the second taken: the first is closed again
+        bound_sockets("127.0.0.2,127.0.0.1", taken_port)

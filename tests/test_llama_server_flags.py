@@ -50,8 +50,11 @@ def test_llama_servers_other_names_and_values() -> None:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["-ngl", "auto"], "'auto' sizes offloading"),
-    (["--no-jinja"], "always renders the GGUF's Jinja chat template"),
-    (["--slot-save-path", "/tmp/slots"], "unrecognized arguments: --slot-save-path"),
+    (["--no-kv-unified"], "lead always keeps one KV cache its slots share"),
+    (["--no-cont-batching"], "lead always decodes its slots' generations in one batch"),
+    (["--context-shift"], "lead does not shift the context"),
+    (["--chat-template-file", "/nonexistent/t.jinja"], "cannot read /nonexistent/t.jinja"),
+    (["-ctk", "q3_k"], "cache-type-k"),
     (["-fa", "maybe"], "flash-attn"),
 ])
 def test_what_lead_cannot_honour_is_an_error_naming_it(

@@ -61,9 +61,11 @@ def test_streamed_objects_carry_text_and_ids_and_add_up_to_the_whole_reply() -> 
 
 
 @pytest.mark.parametrize(("body", "param"), [
-    ({"prompt": ["one", "two"]}, "prompt"),
+    ({"prompt": ["one", "two"], "stream": True}, "prompt"),
+    ({"prompt": {"prompt_string": "a", "multimodal_data": ["iVBO"]}},
+     "prompt.multimodal_data"),
     ({"prompt": [5, 10**9]}, "prompt[1]"),
-    ({"prompt": "a", "n_probs": 3}, "n_probs"),
+    ({"prompt": "a", "n_probs": -1}, "n_probs"),
     ({"prompt": "a", "n_predict": -2}, "n_predict"),
     ({"prompt": "a", "temperature": "hot"}, "temperature"),
     ({"prompt": ""}, "prompt"),
@@ -73,3 +75,21 @@ def test_what_would_change_the_reply_unseen_is_a_400_naming_it(body: dict, param
     r = c.post("/completion", json=body)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
     assert c.post("/completion", json={"prompt": "a", "n_predict": 1}).status_code == 200
+
+
+def test_several_prompts_are_answered_as_a_list_each_as_if_alone() -> None:
+    c, model = client()
+    ids = model.tokenize("two")
+    alone = [c.post("/completion", json={"prompt": p, "n_predict": 4}).json()
+             for p in ("one", ids)]
+    both = c.post("/completion", json={"prompt": ["one", ids], "n_predict": 4}).json()
+    assert [b["index"] for b in both] == [0, 1]
+    assert [b["content"] for b in both] == [a["content"] for a in alone]
+
+
+def test_a_prompt_object_s_text_is_the_prompt() -> None:
+    c, _ = client()
+    as_object = c.post("/completion", json={"prompt": {"prompt_string": "one"},
+                                            "n_predict": 4}).json()
+    assert as_object["content"] == c.post("/completion", json={"prompt": "one",
+                                                               "n_predict": 4}).json()["content"]

@@ -68,6 +68,31 @@ def test_chat_completion_and_stream_agree(lead: Lead) -> None:
     assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
+@pytest.mark.parametrize("sampling", [{"temperature": 0.0},
+                                      {"temperature": 1.0, "seed": 7, "post_sampling_probs": True}])
+def test_token_probabilities_whole_and_streamed_agree(lead: Lead, sampling: dict) -> None:
+    """llama-server's n_probs on /completion: an entry a token, whole and streamed alike
+    (to rounding: lead's own drafts batch some rows)."""
+    body = {"prompt": "I believe the meaning of life is", "n_predict": 12, "n_probs": 5,
+            "return_tokens": True, **sampling}
+    whole = httpx.post(f"{lead.url}/completion", json=body, timeout=120).json()
+    with httpx.stream("POST", f"{lead.url}/completion", json={**body, "stream": True},
+                      timeout=120) as r:
+        events = list(sse_events(r))
+    entries = whole["completion_probabilities"]
+    streamed = [x for e in events[:-1] for x in e.get("completion_probabilities", [])]
+    assert [e["id"] for e in entries] == [e["id"] for e in streamed] == whole["tokens"][:12]
+    key = "prob" if sampling.get("post_sampling_probs") else "logprob"
+    tops = "top_probs" if key == "prob" else "top_logprobs"
+    for a, b in zip(entries, streamed, strict=True):
+        assert a[key] == pytest.approx(b[key], abs=1e-3) and a["bytes"] == b["bytes"]
+        assert [t["id"] for t in a[tops]] == [t["id"] for t in b[tops]]
+        assert 1 <= len(a[tops]) <= 5
+        if key == "prob":
+            assert 0 < a["prob"] <= 1 and sum(t["prob"] for t in a[tops]) <= 1 + 1e-6
+    assert all(len(e["tokens"]) == 1 for e in events[:-1])
+
+
 def test_stop_string_is_not_emitted(lead: Lead) -> None:
     full = chat(lead, max_tokens=40)["choices"][0]["message"]["content"]
     stop = full[10:14]

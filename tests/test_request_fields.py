@@ -38,7 +38,6 @@ REFUSED = [
     (CHAT, {"audio": {"voice": "alloy"}}, "audio"),
     (CHAT, {"modalities": ["text", "audio"]}, "modalities"),
     (CHAT, {"web_search_options": {}}, "web_search_options"),
-    (CHAT, {"mirostat": 2}, "mirostat"),  # llama.cpp's, not served
     (COMPLETIONS, {"echo": True}, "echo"),
     (COMPLETIONS, {"best_of": 3}, "best_of"),
     (COMPLETIONS, {"suffix": "return x"}, "suffix"),
@@ -131,6 +130,10 @@ OWN_CLIENTS = [
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),  # (a union)
     ({"stop": [1]}, "stop"),
     ({"temperature": "hot"}, "temperature"),
+    ({"mirostat": 3}, "mirostat"),  # llama-server's samplers: their values checked
+    ({"dry_sequence_breakers": []}, "dry_sequence_breakers"),
+    ({"xtc_threshold": 1.5}, "xtc_threshold"),
+    ({"typical_p": -0.1}, "typical_p"),
 ])
 def test_a_value_of_the_wrong_type_is_a_400_naming_it_as_the_request_writes_it(
         client: TestClient, fields: dict, param: str) -> None:

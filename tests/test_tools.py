@@ -283,8 +283,9 @@ def test_the_llama_branch_renders_arguments_as_a_mapping() -> None:
     ('```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```',
      None, [("Paris", 0)]),
     (f"{PARIS}\n", None, [("Paris", 0)]),
+    # a bare call is a call once it closes (emitted then): what follows it is content
     ('{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"temp_c": 22}',
-     '{"name": "get_weather", "arguments": {"city": "Paris"}}\n{"temp_c": 22}', []),
+     '{"temp_c": 22}', [("Paris", 0)]),
     ("```python\nprint(1)\n```", "```python\nprint(1)\n```", []),
     (f"Sure: {PARIS}", f"Sure: {PARIS}", []),  # bare JSON counts only opening the reply
 ])
@@ -300,8 +301,7 @@ def test_hermes_replies(reply: str, content: str | None, calls: list[tuple[str, 
     (LLAMA3, '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
              '{"name": "get_weather", "parameters": {"city": "Lyon"}}', None, 2),
     (LLAMA3, '{"city": "Paris"}', '{"city": "Paris"}', 0),  # JSON, but not a call
-    (LLAMA3, '{"name": "get_weather", "parameters": {}} and more',
-     '{"name": "get_weather", "parameters": {}} and more', 0),
+    (LLAMA3, '{"name": "get_weather", "parameters": {}} and more', "and more", 1),
     (LLAMA3, 'Here: {"name": "get_weather", "parameters": {}}',
      'Here: {"name": "get_weather", "parameters": {}}', 0),  # a call opens the reply
     (MISTRAL, f"[TOOL_CALLS] [{PARIS}, {LYON}]", None, 2),

@@ -14,11 +14,14 @@ from lead.decode.session import Emission, GenRequest
 
 
 def choice_requests(req: GenRequest, n: int) -> list[GenRequest]:
-    """The generation of each choice."""
+    """The generation of each choice: the first in the slot the request names, if it names
+    one, the others where they fit (llama-server's children take other free slots)."""
     seed = req.params.seed
+    others = replace(req, slot=None)
     if n == 1 or seed is None:
-        return [req] * n
-    return [replace(req, params=req.params.model_copy(update={"seed": seed + i}))
+        return [req, *[others] * (n - 1)]
+    return [replace(req if i == 0 else others,
+                    params=req.params.model_copy(update={"seed": seed + i}))
             for i in range(n)]
 
 

@@ -2,7 +2,8 @@
 shape is OpenAI's: lead/apis/openairoutes.py): the prompt as text, token ids or both
 mixed, `n_predict`, the sampler fields, and llama-server's reply (`content`, `tokens`,
 `stop`, `stop_type`, `timings`, `generation_settings`, ...), whole or streamed as
-`{"content", "tokens", "stop": false}` objects and the whole one last.
+`{"content", "tokens", "stop": false}` objects and the whole one last; with `n_probs`, each
+token's probabilities (lead/apis/tokenprobs.py), streamed an object a token.
 
 It is /infill without the editor's layout (lead/apis/infill.py): the same fields, checks,
 limits and reply, the prompt given as is.
@@ -10,22 +11,27 @@ limits and reply, the prompt given as is.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Request
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from lead.apis import shapes
-from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, sse
+from lead.apis.embedinput import prompts
+from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, picked, sse
 from lead.apis.infill import infill_request as checked_request
 from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming
+from lead.apis.tokenprobs import probabilities, token_objects
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
+from shared.logprobs import MAX_TOP_LOGPROBS
 from shared.model import Model
 from shared.modelthread import Threads
 
@@ -37,8 +43,12 @@ Piece = int | shapes.Text
 class CompletionRequest(InfillRequest):
     """llama-server's /completion: /infill's fields but the editor's; the prompt as is."""
 
-    prompt: shapes.Text | list[Piece] = Field("", max_length=MAX_PROMPT_IDS)  # type: ignore[assignment]
+    # text, ids, both mixed, {"prompt_string": ...}, or a list of those: several prompts
+    prompt: shapes.Text | list[Any] | dict[str, Any] = Field(  # type: ignore[assignment]
+        "", max_length=MAX_PROMPT_IDS)
     return_tokens: bool = False  # the reply's token ids beside its text
+    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # each token's and the n likeliest's
+    post_sampling_probs: bool = False  # those of the distribution sampled, not logprobs
 
 
 def completion_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
@@ -46,30 +56,37 @@ def completion_router(engine: Engine, defaults: Defaults, workers: Threads) -> A
     router = APIRouter()
     model = engine.model
 
-    @router.post("/completion", response_model=None)
+    @router.post("/completions", include_in_schema=False, response_model=None)
+    @router.post("/completion", response_model=None)  # (both llama-server's native API)
     async def completion(body: CompletionRequest, request: Request) -> Response:
-        pieces = prompt_pieces(body.prompt)
         checked = checked_request(body.model_copy(update={"prompt": "", "input_prefix": "",
                                                           "input_suffix": "",
                                                           "input_extra": None}))
-        shape = CompletionShape(model, engine.clock, body, defaults.max_tokens)
-        prepare = renaming(NAMES, partial(prepare_completion, model, defaults,
-                                          engine.clock, body, pieces, checked))
-        return await native_reply(engine, workers, request, shape, prepare)
+
+        async def one(pieces: list[Piece]) -> Response:
+            shape = CompletionShape(model, engine.clock, body, defaults.max_tokens)
+            prepare = renaming(NAMES, partial(prepare_completion, model, defaults,
+                                              engine.clock, body, pieces, checked))
+            return await native_reply(engine, workers, request, shape, prepare)
+        several = prompts(body.prompt, "prompt")
+        if len(several) == 1:
+            return await one(several[0])
+        if body.stream:
+            raise shapes.FieldRefused("prompt", "prompt: several prompts are answered whole "
+                                                "(stream: false), or one a request")
+        return gathered(await asyncio.gather(*(one(p) for p in several)))
 
     return router
 
 
-def prompt_pieces(prompt: str | list[Piece]) -> list[Piece]:
-    """The prompt as text and token ids in order; several prompts (a list of texts only)
-    are a 400: one prompt a request."""
-    if isinstance(prompt, str):
-        return [prompt]
-    if len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
-        raise shapes.FieldRefused("prompt", "prompt: several prompts in one request are not "
-                                            "served; send one a request (text, token ids, "
-                                            "or both in one list)")
-    return list(prompt)
+def gathered(replies: list[Response]) -> Response:
+    """Several prompts' replies as llama-server gives them: a list, each with its index
+    (the first that failed instead, as it is)."""
+    failed = next((r for r in replies if r.status_code != 200), None)
+    if failed is not None:
+        return failed
+    return JSONResponse([{**json.loads(bytes(r.body)), "index": i}
+                         for i, r in enumerate(replies)])
 
 
 def prompt_ids(model: Model, pieces: list[Piece]) -> list[int]:
@@ -94,12 +111,13 @@ def prepare_completion(model: Model, defaults: Defaults, clock: Callable[[], flo
     req = gen_request(model, defaults, checked, prompt_ids(model, pieces), None)
     text = partial(InfillText, req.stop, body.n_indent, body.t_max_predict_ms, clock)
     return Prepared(replace(req, max_tokens=0 if body.n_predict == 0 else req.max_tokens,
-                            text=text))
+                            text=text, top_logprobs=body.n_probs or None,
+                            post_sampling=body.post_sampling_probs))
 
 
 class CompletionShape(InfillShape):
-    """/infill's reply, with each streamed object's token ids, and the reply's where
-    `return_tokens` asks."""
+    """/infill's reply, with each streamed object's token ids, the reply's where
+    `return_tokens` asks, and each token's probabilities where `n_probs` asks."""
 
     body: CompletionRequest
 
@@ -108,7 +126,16 @@ class CompletionShape(InfillShape):
         session = emissions[-1].session
         if self.body.return_tokens and session is not None and "tokens" in out:
             out["tokens"] = session.tokens[session.n_prompt:]
+        if self.body.n_probs:  # a field as any other: response_fields may pick it
+            entries = [lp for e in emissions for lp in e.logprobs]
+            out.update(picked({"completion_probabilities": probabilities(
+                entries, self.model.token_bytes, self.body.post_sampling_probs)},
+                self.body.response_fields))
         return out
+
+    def settings(self, session: Session) -> dict[str, Any]:
+        return {**super().settings(session), "n_probs": self.body.n_probs,
+                "post_sampling_probs": self.body.post_sampling_probs}
 
     async def events(self, emissions: AsyncIterator[Emission]) -> AsyncIterator[str]:
         session: Session | None = None
@@ -120,8 +147,17 @@ class CompletionShape(InfillShape):
             sent += e.n_tokens
             if e.text or ids:
                 content += e.text
-                yield sse({"index": 0, "content": e.text, "tokens": ids, "stop": False})
+                for obj in self.objects(ids, e):
+                    yield sse(obj)
             last = e
         assert last is not None and last.session is not None, "the last carries the session"
         yield sse(self.last(last.session, content, streamed=True))
+
+    def objects(self, ids: list[int], e: Emission) -> list[dict[str, Any]]:
+        """A piece's streamed objects (`ids`: its tokens): one, or with n_probs one a token,
+        as llama-server streams them."""
+        if not self.body.n_probs:
+            return [{"index": 0, "content": e.text, "tokens": ids, "stop": False}]
+        return token_objects(e.text, ids, e.logprobs, self.model.token_bytes,
+                             self.body.post_sampling_probs)
 

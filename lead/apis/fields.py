@@ -49,6 +49,24 @@ SAMPLING = {
     "stop": served("stop strings, never leaked into the reply"),
     "stream": served("server-sent events in the API's own shape"),
 }
+# llama-server's, in its default order after the penalties (lead/apis/llamasampling.py)
+LLAMA_SAMPLING = {
+    "dry_multiplier": served("llama-server's DRY: a token extending a repeat of the context "
+                             "loses multiplier * base ^ (length - allowed); 0 is off"),
+    "dry_base": served("DRY's base (below 1: llama-server's 1.75)"),
+    "dry_allowed_length": served("DRY: the longest repeat free of penalty"),
+    "dry_penalty_last_n": served("DRY's window (-1: the whole context, 0: off)"),
+    "dry_sequence_breakers": served("DRY: texts a repeat stops at, as the model's tokens"),
+    "typical_p": served("llama-server's locally typical sampling"),
+    "min_keep": served("the fewest tokens top-p, min-p, typical_p and XTC leave"),
+    "xtc_probability": served("llama-server's XTC: the chance the likeliest tokens are "
+                              "excluded, drawn from the seeded generator"),
+    "xtc_threshold": served("XTC: each token this likely but the least of them is excluded"),
+    "mirostat": served("llama-server's mirostat 1 or 2, in place of the truncation samplers "
+                       "and the penalties (the bias stays)"),
+    "mirostat_tau": served("mirostat's target surprise"),
+    "mirostat_eta": served("mirostat's learning rate"),
+}
 OPENAI_COMMON = {
     **SAMPLING,
     "model": accepted("lead serves the one model it loaded, whatever the name"),
@@ -73,15 +91,15 @@ OPENAI_COMMON = {
     "prompt_cache_retention": accepted("lead keeps prompts while memory allows"),
     "stream_options": accepted("usage always comes with the last chunk"),
     "cache_prompt": accepted("llama-server's: lead always caches"),
-    "id_slot": accepted("llama-server's: lead picks the slot that holds the most of the "
-                        "prompt"),
+    "id_slot": served("llama-server's: the slot the request runs in, once it is free (-1: "
+                      "the one holding most of the prompt)"),
     "samplers": accepted("llama-server's order of samplers: lead's order is llama.cpp's "
                          "default"),
     "functions": refused("the legacy form of tools: send tools"),
     "function_call": refused("the legacy form of tool_choice: send tool_choice"),
     "audio": refused("the model writes text, not audio"),
     "modalities": refused("the model writes text only", lambda v: v == ["text"]),
-    "mirostat": refused("mirostat sampling is not served"),
+    **LLAMA_SAMPLING,
 }
 CHAT = {
     **OPENAI_COMMON,
@@ -202,6 +220,7 @@ INFILL = {
                                 "stream")},
     **{k: OPENAI_COMMON[k] for k in ("repeat_penalty", "repeat_last_n", "frequency_penalty",
                                      "presence_penalty", "cache_prompt", "id_slot")},
+    **LLAMA_SAMPLING,
     "input_prefix": served("the text before the cursor"),
     "input_suffix": served("the text after the cursor"),
     "prompt": served("the cursor's line typed so far"),
@@ -216,8 +235,8 @@ INFILL = {
     "response_fields": served("the reply holds only these fields"),
     "model": accepted("lead serves the one model it loaded, whatever the name"),
     "lora": refused("LoRA adapters are not served", lambda v: not v),
-    "mirostat": refused("mirostat sampling is not served", lambda v: v == 0),
-    "n_probs": refused("token probabilities are not served on /infill or /completion",
+    "n_probs": refused("token probabilities are not served on /infill (/completion serves "
+                       "them)",
                        lambda v: v == 0),
     "ignore_eos": refused("the end of text always ends the reply", lambda v: v is False),
 }

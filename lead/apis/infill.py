@@ -23,7 +23,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from lead.apis import fields, shapes
+from lead.apis import fields, llamasampling, shapes
 from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming, validated
@@ -41,7 +41,7 @@ Clock = Callable[[], float]
 INFILL_NAMES = {"max_tokens": "n_predict", "prompt": "input_prefix"}
 # Sampling fields passed on as the completion request has them (it checks them)
 SAMPLING = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "repeat_penalty",
-            "repeat_last_n", "frequency_penalty", "presence_penalty")
+            "repeat_last_n", "frequency_penalty", "presence_penalty", *llamasampling.FIELDS)
 # llama.cpp's sampler names, in its default order: `samplers` orders them, a hint (lead
 # applies those it has in its own order; "infill", which favours ending, is not applied)
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc",
@@ -50,7 +50,9 @@ SAMPLERS = frozenset({*DEFAULT_SAMPLERS, "infill"})
 # What a sampler left out of `samplers` leaves off (llama.cpp's server runs only those named)
 UNLISTED = {"top_k": {"top_k": 0}, "top_p": {"top_p": 1.0}, "min_p": {"min_p": 0.0},
             "penalties": {"repeat_penalty": 1.0, "frequency_penalty": 0.0,
-                          "presence_penalty": 0.0}}
+                          "presence_penalty": 0.0},
+            "dry": {"dry_multiplier": 0.0}, "typ_p": {"typical_p": 1.0},
+            "xtc": {"xtc_probability": 0.0}}
 # llama.cpp's text around the chunks (format_prompt_infill): the project's name and the
 # current file's after the repository markers, a chunk's separator where there are none
 REPO_NAME, LAST_FILE = "myproject\n", "filename\n"
@@ -66,7 +68,7 @@ class ExtraChunk(BaseModel):
     time: Any = None  # when the plugin took it (llama.vim: reltime(); llama.vscode: ms)
 
 
-class InfillRequest(BaseModel):
+class InfillRequest(llamasampling.LlamaSamplersAsGiven):
     """llama.cpp's server's /infill: the text around the cursor, other files' chunks, and
     the plugins' limits."""
 
@@ -81,7 +83,7 @@ class InfillRequest(BaseModel):
     t_max_prompt_ms: float | None = None  # not enforced: llama.cpp's server does not either
     samplers: list[str] | None = None  # the order of llama.cpp's samplers: a hint
     n_cmpl: int = Field(1, ge=1)  # completions asked for: greedy ones are alike, one is served
-    id_slot: int | None = None  # a hint: lead seats a prompt where its prefix is cached
+    id_slot: int | None = None  # the slot it runs in (-1: any; else where its prefix is)
     cache_prompt: bool = True  # lead always caches
     response_fields: list[str] | None = None  # the reply holds only these (a/b: b in a)
     model: str | None = None  # lead serves one model
@@ -152,7 +154,7 @@ def completion_fields(body: InfillRequest) -> dict[str, Any]:
             fields.update(off)
     wanted = body.n_predict if body.n_predict is not None and body.n_predict > 0 else None
     return {**fields, "prompt": body.input_prefix + body.prompt, "max_tokens": wanted,
-            "stream": body.stream}
+            "stream": body.stream, "id_slot": body.id_slot}
 
 
 def prepare_infill(model: Model, defaults: Defaults, n_batch: int, clock: Clock,
@@ -322,6 +324,7 @@ class InfillShape:
             else self.max_tokens
         return {"n_ctx": self.model.n_ctx, "n_predict": n_predict, "temperature": p.temperature,
                 "top_k": p.top_k, "top_p": p.top_p, "min_p": p.min_p, "seed": p.seed,
+                **{name: getattr(p, name) for name in llamasampling.FIELDS},
                 "stream": body.stream, "n_indent": body.n_indent,
                 "t_max_predict_ms": body.t_max_predict_ms,
                 "samplers": body.samplers if body.samplers is not None else

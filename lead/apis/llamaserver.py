@@ -1,5 +1,6 @@
 """llama-server's own endpoints beside the OpenAI ones, as its clients and scripts call
-them: /tokenize, /detokenize, /apply-template, GET /props. (The OpenAI paths without
+them: /tokenize, /detokenize, /apply-template, GET /props, GET /slots,
+/chat/completions/input_tokens. (The OpenAI paths without
 their /v1 prefix, which llama-server also serves, are beside theirs, out of the schema.)
 """
 
@@ -8,11 +9,11 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import shapes
-from lead.apis.prepare import chat_prompt
+from lead.apis.prepare import chat_ids, chat_prompt
 from lead.decode.engine import Engine
 from shared.model import Model
 from shared.modelthread import Threads
@@ -35,7 +36,8 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
 
 
-def llama_server_router(engine: Engine, workers: Threads) -> APIRouter:
+def llama_server_router(engine: Engine, workers: Threads, slots: bool = True) -> APIRouter:
+    """`slots`: GET /slots answers (llama-server's --slots; else its 501)."""
     router = APIRouter()
     model = engine.model
 
@@ -64,7 +66,34 @@ def llama_server_router(engine: Engine, workers: Threads) -> APIRouter:
     async def props() -> dict[str, Any]:
         return properties(engine)
 
+    @router.get("/slots")
+    async def slot_list() -> list[dict[str, Any]]:
+        if not slots:
+            raise NotServed("This server does not support slots endpoint. Start it with "
+                            "`--slots`")
+        return [slot_state(engine.model.n_ctx, view) for view in engine.slot_views()]
+
+    @router.post("/chat/completions/input_tokens")
+    async def input_tokens(body: shapes.ChatRequest) -> dict[str, int]:
+        shapes.check_served(body)
+        ids = await workers.run(partial(chat_ids, model, body))
+        return {"input_tokens": len(ids[2])}
+
     return router
+
+
+class NotServed(HTTPException):
+    """llama-server's 501: an endpoint this server was not started to serve."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(501, message)
+
+
+def slot_state(n_ctx: int, view: dict[str, Any]) -> dict[str, Any]:
+    """A slot as llama-server's GET /slots gives it (its id, context, whether busy), and
+    lead's own view of it beside."""
+    return {"id": view["slot"], "n_ctx": n_ctx, "is_processing": view["state"] != "idle",
+            "speculative": True, **{k: v for k, v in view.items() if k != "slot"}}
 
 
 def piece(raw: bytes) -> str | list[int]:

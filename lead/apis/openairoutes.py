@@ -26,8 +26,10 @@ from shared.modelthread import Threads
 Generation = AsyncGenerator[Emission, None]
 
 
-def openai_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
-    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
+def openai_router(engine: Engine, defaults: Defaults, workers: Threads,
+                  card: dict[str, Any] | None = None) -> APIRouter:
+    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared;
+    `card`: the model's aliases and tags, for /v1/models."""
     router = APIRouter()
     model = engine.model
     # each path also without /v1, as llama-server serves them (out of the schema: the same)
@@ -35,8 +37,11 @@ def openai_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRo
     @router.get("/models", include_in_schema=False, response_model=None)
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model.name, "object": "model",
-                                            "owned_by": "duo", "n_ctx": model.n_ctx}]}
+        card_ = card or {}
+        names = {"id": model.name, "aliases": card_.get("aliases") or [model.name],
+                 "tags": card_.get("tags") or []}
+        return {"object": "list", "data": [{**names, "object": "model", "owned_by": "duo",
+                                            "n_ctx": model.n_ctx}]}
 
     @router.post("/chat/completions", include_in_schema=False, response_model=None)
     @router.post("/v1/chat/completions", response_model=None)
@@ -46,9 +51,9 @@ def openai_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRo
         shape = shapes.ReplyShape(chat=True, token_bytes=model.token_bytes,
                                logprobs=body.top_logprobs_wanted() is not None)
         prepare = partial(prepare_chat, model, defaults, body)
-        return await _reply(engine, workers, request, body, shape, prepare)
+        return await _reply(engine, workers, request, body, shape, prepare,
+                            body.verbose or defaults.verbose)
 
-    @router.post("/completions", include_in_schema=False, response_model=None)
     @router.post("/v1/completions", response_model=None)
     async def completions(body: shapes.CompletionRequest, request: Request) -> Response:
         shapes.check_served(body)
@@ -99,7 +104,7 @@ async def reply(engine: Engine, workers: Threads, request: Request, stream: bool
 
 async def _reply(engine: Engine, workers: Threads, request: Request,
                  body: shapes.CommonRequest, shape: shapes.ReplyShape,
-                 prepare: Callable[[], Prepared]) -> Response:
+                 prepare: Callable[[], Prepared], verbose: bool = False) -> Response:
     rid = shapes.new_id("chatcmpl" if shape.chat else "cmpl")
     name = engine.model.name
 
@@ -108,11 +113,11 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
         return StreamedReply(gen, partial(sse, name, rid=rid, shape=shape, prepared=prepared,
                                           n=body.n), release)
     return await reply(engine, workers, request, body.stream, prepare,
-                       partial(_whole, name, rid, shape), streamed, body.n)
+                       partial(_whole, name, rid, shape, verbose), streamed, body.n)
 
 
-def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emission],
-           prepared: Prepared) -> JSONResponse:
+def _whole(model: str, rid: str, shape: shapes.ReplyShape, verbose: bool,
+           emissions: list[Emission], prepared: Prepared) -> JSONResponse:
     """A reply not streamed, from all of its emissions (each choice's)."""
     choices, sessions = [], []
     for i, own in sorted(by_choice(emissions).items()):
@@ -124,8 +129,12 @@ def _whole(model: str, rid: str, shape: shapes.ReplyShape, emissions: list[Emiss
         chat = shape.chat and (prepared.plan is not None or prepared.thinks)
         choices.append(toolreply.with_parts(choice, prepared.parts(text)) if chat else choice)
         sessions.append(session)
-    return JSONResponse({**shapes.envelope(shape.kind, rid, model), "choices": choices,
-                         "usage": usage(*sessions)})
+    body = {**shapes.envelope(shape.kind, rid, model), "choices": choices,
+            "usage": usage(*sessions)}
+    if verbose:  # llama-server's debugging aid: what the model was given
+        body["__verbose"] = {"prompt": prepared.prompt,
+                             "prompt_tokens": len(prepared.req.prompt_ids)}
+    return JSONResponse(body)
 
 
 def by_choice(emissions: list[Emission]) -> dict[int, list[Emission]]:

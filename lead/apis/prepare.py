@@ -13,6 +13,7 @@ from lead.apis import shapes, structured, toolreply
 from lead.apis.thinking import ThinkSplit, starts_inside
 from lead.apis.tools import ToolPlan
 from lead.decode.session import GenRequest
+from shared import dry
 from shared.model import Model
 
 
@@ -22,6 +23,7 @@ class Prepared:
     plan: ToolPlan | None = None  # a chat request's tools
     thinks: bool = False  # the reply may open with reasoning (a thinking model's)
     inside: bool = False  # the prompt opened the reasoning: the reply starts in it
+    prompt: str = ""  # a chat's prompt as the template rendered it (llama-server's __verbose)
 
     def deltas(self) -> toolreply.Deltas:
         """A streamed reply's parser."""
@@ -43,13 +45,15 @@ class Defaults:
     max_tokens: int = 0
     temperature: float = 0.0
     seed: int | None = None
+    reasoning: bool = True  # a thinking model's reasoning apart from the content (else in it)
+    verbose: bool = False  # every whole chat reply with llama-server's __verbose (--verbose)
 
 
 def prepare_chat(model: Model, defaults: Defaults, body: shapes.ChatRequest) -> Prepared:
     plan, prompt, prompt_ids = chat_ids(model, body)
-    thinks = model.thinks and body.thinking is not False
+    thinks = defaults.reasoning and model.thinks and body.thinking is not False
     return Prepared(gen_request(model, defaults, body, prompt_ids, plan), plan,
-                    thinks, thinks and starts_inside(prompt))
+                    thinks, thinks and starts_inside(prompt), prompt)
 
 
 def chat_ids(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str, list[int]]:
@@ -102,11 +106,12 @@ def gen_request(model: Model, defaults: Defaults, body: shapes.CommonRequest,
         raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
                                              f"the vocabulary (0-{model.n_vocab - 1})")
     forced = toolreply.forced_grammar(plan, model) if plan is not None else None
-    params = body.sampling(defaults.temperature)
+    params = dry.with_restarts(body.sampling(defaults.temperature), model)  # breakers as ids
     if body.seed is None and defaults.seed is not None:
         params = params.model_copy(update={"seed": defaults.seed})
     constrained = structured.constraint_of(body, model, forced)
     if constrained is not None:
         params = params.model_copy(update={"grammar": constrained[0]})
     return GenRequest(prompt_ids, wanted or defaults.max_tokens or n_ctx, params, body.stops(),
-                      body.top_logprobs_wanted(), constrained[1] if constrained else None)
+                      body.top_logprobs_wanted(),
+                      constraint=constrained[1] if constrained else None, slot=body.id_slot)

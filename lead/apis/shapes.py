@@ -14,9 +14,10 @@ from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal
 
 from fastapi import HTTPException
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from lead.apis import fields
+from lead.apis.llamasampling import LlamaSamplers
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from shared.protocol import LogitBias, OpenAIPenalty, RepeatLastN, RepeatPenalty, SamplingParams
 
@@ -86,8 +87,9 @@ class ResponseFormat(BaseModel):
         return self.type != "text"
 
 
-class CommonRequest(BaseModel):
-    # Fields not declared here are kept in model_extra for check_served to judge.
+class CommonRequest(LlamaSamplers):
+    # Fields not declared here (or in LlamaSamplers) are kept in model_extra for
+    # check_served to judge.
     model_config = ConfigDict(extra="allow")
     model: str | None = None
     n: int = Field(1, ge=1, le=128)
@@ -98,6 +100,8 @@ class CommonRequest(BaseModel):
     top_k: int = Field(0, ge=0)
     min_p: float = Field(0.0, ge=0.0, lt=1.0)
     seed: int | None = None
+    verbose: bool = False  # llama-server's: the reply carries __verbose (its prompt, ...)
+    id_slot: int | None = None  # llama-server's: the slot the request runs in (-1: any)
     stop: Text | list[Text] | None = None
     stream: bool = False
     frequency_penalty: OpenAIPenalty | None = None
@@ -127,7 +131,7 @@ class CommonRequest(BaseModel):
                               presence_penalty=self.presence_penalty or 0.0,
                               repeat_penalty=self.repeat_penalty,
                               repeat_last_n=self.repeat_last_n,
-                              logit_bias=self.logit_bias or {})
+                              logit_bias=self.logit_bias or {}, **self.llama_sampling())
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -145,6 +149,23 @@ class ChatRequest(CommonRequest):
     tool_choice: Any = None
     chat_template_kwargs: dict[str, Any] | None = None  # llama-server's
     reasoning_effort: str | None = None
+    # llama-server's and vLLM's: the prompt ends without the assistant's header, or in the
+    # last (assistant's) message, which the reply continues (lead does so by default)
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
+
+    @model_validator(mode="after")
+    def _one_ending(self) -> ChatRequest:
+        if self.continue_final_message and "add_generation_prompt" in self.model_fields_set \
+                and self.add_generation_prompt:
+            raise ValueError("Cannot set both add_generation_prompt and "
+                             "continue_final_message to true")
+        ends = [m.role for m in self.messages[-2:]]
+        if ends == ["assistant", "assistant"] and not self.messages[-1].tool_calls:
+            # the last is the reply's start (prefill): the one before it has no place
+            raise ValueError("Cannot have 2 or more assistant messages at the end of the "
+                             "list.")
+        return self
 
     @property
     def thinking(self) -> bool | None:
@@ -242,11 +263,12 @@ def usage(prompt: int, completion: int, drafted: int, accepted: int, cached: int
 
 
 def _fingerprint() -> str:
-    """OpenAI's `system_fingerprint`: what serves the reply (lead's and llama.cpp's builds)."""
+    """OpenAI's `system_fingerprint`: what serves the reply (lead's and llama.cpp's builds),
+    "b" first as llama-server's ("b<build>-<commit>")."""
     try:
-        return f"duo-{version('duo')}-llama-cpp-python-{version('llama-cpp-python')}"
+        return f"b{version('llama-cpp-python')}-duo-{version('duo')}"
     except PackageNotFoundError:  # run from a tree not installed
-        return "duo"
+        return "b-duo"
 
 
 FINGERPRINT = _fingerprint()

@@ -6,6 +6,16 @@ released at once except what might still open a call (a prefix of the marker, he
 stop strings are held in lead/decode/textstream.py) and whitespace that would end up beside a
 call. A call is emitted whole when it closes, so no call is ever emitted that later
 proves malformed; malformed call text is released as content.
+
+A call's text is held no longer than it takes to decide. A bare one (JSON opening the
+reply, or after a marker that has no closing) is emitted as soon as its JSON value (and
+its fence) closes, or, in a format with a closing marker, once the next text shows
+whether that marker follows; it is released as content at the first character that
+keeps it from being a call. Any call still open past HOLD_LIMIT characters streams as content from
+there on, but is still parsed: if it closes as a call, the call is emitted as well (a
+client that calls tools needs tool_calls, and a long call, a file's content, is a real
+one). The bound is counted in the call's text, not in chunks, so where a reply is cut
+into chunks changes nothing.
 """
 
 from __future__ import annotations
@@ -45,6 +55,15 @@ MISTRAL = CallFormat("mistral", "[TOOL_CALLS]", None, "arguments", bare=("[", FE
 GENERIC = CallFormat("generic", "", None, "arguments")
 
 
+# How much of an open call's text is held: about 300 tokens of JSON. A call naming a tool
+# and a few arguments closes well within it; past it, the client would see nothing at
+# all while a model writes on (1,024 tokens held were 5.5 silent minutes on a CPU), and a
+# longer call (a file's content) loses nothing by streaming: it is still emitted.
+HOLD_LIMIT = 1024
+OPEN, DONE, BAD = "open", "done", "bad"  # how an open call's text stands (call_end)
+SEPARATORS = " \t\r\n,;"  # between calls that run to the reply's end
+
+
 def finish_reason(finish: str | None, called: bool) -> str | None:
     """OpenAI's "tool_calls" once any call was made (a reply cut short stays "length")."""
     return "tool_calls" if called and finish != "length" else finish
@@ -71,6 +90,8 @@ class ToolStream:
         self._space = ""  # whitespace before the opening (dropped if the call is good)
         self._fresh = True  # only whitespace so far (bare)
         self._after_call = False  # whitespace after a call is dropped
+        self._more = False  # after a call that runs to the end: another may follow it, bare
+        self._shown: str | None = None  # an open call's body sent as content (past the bound)
 
     def push(self, text: str) -> list[Delta]:
         """Feed released text; return the deltas now safe to send."""
@@ -83,7 +104,11 @@ class ToolStream:
     def finish(self) -> list[Delta]:
         """End of the reply: a call still open is judged as it stands; held text goes."""
         deltas: list[Delta] = []
-        if self._inside:
+        if self._shown is not None:  # sent already; the call it makes, if it is one
+            found = self._decode(self._shown + self._pending)
+            self._content(deltas, "" if found else self._pending)
+            self._emit(found, deltas)
+        elif self._inside:
             self._close(self._pending, self._opening + self._pending, deltas)
         else:
             self._content(deltas, self._pending.lstrip() if self._after_call else self._pending)
@@ -95,8 +120,10 @@ class ToolStream:
 
     def _advance(self, deltas: list[Delta]) -> bool:
         """One step; True while another may make progress."""
+        if self._shown is not None:
+            return self._shown_step(deltas)
         if self._inside:
-            return self._close_found(deltas)
+            return self._held_step(deltas)
         if self._after_call:
             self._pending = self._pending.lstrip()
             if not self._pending:
@@ -111,58 +138,107 @@ class ToolStream:
         self._space = before[len(before.rstrip()):]
         self._opening = self._pending[at:at + used]
         self._pending, self._inside, self._fresh = self._pending[at + used:], True, False
+        self._more = False
         return True
+
+    def _openers(self) -> tuple[str, ...]:
+        """What opens a bare call here: at the reply's start, or right after such a call."""
+        if self._more:
+            return (*self.fmt.bare, ",", ";")
+        return self.fmt.bare if self._fresh else ()
 
     def _find_opening(self) -> tuple[int, int]:
         """Where a call opens in the pending text, and the marker's length to consume."""
         start = len(self._pending) - len(self._pending.lstrip())
-        if self._fresh and self._pending.startswith(self.fmt.bare, start):
+        if self._pending.startswith(self._openers(), start):
             return start, 0  # the opener is the body's
         return self._pending.find(self.fmt.opening), len(self.fmt.opening)
 
     def _release(self, deltas: list[Delta]) -> None:
         """Send what cannot open a call; hold a marker's prefix and trailing whitespace."""
         head = self._pending.lstrip()
-        if self._fresh and any(b.startswith(head) for b in self.fmt.bare):
-            return  # the reply may still open with a bare call
+        if any(b.startswith(head) for b in self._openers()):
+            return  # a bare call may still open here
         keep = _partial_len(self._pending, self.fmt.opening)
         out = self._pending[:len(self._pending) - keep].rstrip()
         self._content(deltas, out)
         self._pending = self._pending[len(out):]
 
-    def _close_found(self, deltas: list[Delta]) -> bool:
-        if not self._opening and not could_be_call(self._pending, self.names):
-            # A reply that opens like a bare call but is not one (JSON shown to the user, a
-            # fenced example) streams as content from here, not held until its end.
-            self._pending, self._inside, self._space = self._space + self._pending, False, ""
-            return True
-        closing = self.fmt.closing
-        end = self._pending.find(closing) if closing else -1
-        if closing is None or end < 0:
-            return False  # the body goes on (until finish, for formats without a closing)
-        raw = self._opening + self._pending[:end + len(closing)]
-        body, self._pending = self._pending[:end], self._pending[end + len(closing):]
-        self._close(body, raw, deltas)
+    def _held_step(self, deltas: list[Delta]) -> bool:
+        """The open call's body, held: closed, disowned or past the bound, else held on.
+        Only its first HOLD_LIMIT characters are judged, however the reply is chunked."""
+        state, at = self._end(self._pending[:HOLD_LIMIT])
+        if state == OPEN and len(self._pending) <= HOLD_LIMIT:
+            return False  # it may still become a call
+        if state == DONE:
+            body, self._pending = self._pending[:at], self._pending[at:]
+            self._close(body.removesuffix(self.fmt.closing or ""), self._opening + body, deltas)
+        elif state == BAD:
+            self._disown(deltas)
+        else:  # still open past the bound: streamed from here, and still watched
+            self._content(deltas, self._space + self._opening)
+            self._shown, self._space = "", ""
         return True
 
+    def _shown_step(self, deltas: list[Delta]) -> bool:
+        """Past the bound the body streams as content, and is still a call if it closes
+        as one."""
+        shown = self._shown or ""
+        body, sent = shown + self._pending, len(shown)
+        state, at = self._end(body)
+        if state == OPEN:  # what may still turn out to follow the call stays held
+            at = max(at, sent)
+            self._content(deltas, body[sent:at])
+            self._shown, self._pending = body[:at], body[at:]
+            return False
+        cut = max(at, sent)
+        self._content(deltas, body[sent:cut])
+        self._pending = body[cut:]
+        call = body[:at].removesuffix(self.fmt.closing or "")
+        self._emit(self._decode(call) if state == DONE else None, deltas)
+        return True
+
+    def _end(self, body: str) -> tuple[str, int]:
+        """How the open call's text stands as far as `body` goes (see call_end)."""
+        closing = self.fmt.closing
+        if self._opening and closing:  # an explicit marker's call runs to its closing
+            end = body.find(closing)
+            return (DONE, end + len(closing)) if end >= 0 else (OPEN, len(body))
+        state, at = call_end(body, self.names)
+        return _through_closing(body, at, closing) if state == DONE and closing else (state, at)
+
+    def _disown(self, deltas: list[Delta]) -> None:
+        """Not a call: the opening marker is content, the body is read again as text (a
+        reply that opens like a bare call but is not one streams from here)."""
+        self._content(deltas, self._space + self._opening)
+        self._inside, self._opening, self._space, self._more = False, "", "", False
+
     def _close(self, body: str, raw: str, deltas: list[Delta]) -> None:
-        # A bare opening ("[") may be the marker's own first character ("[TOOL_CALLS]").
-        found = decode_calls(body.lstrip().removeprefix(self.fmt.opening), self.fmt.key,
-                             self.names)
+        found = self._decode(body)
         if found is None:
             self._content(deltas, self._space + raw)
+        self._emit(found, deltas)
+
+    def _decode(self, body: str) -> list[tuple[str, str]] | None:
+        # A bare opening ("[") may be the marker's own first character ("[TOOL_CALLS]").
+        return decode_calls(body.lstrip().removeprefix(self.fmt.opening), self.fmt.key,
+                            self.names)
+
+    def _emit(self, found: list[tuple[str, str]] | None, deltas: list[Delta]) -> None:
+        """The calls found, a delta each; the open call's state cleared."""
         for name, arguments in found or []:
             call = {"id": self.new_id(), "type": "function",
                     "function": {"name": name, "arguments": arguments}}
             deltas.append({"tool_calls": [{"index": len(self.calls), **call}]})
             self.calls.append(call)
-        self._after_call = found is not None
-        self._inside, self._opening, self._space = False, "", ""
+        runs_to_end = not self._opening or self.fmt.closing is None
+        self._after_call, self._more = found is not None, found is not None and runs_to_end
+        self._inside, self._opening, self._space, self._shown = False, "", "", None
 
     def _content(self, deltas: list[Delta], text: str) -> None:
         if text:
             deltas.append({"content": text})
-            self._fresh = False
+            self._fresh = self._more = False
 
 
 CALL_KEYS = ("name", "function", "type", "arguments", "parameters", "id")
@@ -201,6 +277,67 @@ def _could_name(rest: str, names: Collection[str]) -> bool:
         return not rest.strip().strip(":").strip()
     said, closed = value.group(1), value.group(2) == '"'
     return said in names if closed else any(n.startswith(said) for n in names)
+
+
+def call_end(text: str, names: Collection[str] = ()) -> tuple[str, int]:
+    """How a bare call's text stands: (DONE, where its JSON value, and its fence if
+    fenced, ends), (OPEN, how much of it is surely the call's) while it may still go on
+    to be calls, or (BAD, where it no longer can). Separators may lead it (a call that
+    follows another)."""
+    at = len(text) - len(text.lstrip(SEPARATORS))
+    head = text[at:]
+    if not could_be_call(head, names):
+        return BAD, at
+    if FENCE.startswith(head):
+        return OPEN, len(text)
+    fenced = head.startswith(FENCE)
+    return _values_end(text, at + len(FENCE) * fenced, fenced)
+
+
+def _values_end(text: str, at: int, fenced: bool) -> tuple[str, int]:
+    """From `at`: one JSON value, or (fenced) values up to the fence's closing."""
+    decoder = json.JSONDecoder()
+    while (at := _skip(text, at, " \t\r\n")) < len(text):
+        try:
+            at = decoder.raw_decode(text, at)[1]
+        except json.JSONDecodeError as err:
+            return (OPEN, len(text)) if _truncated(err) else (BAD, err.pos)
+        if not fenced:
+            return DONE, at
+        at = _skip(text, at, SEPARATORS)
+        if text.startswith("```", at):
+            return DONE, at + 3
+        if "```".startswith(text[at:]):
+            return OPEN, len(text)
+    return OPEN, len(text)
+
+
+def _skip(text: str, at: int, chars: str) -> int:
+    return len(text) - len(text[at:].lstrip(chars))
+
+
+# What JSON cut short ends in, past where the decoder stopped: a literal's or a number's
+# start ("tr", "-", "1." stops at ".", "1e+" at "e"), or nothing but spaces.
+_CUT_TAIL = re.compile(r"\s*(?:t(?:ru?)?|f(?:a(?:ls?)?)?|n(?:ul?)?|-|\.|[eE][-+]?)?")
+
+
+def _truncated(err: json.JSONDecodeError) -> bool:
+    """Whether JSON failed only for running out: more text may still make it whole."""
+    tail = err.doc[err.pos:]
+    if err.msg.startswith("Unterminated string"):
+        return True
+    if err.msg.startswith("Invalid \\uXXXX"):
+        return re.fullmatch(r"u[0-9a-fA-F]{0,3}", tail) is not None
+    return _CUT_TAIL.fullmatch(tail) is not None
+
+
+def _through_closing(text: str, at: int, closing: str) -> tuple[str, int]:
+    """A bare call that ends at `at` takes a closing marker that follows it (its opening
+    marker a control token, left out of the text); while one may still come, it is open."""
+    rest = text[at:].lstrip()
+    if rest.startswith(closing):
+        return DONE, len(text) - len(rest) + len(closing)
+    return (OPEN, at) if closing.startswith(rest) else (DONE, at)
 
 
 def _partial_len(text: str, marker: str) -> int:

@@ -29,7 +29,7 @@ def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
     if plan.generic:
         messages = generic_messages(messages, plan.tools, plan.choice.mode == "required")
     render = partial(_render, model, plan.template_tools(),
-                     body.thinking if model.thinks else None)
+                     body.thinking if model.thinks else None, body.add_generation_prompt)
     try:
         return plan, render(messages)
     except ValueError:  # many templates take a system message only first
@@ -40,10 +40,11 @@ def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
 
 
 def _render(model: Model, tools: list[dict[str, Any]] | None, thinking: bool | None,
-            messages: list[dict[str, Any]]) -> str:
+            generation_prompt: bool, messages: list[dict[str, Any]]) -> str:
     prefill = prefilled(messages)
     if not prefill:
-        return model.format_chat(messages, tools, thinking=thinking)
+        return model.format_chat(messages, tools, add_generation_prompt=generation_prompt,
+                                 thinking=thinking)
     # the reply continues the assistant's last message (llama-server's prefill)
     rendered = model.format_chat(messages, tools, add_generation_prompt=False,
                                  thinking=thinking)

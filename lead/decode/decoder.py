@@ -20,11 +20,11 @@ import numpy as np
 from lead.decode.promptcache import PromptCache, Saved
 from lead.decode.session import StepResult
 from lead.decode.slots import Seat, choose_seat
-from lead.decode.verify import Verdict, verify_tree
+from lead.decode.verify import Verdict, row_dist, verify_tree
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.constraint import Constraint
-from shared.logprobs import TokenLogprob, token_logprob
+from shared.logprobs import TokenLogprob, sampled_logprob, token_logprob
 from shared.model import Forking, Model, Part, Slotted, can_fork
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
@@ -54,6 +54,8 @@ class Job:
     top_logprobs: int | None = None
     constraint: Constraint | None = None
     prompt: tuple[int, ...] = ()  # a prompt chunk: evaluated, nothing verified
+    mu: float | None = None  # mirostat's state after `tokens` (the session's)
+    post_sampling: bool = False  # logprobs of the distribution sampled (GenRequest's)
 
     @property
     def verifies(self) -> bool:
@@ -180,11 +182,12 @@ class Decoder:
         t0 = self.clock()
         verdict = verify_tree(draft.token_ids, rows[:len(draft.token_ids) + 1],
                               list(zip(draft.branches, branch_rows, strict=True)), job.params,
-                              job.rng, draft.dists, job.tokens, job.n_prompt, job.constraint)
+                              job.rng, draft.dists, job.tokens, job.n_prompt, job.constraint,
+                              job.mu)
         verify_s = self.clock() - t0
         self._settle(self.slotted.slot(job.slot), len(job.tokens) + len(verdict.accepted),
                      verdict.branch, len(draft.branches))
-        logprobs = None if job.top_logprobs is None else _logprobs(verdict, job.top_logprobs)
+        logprobs = None if job.top_logprobs is None else _logprobs(verdict, job)
         taken = None if verdict.branch is None else draft.branches[verdict.branch]
         root_at = None if taken is None else taken.at
         path = len(draft.token_ids) if taken is None else taken.at + len(taken.token_ids)
@@ -202,9 +205,20 @@ class Decoder:
             view.fork(branch, 0)
 
 
-def _logprobs(verdict: Verdict, n_top: int) -> list[TokenLogprob]:
-    assert verdict.rows is not None, "verify keeps the rows it verified"
-    return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
+def _logprobs(verdict: Verdict, job: Job) -> list[TokenLogprob]:
+    assert verdict.rows is not None and job.top_logprobs is not None, "rows kept, logprobs asked"
+    n_top = job.top_logprobs
+    if not job.post_sampling:
+        return [token_logprob(verdict.rows[i], t, n_top) for i, t in enumerate(verdict.emitted)]
+    if len(verdict.dists) == len(verdict.emitted):  # p as drawn (XTC's draw, mirostat's mu)
+        return [sampled_logprob(d, t, n_top)
+                for d, t in zip(verdict.dists, verdict.emitted, strict=True)]
+    # each row's p as the verifier drew from it, the grammar's state after the tokens before
+    state, out = job.constraint, []
+    for row, token in zip(verdict.rows, verdict.emitted, strict=False):
+        out.append(sampled_logprob(row_dist(row, state, job.params), token, n_top))
+        state = state.advanced([token]) if state is not None else None
+    return out
 
 
 def _covered(draft: Draft, verdict: Verdict, root_at: int | None) -> bool | None:

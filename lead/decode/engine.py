@@ -21,7 +21,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 
 from lead.decode.admission import Admission, Place, QueueFull
@@ -31,6 +31,7 @@ from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
 from lead.decode.session import Emission, GenRequest, Session, StepResult
+from lead.decode.slotwork import SlotWork, T
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
 from lead.drafts.offers import OfferLedger
@@ -76,6 +77,7 @@ class Engine:
         self.admission = Admission(max_queue, self.n_slots)
         self.model_thread = ModelThread("model")  # every model call, calibration too
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, cache_bytes)
+        self.slot_work = SlotWork(self.model_thread)  # saves, restores, erases of a slot
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
         self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.planner = Planner(self.cost, model.n_ctx)
@@ -118,11 +120,14 @@ class Engine:
                 if not run.session.done:  # its reader left: it ends now, its slot free for the
                     self._end(run)  # next step (the one under way, if any, is dropped)
 
+    async def on_slot(self, slot: int, work: Callable[[], T]) -> T:
+        """`work` (a model-thread call on slot `slot`'s cache: lead/decode/slotwork.py) done
+        between steps once no generation holds the slot; its result."""
+        self._ensure_loop()  # (it starts once this call awaits)
+        return await self.slot_work.add(slot, work)
+
     def _add(self, req: GenRequest) -> Run:
-        loop, running = self._loop, asyncio.get_running_loop()
-        if loop is not None and not loop.done() and loop.get_loop() is not running:
-            for stale in list(self.runs):  # a test's earlier event loop closed under them
-                self._end(stale)
+        self._ensure_loop()
         session = Session(id=f"s{next(self._ids)}-{uuid.uuid4().hex[:8]}",
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
                           params=req.params, rng=make_rng(req.params.seed),
@@ -132,16 +137,26 @@ class Engine:
         self.session = session
         self.feed.start(session)
         self.live.bump()
+        return run
+
+    def _ensure_loop(self) -> None:
+        loop, running = self._loop, asyncio.get_running_loop()
+        if loop is not None and not loop.done() and loop.get_loop() is not running:
+            for stale in list(self.runs):  # a test's earlier event loop closed under them
+                self._end(stale)
+            self.slot_work.drop()
         if loop is None or loop.done() or loop.get_loop() is not running:
             self._loop = asyncio.create_task(self._steps())
-        return run
 
     async def _steps(self) -> None:
         changed: list[str] = []  # sessions whose news backs have not been sent
         try:
-            while self.runs:
+            while self.runs or self.slot_work:
+                if self.slot_work:
+                    await self.slot_work.run({r.slot for r in self.runs if r.slot is not None})
                 await self._seat_waiting()
-                changed = await self._step(changed)
+                if self.runs:  # (else only slot work was waiting)
+                    changed = await self._step(changed)
                 # The readers write what this step emitted before the next step starts:
                 # Python work overlapping a step preempts llama.cpp's threads, and holds
                 # the GIL the model thread needs to begin it.
@@ -151,9 +166,10 @@ class Engine:
             self.feed.notify(changed)
         except BaseException as exc:
             self.feed.step_began(None)  # no step under way: backs hear none is
+            error = exc if isinstance(exc, Exception) else RuntimeError("lead is shutting down")
             for run in list(self.runs):
-                self._end(run, exc if isinstance(exc, Exception) else
-                          RuntimeError("lead is shutting down"))
+                self._end(run, error)
+            self.slot_work.fail(error)
             if not isinstance(exc, Exception):
                 raise
 
@@ -185,12 +201,14 @@ class Engine:
         return [run.session.id for run in verified]
 
     async def _seat_waiting(self) -> None:
-        """Give waiting runs the free slots, in arrival order."""
+        """Give waiting runs the free slots, in arrival order (one that names its slot waits
+        for that one)."""
         for run in [r for r in self.runs if r.slot is None]:
             taken = {r.slot for r in self.runs if r.slot is not None}
-            free = [i for i in range(self.n_slots) if i not in taken]
+            free = [i for i in range(self.n_slots)
+                    if i not in taken and pinned(run.req.slot, i, self.n_slots)]
             if not free:
-                return
+                continue
             prompt = run.session.tokens
             run.slot, held = await self.decoder.seat(prompt, free)
             run.todo = list(prompt[held:-1])
@@ -228,7 +246,8 @@ class Engine:
     def _job(self, run: Run, draft: Draft | None) -> Job:
         s = run.session
         return Job(run.slot or 0, tuple(s.tokens), s.n_prompt, s.params, s.rng, draft,
-                   run.req.top_logprobs, s.constraint)
+                   run.req.top_logprobs, s.constraint, post_sampling=run.req.post_sampling,
+                   mu=s.mu)
 
     def _offered(self, session: Session) -> Draft | None:
         """The draft on the session's board expected to yield the most, lead's own among
@@ -320,3 +339,9 @@ class Engine:
         if self._loop is not None:
             self._loop.cancel()
         self.model_thread.shutdown()
+
+
+def pinned(wanted: int | None, slot: int, n_slots: int) -> bool:
+    """Whether a request naming slot `wanted` may take `slot`: any slot for None or -1;
+    past the last one, as llama-server's, it wraps round."""
+    return wanted is None or wanted < 0 or slot == wanted % n_slots

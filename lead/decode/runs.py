@@ -57,7 +57,7 @@ class Run:
         s.tokens.extend(emitted)
         # The grammar's state after the whole verdict: a cut one ends the reply, so the
         # tokens it holds past the cut are never followed.
-        s.constraint = result.verdict.constraint
+        s.constraint, s.mu = result.verdict.constraint, result.verdict.mu
         chunks = self._texts(emitted, vocab)
         if self.text.stopped:  # tokens past a stop string are no part of the reply (their
             del s.tokens[len(s.tokens) - len(emitted) + len(chunks):]  # acceptance counts)

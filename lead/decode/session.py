@@ -22,7 +22,11 @@ class GenRequest:
     params: SamplingParams = field(default_factory=SamplingParams)
     stop: list[str] = field(default_factory=list)
     top_logprobs: int | None = None  # None: no logprobs; n: each token's and the n likeliest
+    # those logprobs read from the distribution sampled (after temperature and truncation:
+    # llama-server's post_sampling_probs), not from the row before it
+    post_sampling: bool = False
     constraint: Constraint | None = None  # the grammar (params.grammar) at the reply's start
+    slot: int | None = None  # llama-server's id_slot: the slot it runs in (None, -1: any)
     # the reply's text as its tokens are decided (None: a TextStream of `stop`); an API's
     # own ends the reply by rules of its own too (/infill's: lead/apis/infill.py)
     text: Callable[[], TextStream] | None = None
@@ -66,6 +70,7 @@ class Session:
     params: SamplingParams
     rng: np.random.Generator
     constraint: Constraint | None = None  # the grammar's state after the tokens so far
+    mu: float | None = None  # mirostat's state after the tokens so far (None: its start)
     finish_reason: str | None = None  # set as it ends (lead/decode/engine.py `_end`)
     stop_sequence: str | None = None  # the stop string that ended it, if one did
     drafted: int = 0

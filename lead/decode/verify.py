@@ -18,8 +18,11 @@ rows from the same batch: exactly what the next step would do with that branch a
 draft. The root is never accepted as a guess (it was chosen, not sampled): it is only
 ever followed once lead has drawn it itself.
 
-Penalties and logit bias (shared/penalties.py) adjust each row first, with the history
-that row follows: the context and draft[:i]. A grammar (shared/constraint.py) then masks
+Penalties, logit bias and DRY (shared/penalties.py) adjust each row first, with the
+history that row follows: the context and draft[:i]. What decoding alone carries from
+token to token goes along the draft the same way (_Walk): mirostat's mu after draft[:i],
+and the draws in their order (XTC's uniform, then the token's), so that drafts never
+change what the samplers emit. A grammar (shared/constraint.py) then masks
 row i with its state after draft[:i], so a draft token it refuses has p = 0 and is never
 accepted. p is that adjusted, masked distribution, so each emitted token is what
 decoding without drafts would have drawn. Logprobs are read from the rows before the mask.
@@ -36,7 +39,15 @@ from shared.branch import Branch
 from shared.constraint import Constraint, best, masked
 from shared.penalties import adjust_rows
 from shared.protocol import SamplingParams
-from shared.sampling import Dist, distribution, is_greedy, sample
+from shared.sampling import (
+    Dist,
+    distribution,
+    drops_best,
+    is_greedy,
+    mirostat_mu,
+    sample,
+    xtc_draws,
+)
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class Verdict:
     # the grammar's state after the emitted tokens (None: no grammar)
     constraint: Constraint | None = field(default=None, compare=False, repr=False)
     branch: int | None = None  # the tree's branch the verdict followed (None: the draft)
+    mu: float | None = None  # mirostat's state after the emitted tokens (None: off)
+    # the distribution each emitted token was drawn from, where one was (greedy: none)
+    dists: list[Dist] = field(default_factory=list, compare=False, repr=False)
 
     @property
     def emitted(self) -> list[int]:
@@ -57,33 +71,35 @@ class Verdict:
 def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: SamplingParams,
            rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
            context: Sequence[int] = (), n_prompt: int = 0,
-           constraint: Constraint | None = None) -> Verdict:
+           constraint: Constraint | None = None, mu: float | None = None) -> Verdict:
     """`context`: the tokens row 0 follows (the first `n_prompt` of them the prompt), for
-    the penalties; `constraint`: the grammar's state after `context`, or None."""
+    the penalties and DRY; `constraint`: the grammar's state after `context`, or None;
+    `mu`: mirostat's state after `context` (None: its start)."""
     assert target_logits.shape[0] == len(draft_token_ids) + 1, "one row per draft token + 1"
     rows = adjust_rows(target_logits, params, context, n_prompt, draft_token_ids)
-    walk = _Walk(constraint, params)
+    walk = _Walk(constraint, params, rng, mu)
     if is_greedy(params):
-        verdict = _verify_drawn(draft_token_ids, rows, walk, lambda row: best(row, walk.state))
+        verdict = _verify_drawn(draft_token_ids, rows, walk, walk.best)
     elif draft_dists is None:
         verdict = _verify_drawn(draft_token_ids, rows, walk, lambda row: sample(walk.p(row), rng))
     else:
         verdict = _verify_rejection(draft_token_ids, draft_dists, rows, rng, walk)
     walk.take(verdict.next_token)
-    return Verdict(verdict.accepted, verdict.next_token, rows, walk.state)
+    return Verdict(verdict.accepted, verdict.next_token, rows, walk.state, mu=walk.mu,
+                   dists=walk.dists)
 
 
 def verify_tree(draft_token_ids: Sequence[int], target_logits: np.ndarray,
                 branches: Sequence[tuple[Branch, np.ndarray]], params: SamplingParams,
                 rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
                 context: Sequence[int] = (), n_prompt: int = 0,
-                constraint: Constraint | None = None) -> Verdict:
+                constraint: Constraint | None = None, mu: float | None = None) -> Verdict:
     """verify() over the draft, then, where the token emitted in place of a rejected draft
     token is a branch's root there, over that branch; `accepted` is then the draft's
     accepted prefix, the root and the branch's accepted tokens. Each branch comes with its
     rows: rows[i] the target's logits after its token_ids[:i + 1]."""
     verdict = verify(draft_token_ids, target_logits, params, rng, draft_dists, context,
-                     n_prompt, constraint)
+                     n_prompt, constraint, mu)
     at, root = len(verdict.accepted), verdict.next_token
     taken = next((j for j, (b, _) in enumerate(branches) if at < len(draft_token_ids)
                   and b.at == at and b.token_ids[0] == root), None)
@@ -91,24 +107,49 @@ def verify_tree(draft_token_ids: Sequence[int], target_logits: np.ndarray,
         return verdict
     b, rows = branches[taken]
     tail = verify(b.token_ids[1:], rows, params, rng, b.dists[1:] if b.dists else None,
-                  [*context, *verdict.accepted, root], n_prompt, verdict.constraint)
+                  [*context, *verdict.accepted, root], n_prompt, verdict.constraint,
+                  verdict.mu)
     assert verdict.rows is not None and tail.rows is not None
     return Verdict([*verdict.accepted, root, *tail.accepted], tail.next_token,
-                   np.concatenate([verdict.rows[:at + 1], tail.rows]), tail.constraint, taken)
+                   np.concatenate([verdict.rows[:at + 1], tail.rows]), tail.constraint, taken,
+                   tail.mu, [*verdict.dists, *tail.dists])
 
 
 class _Walk:
-    """The grammar's state along the draft: row i is masked by the state after draft[:i]."""
+    """The state along the draft, as decoding alone holds it at each position: the
+    grammar's (row i is masked by its state after draft[:i]), mirostat's mu (after
+    draft[:i]), and the draws: XTC's uniform, then the token's, from the one generator."""
 
-    def __init__(self, state: Constraint | None, params: SamplingParams) -> None:
-        self.state, self.params = state, params
+    def __init__(self, state: Constraint | None, params: SamplingParams,
+                 rng: np.random.Generator, mu: float | None) -> None:
+        self.state, self.params, self.rng = state, params, rng
+        self.mu = (2.0 * params.mirostat_tau if mu is None else mu) if params.mirostat \
+            else None
+        self.dists: list[Dist] = []  # p at each position so far
 
     def p(self, row: np.ndarray) -> Dist:
-        return distribution(masked(row, self.state), self.params)
+        coin = self.rng.random() if xtc_draws(self.params) else None
+        self.dists.append(row_dist(row, self.state, self.params, coin, self.mu))
+        return self.dists[-1]
+
+    def best(self, row: np.ndarray) -> int:
+        """Greedy's token: the best the samplers leave (most often the row's best)."""
+        if not drops_best(self.params):
+            return best(row, self.state)
+        return int(self.p(row).token_ids[0])
 
     def take(self, token: int) -> None:
         if self.state is not None:
             self.state = self.state.advanced([token])
+        if self.mu is not None and not is_greedy(self.params):
+            self.mu = mirostat_mu(self.mu, self.params, self.dists[-1].prob_of(token))
+
+
+def row_dist(row: np.ndarray, state: Constraint | None, params: SamplingParams,
+             coin: float | None = None, mu: float | None = None) -> Dist:
+    """p: what a token is drawn from at a (penalised) row, the grammar in `state`; `coin`
+    and `mu`: XTC's draw and mirostat's state there (Verdict.dists holds the p drawn)."""
+    return distribution(masked(row, state), params, coin=coin, mu=mu)
 
 
 def _verify_drawn(draft: Sequence[int], rows: np.ndarray, walk: _Walk,

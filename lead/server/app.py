@@ -2,10 +2,10 @@
 
 OpenAI-compatible chat/completions (lead/apis/openairoutes.py; streamed replies delivered
 by lead/server/delivery.py), the Responses and Messages APIs (lead/apis/agentroutes.py),
-/infill (lead/apis/infill.py), the back protocol under /duo (lead/server/backroutes.py),
-/metrics (lead/server/prometheus.py), /health, and a web page at /
-(lead/server/webroutes.py), all behind one gate (lead/server/gate.py: Host check, body
-size, keys). Tests inject a fake target; production loads GGUF.
+/infill (lead/apis/infill.py), embeddings (lead/apis/embeddings.py), the back protocol
+under /duo (lead/server/backroutes.py), /metrics (lead/server/prometheus.py), /health, and
+a web page at / (lead/server/webroutes.py), all behind one gate (lead/server/gate.py: Host
+check, body size, keys). Tests inject a fake target; production loads GGUF.
 """
 
 from __future__ import annotations
@@ -16,27 +16,32 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Response
-from fastapi.middleware.cors import CORSMiddleware
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from lead.apis.agentroutes import agent_router
 from lead.apis.completion import completion_router
+from lead.apis.embeddings import embeddings_router, load_embedder
 from lead.apis.infill import infill_router
 from lead.apis.llamaserver import llama_server_router
 from lead.apis.openairoutes import openai_router
 from lead.apis.prepare import Defaults
+from lead.apis.slotactions import slot_actions_router
 from lead.decode.engine import Engine
 from lead.server.backroutes import back_router
+from lead.server.cors import Cors, cors_options
 from lead.server.errors import install_error_handlers
 from lead.server.gate import Gate
 from lead.server.keys import Keys
+from lead.server.llamaflags import CACHE_TYPES
 from lead.server.prometheus import exposition
 from lead.server.requestlog import RequestLog
 from lead.server.settings import LeadSettings, parse_costs
 from lead.server.webroutes import mount_web
+from shared.embedding import Embedder
 from shared.model import Model
 from shared.modelthread import Threads
 from shared.placement import LeadPlace, Placement, allowed_cpus, choose_lead
+from shared.presets import ModelError, require_cached
 
 PREPARE_THREADS = 2  # requests prepared at once (templates, tokens, grammars), off the loop
 
@@ -57,26 +62,24 @@ def _has_accelerator() -> bool:
                for _, kind, _ in ggml.devices())
 
 
-LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
-
-
-def cors_options(origins: str) -> dict[str, Any]:
-    """CORSMiddleware's options for --cors-origins: 'local', '*', '' or a list."""
-    listed = [o.strip().rstrip("/") for o in origins.split(",") if o.strip()]
-    local = "local" in listed
-    listed = [o for o in listed if o != "local"]
-    return {"allow_origins": listed, "allow_origin_regex": LOCAL_ORIGINS if local else None,
-            "allow_methods": ["*"], "allow_headers": ["*"], "max_age": 600}
+def model_card(settings: LeadSettings) -> dict[str, Any]:
+    """--alias a,b (llama-server's: several names, the first in order its id) and --tags."""
+    aliases = sorted({a.strip() for a in (settings.alias or "").split(",") if a.strip()})
+    tags = sorted({t.strip() for t in (settings.tags or "").split(",") if t.strip()})
+    return {"id": aliases[0] if aliases else None, "aliases": aliases, "tags": tags}
 
 
 def create_app(settings: LeadSettings, target: Model | None = None,
-               clock: Callable[[], float] = time.perf_counter) -> FastAPI:
+               clock: Callable[[], float] = time.perf_counter,
+               embedder: Embedder | None = None) -> FastAPI:
     """`clock`: lead's time, by which it prices the target's steps and rates backs' posts
-    (tests give a fake target a virtual one)."""
+    (tests give a fake target a virtual one); `embedder`: --embeddings' (tests give a fake
+    target a scripted one; else made on the target's weights)."""
     placement = lead_placement(settings, target)
     model = target if target is not None else _load_target(settings, placement.threads)
-    if settings.alias:
-        model.name = settings.alias  # how replies, /v1/models and the page name it
+    card = model_card(settings)
+    if settings.alias:  # how replies, /v1/models and the page name it
+        model.name = card["id"]
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
                     tree=settings.tree, grammar_s=settings.max_grammar_s,
@@ -104,14 +107,18 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
     # outside the gate: a browser's preflight carries no key
-    app.add_middleware(CORSMiddleware, **cors_options(settings.cors_origins))
+    app.add_middleware(Cors, **cors_options(settings.cors_origins))
     app.add_middleware(RequestLog)
-    defaults = Defaults(settings.max_tokens, settings.temp, settings.seed)
-    app.include_router(openai_router(engine, defaults, workers))
+    defaults = Defaults(settings.max_tokens, settings.temp, settings.seed,
+                        settings.reasoning_format != "none", settings.verbose)
+    app.include_router(openai_router(engine, defaults, workers, card))
     app.include_router(agent_router(engine, defaults, workers))
     app.include_router(infill_router(engine, defaults, workers))
-    app.include_router(llama_server_router(engine, workers))
+    app.include_router(llama_server_router(engine, workers, settings.slots))
+    app.include_router(slot_actions_router(engine, settings.slot_save_path))
     app.include_router(completion_router(engine, defaults, workers))
+    app.include_router(embeddings_router(engine, workers, _embedder(settings, model, embedder,
+                                                                    placement.threads)))
     place = LeadPlace.of(placement, allowed_cpus())
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,
@@ -138,8 +145,38 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
     from shared.llm import load_model  # the llama.cpp edge, imported only when needed
     from shared.llm_load import Tuning
 
-    more = Tuning(settings.threads_batch, settings.ubatch_size, settings.mmap, settings.mlock)
-    return load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
-                      n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
-                      tensor_split=settings.tensor_split, branches=settings.tree,
-                      flash_attn=settings.flash_attn, slots=settings.parallel, more=more)
+    if settings.offline:
+        require_cached(settings.model)
+    kv_types = CACHE_TYPES[settings.cache_type_k], CACHE_TYPES[settings.cache_type_v]
+    more = Tuning(settings.threads_batch, settings.ubatch_size, settings.mmap, settings.mlock,
+                  kv_types, settings.swa_full)
+    model = load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
+                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
+                       tensor_split=settings.tensor_split, branches=settings.tree,
+                       flash_attn=settings.flash_attn, slots=settings.parallel, more=more)
+    try:
+        # auto: on where the template has a switch, as llama-server passes enable_thinking
+        model.use_chat_template(chat_template(settings), settings.jinja,
+                                settings.reasoning != "off")
+    except ValueError as exc:
+        raise ModelError(f"--chat-template: {exc}") from None
+    return model
+
+
+def _embedder(settings: LeadSettings, model: Model, given: Embedder | None,
+              threads: int) -> Embedder | None:
+    """--embeddings' embedder (None without it: its paths answer 501)."""
+    if not settings.embeddings:
+        return None
+    if given is not None:
+        return given
+    return load_embedder(model, settings.pooling, settings.ubatch_size or settings.batch_size,
+                         threads)
+
+
+def chat_template(settings: LeadSettings) -> str | None:
+    """--chat-template's text, or --chat-template-file's (None: the GGUF's own)."""
+    if settings.chat_template_file:
+        with open(settings.chat_template_file, encoding="utf-8") as f:
+            return f.read()
+    return settings.chat_template

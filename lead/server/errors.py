@@ -11,7 +11,9 @@ from lead.apis import anthropic, shapes
 from lead.apis.renames import field_path, validation_message
 
 ANTHROPIC_PATH = "/v1/messages"
-KINDS = {401: "authentication_error", 403: "permission_error"}  # OpenAI's error types
+# OpenAI's error types; 501: llama-server's, for an endpoint it was not started to serve
+KINDS = {401: "authentication_error", 403: "permission_error", 500: "server_error",
+         501: "not_supported_error"}
 
 
 def error_response(path: str, status: int, message: str, param: str | None = None,
@@ -46,12 +48,21 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         message = str(exc.detail)
-        if isinstance(exc, shapes.ContextExceeded) and request.url.path.startswith(
-                ANTHROPIC_PATH):
-            message = exc.anthropic_message()
+        if isinstance(exc, shapes.ContextExceeded):
+            if request.url.path.startswith(ANTHROPIC_PATH):
+                message = exc.anthropic_message()
+            else:
+                return context_exceeded(exc)
         return error_response(request.url.path, exc.status_code, message,
                               getattr(exc, "param", None), getattr(exc, "headers", None),
                               getattr(exc, "code", None))
+
+
+def context_exceeded(exc: shapes.ContextExceeded) -> JSONResponse:
+    """OpenAI's code (agents compact on it) in llama-server's type, with its counts."""
+    body = shapes.error_body(str(exc.detail), "exceed_context_size_error", exc.code, exc.param)
+    body["error"].update(n_prompt_tokens=exc.n_prompt, n_ctx=exc.n_ctx)
+    return JSONResponse(body, status_code=exc.status_code)
 
 
 def _not_an_object(request: Request, error: dict) -> str:

@@ -45,7 +45,7 @@ class Gate:
             return
         if scope["type"] == "http" and not header(scope, b"content-length"):
             receive = self._counted(receive)  # a chunked body: no length to check up front
-        await self.app(scope, receive, send)
+        await self.app(as_json(scope), receive, send)
 
     def _counted(self, receive: Receive) -> Receive:
         received = 0
@@ -104,6 +104,17 @@ def authorization(scope: Scope) -> bytes:
         return given
     key = header(scope, b"x-api-key")
     return b"Bearer " + key if key else b""
+
+
+def as_json(scope: Scope) -> Scope:
+    """A POST whose body curl sent with -d alone (form-typed, or no type) read as JSON, as
+    llama-server reads every body; from a browser (an Origin) not: a page may send a form
+    to any address without asking first, JSON only after a preflight that CORS governs."""
+    if scope["type"] != "http" or scope.get("method") != "POST" or header(scope, b"origin") \
+            or header(scope, b"content-type") not in (None, b"application/x-www-form-urlencoded"):
+        return scope
+    headers = [(k, v) for k, v in scope["headers"] if k.lower() != b"content-type"]
+    return {**scope, "headers": [*headers, (b"content-type", b"application/json")]}
 
 
 def arrived_on_loopback(scope: Scope) -> bool:

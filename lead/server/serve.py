@@ -78,14 +78,34 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
 
 
 def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
-          drain_s: float = 30.0, sock: socket.socket | None = None) -> None:
-    """Serve until a signal on `sock` (bound to host:port here if not given); in-flight
-    requests get up to `drain_s` to finish."""
-    warning = exposure_warning(host, app.state.settings.api_key)
-    if warning is not None:
-        log.warning("%s", warning)
-    with contextlib.closing(sock if sock is not None else bound_socket(host, port)) as bound:
-        _Server(uvicorn_config(app, host, port, log_level, drain_s)).run(sockets=[bound])
+          drain_s: float = 30.0, sockets: list[socket.socket] | None = None) -> None:
+    """Serve until a signal on `sockets` (bound to each of host's addresses, comma-separated
+    as llama-server takes them, at port here if not given); in-flight requests get up to
+    `drain_s` to finish."""
+    for address in host.split(","):
+        warning = exposure_warning(address.strip(), app.state.settings.api_key)
+        if warning is not None:
+            log.warning("%s", warning)
+    bound = sockets if sockets is not None else bound_sockets(host, port)
+    with contextlib.ExitStack() as closing:
+        for sock in bound:
+            closing.enter_context(contextlib.closing(sock))
+        _Server(uvicorn_config(app, host.split(",")[0].strip(), port, log_level,
+                               drain_s)).run(sockets=bound)
+
+
+def bound_sockets(host: str, port: int) -> list[socket.socket]:
+    """A socket for each of host's comma-separated addresses (llama-server's --host
+    127.0.0.1,::1), all bound or none."""
+    bound: list[socket.socket] = []
+    try:
+        for address in host.split(","):
+            bound.append(bound_socket(address.strip(), port))
+    except OSError:
+        for sock in bound:
+            sock.close()
+        raise
+    return bound
 
 
 def bound_socket(host: str, port: int) -> socket.socket:

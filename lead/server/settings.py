@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from lead.server.llamaflags import LlamaServerFlags
 from shared.cli import ApiKey, cli
 from shared.context import check_context
 from shared.devicesettings import DeviceChecks
@@ -44,7 +45,7 @@ def parse_costs(text: str) -> list[float]:
     return costs
 
 
-class LeadSettings(DeviceChecks):
+class LeadSettings(LlamaServerFlags, DeviceChecks):
     model_config = SettingsConfigDict(env_prefix="LEAD_", extra="ignore")
 
     model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
@@ -95,8 +96,9 @@ class LeadSettings(DeviceChecks):
     alias: str | None = Field(None, description="the model's name in replies and /v1/models "
                               "(default: the GGUF's file name)",
                               json_schema_extra=cli(MODEL, "-a"))
-    jinja: bool = Field(True, description="render the GGUF's Jinja chat template (always: "
-                        "accepted as llama-server's --jinja; --no-jinja is refused)",
+    jinja: bool = Field(True, description="render the chat template as Jinja (--no-jinja: "
+                        "through llama.cpp's built-in templates, as llama-server without "
+                        "--jinja; no tools then)",
                         json_schema_extra=cli(MODEL))
     mlock: bool = Field(False, description="keep the model's weights in RAM (mlock)",
                         json_schema_extra=cli(MODEL))
@@ -145,7 +147,7 @@ class LeadSettings(DeviceChecks):
                              "own slot's, another's or host memory's) and shifts nothing, so "
                              "this is accepted and changes nothing", json_schema_extra=cli(SERVING))
     webui: bool = Field(True, description="serve the web page at / (--no-webui: not)",
-                        json_schema_extra=cli(SERVING))
+                        json_schema_extra=cli(SERVING, "--ui"))
     metrics: bool = Field(True, description="serve Prometheus metrics at /metrics (always on "
                           "unless --no-metrics; llama-server's --metrics is accepted)",
                           json_schema_extra=cli(SERVING))
@@ -186,9 +188,10 @@ class LeadSettings(DeviceChecks):
         json_schema_extra=cli(SERVING))
     cors_origins: str = Field("local", description="web pages (origins) whose scripts may "
                               "call lead from a browser, comma-separated, e.g. "
-                              "https://chat.example.com: 'local' (pages served from this "
-                              "machine: localhost, 127.0.0.1, [::1], any port), '*' (any "
-                              "page: anyone whose browser can reach lead can use it), or '' "
+                              "https://chat.example.com: 'local' or llama-server's "
+                              "'localhost' (pages served from this machine: localhost, "
+                              "127.0.0.1, [::1], any port), '*' (any page: anyone whose "
+                              "browser can reach lead can use it), or '' "
                               "(none). A key, where lead has one, is needed all the same",
         json_schema_extra=cli(SERVING))
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB",
@@ -204,14 +207,6 @@ class LeadSettings(DeviceChecks):
                            description="debug, info, warning or error",
         json_schema_extra=cli(SERVING))
 
-
-    @field_validator("jinja")
-    @classmethod
-    def _jinja(cls, value: bool) -> bool:
-        if not value:
-            raise ValueError("lead always renders the GGUF's Jinja chat template (it has no "
-                             "built-in templates to fall back on)")
-        return value
 
     @field_validator("ctx_size")
     @classmethod

@@ -1,0 +1,109 @@
+"""llama-server's flags that have no lead name of their own, under llama-server's names.
+
+Each means what it means there, or is refused naming why: a script written for
+`llama-server` starts `python -m lead` unchanged, or fails at once, never silently.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings
+
+from shared.cli import cli
+
+MODEL, SERVING = "model and devices", "serving"
+# -ctk/-ctv: the KV cache types llama-server takes, as ggml's type numbers (ggml.h)
+CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
+               "iq4_nl": 20, "bf16": 30}
+CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+
+
+class LlamaServerFlags(BaseSettings):
+    """The flags a llama-server command line carries that lead takes as they are."""
+
+    chat_template: str | None = Field(None, description="the chat template instead of the "
+                                      "GGUF's: Jinja source (with --jinja), or a name llama.cpp "
+                                      "knows (chatml, llama3, command-r, ...) with --no-jinja",
+                                      json_schema_extra=cli(MODEL))
+    chat_template_file: str | None = Field(None, description="a file holding the chat "
+                                           "template (as --chat-template)",
+                                           json_schema_extra=cli(MODEL))
+    cache_type_k: CacheType = Field("f16", description="the KV cache's type for keys",
+                                    json_schema_extra=cli(MODEL, "-ctk"))
+    cache_type_v: CacheType = Field("f16", description="the KV cache's type for values",
+                                    json_schema_extra=cli(MODEL, "-ctv"))
+    swa_full: bool = Field(False, description="a full-size cache for sliding-window "
+                           "attention layers", json_schema_extra=cli(MODEL))
+    kv_unified: bool = Field(True, description="one KV buffer all slots share (lead's "
+                             "always is: -kvu is accepted, --no-kv-unified refused)",
+                             json_schema_extra=cli(MODEL, "-kvu"))
+    offline: bool = Field(False, description="download nothing: a preset not yet in the "
+                          "cache is an error (lead never reaches a model hub)",
+                          json_schema_extra=cli(MODEL))
+    cont_batching: bool = Field(True, description="decode the slots' generations in one "
+                                "batch a step (lead always does: -cb is accepted, "
+                                "--no-cont-batching refused)",
+                                json_schema_extra=cli(SERVING, "-cb"))
+    slots: bool = Field(True, description="serve GET /slots, each slot's state "
+                        "(--no-slots: not)", json_schema_extra=cli(SERVING))
+    slot_save_path: str | None = Field(None, description="a folder where POST "
+                                       "/slots/ID?action=save writes a slot's cache and "
+                                       "action=restore reads it back (unset: those refused)",
+                                       json_schema_extra=cli(SERVING))
+    embeddings: bool = Field(False, description="serve embeddings (/v1/embeddings, "
+                             "/embedding) of the model's hidden states",
+                             json_schema_extra=cli(SERVING, "--embedding"))
+    pooling: Literal["none", "mean", "cls", "last"] | None = Field(
+        None, description="how --embeddings pools a text's token vectors (default: the "
+        "GGUF's, else mean)", json_schema_extra=cli(SERVING))
+    reasoning: Literal["on", "off", "auto"] = Field(
+        "auto", description="a thinking model's reasoning where a request does not set it "
+        "(chat_template_kwargs.enable_thinking): on (auto: the same), off (the template's "
+        "switch off, or the reasoning it opens closed at once)",
+        json_schema_extra=cli(MODEL, "-rea"))
+    reasoning_format: Literal["none", "deepseek", "deepseek-legacy", "auto"] = Field(
+        "auto", description="where a reply's reasoning goes: auto/deepseek: "
+        "reasoning_content (OpenAI), thinking blocks (Anthropic); none: left in the content",
+        json_schema_extra=cli(MODEL))
+    backend_sampling: bool = Field(False, description="llama-server's sampling on the "
+                                   "GPU: lead samples where it verifies drafts, exactly, so "
+                                   "this is accepted and changes nothing",
+                                   json_schema_extra=cli(SERVING, "--backend_sampling"))
+    verbose: bool = Field(False, description="log everything (--log-level debug)",
+                          json_schema_extra=cli(SERVING, "-v"))
+    tags: str | None = Field(None, description="the model's tags, comma-separated, shown in "
+                             "/v1/models", json_schema_extra=cli(SERVING))
+    context_shift: bool = Field(False, description="llama-server's context shift (dropping "
+                                "the oldest tokens to go on past the context's end): lead ends "
+                                "a reply there (finish_reason length), so only --no-context-"
+                                "shift is accepted", json_schema_extra=cli(SERVING))
+
+    @field_validator("kv_unified", "cont_batching")
+    @classmethod
+    def _always(cls, value: bool, info: ValidationInfo) -> bool:
+        if not value:
+            why = {"kv_unified": "keeps one KV cache its slots share",
+                   "cont_batching": "decodes its slots' generations in one batch a step"}
+            raise ValueError(f"lead always {why[str(info.field_name)]}")
+        return value
+
+    @field_validator("context_shift")
+    @classmethod
+    def _shift(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("lead does not shift the context: a reply ends at the "
+                             "context's end (finish_reason length); give a larger --ctx-size")
+        return value
+
+    @field_validator("chat_template_file")
+    @classmethod
+    def _template_file(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                with open(value, encoding="utf-8") as f:
+                    f.read(1)
+            except OSError as exc:
+                raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
+        return value
