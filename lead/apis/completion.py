@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import Field
 
 from lead.apis import shapes
-from lead.apis.embedinput import prompts
+from lead.apis.embedinput import piece_ids, prompts
 from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, picked, sse
 from lead.apis.infill import infill_request as checked_request
 from lead.apis.prepare import Defaults, Prepared, gen_request
@@ -90,18 +90,8 @@ def gathered(replies: list[Response]) -> Response:
 
 
 def prompt_ids(model: Model, pieces: list[Piece]) -> list[int]:
-    """Text tokenized as llama-server does (special tokens parsed; the model's BOS before
-    text that opens the prompt), ids as given (each the model's, else a 400)."""
-    ids: list[int] = []
-    for i, piece in enumerate(pieces):
-        if isinstance(piece, str):
-            ids += model.tokenize(piece, special=True, add_bos=i == 0)
-        elif 0 <= piece < model.n_vocab:
-            ids.append(piece)
-        else:
-            raise shapes.FieldRefused(f"prompt[{i}]", f"prompt[{i}]: {piece} is no token id "
-                                                     f"of {model.name} (0-{model.n_vocab - 1})")
-    return ids
+    """The prompt's text and ids as llama-server makes them (embedinput.piece_ids)."""
+    return piece_ids(model, pieces, lambda i: f"prompt[{i}]")
 
 
 def prepare_completion(model: Model, defaults: Defaults, clock: Callable[[], float],

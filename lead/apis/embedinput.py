@@ -8,6 +8,7 @@ joined). Several: a list of those (a list holding any id directly is one mixed i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from lead.apis.shapes import FieldRefused
@@ -89,6 +90,19 @@ def prompt_ids(model: Model, prompt: Prompt, where: str, limit: int) -> list[int
     """An input's ids as llama-server makes them (special tokens parsed, the model's
     special tokens where it adds them, before the first piece only); ids the model has,
     1 to `limit` of them, else a 400."""
+    ids = piece_ids(model, prompt, lambda _: where)
+    if not ids:
+        raise FieldRefused(where, f"{EMPTY} ({where} has no tokens)")
+    if len(ids) > limit:
+        raise FieldRefused(where, f"{TOO_LARGE}: {where} has {len(ids)} tokens; at most "
+                                  f"{limit} are embedded at once (--ubatch-size, --batch-size)")
+    return ids
+
+
+def piece_ids(model: Model, prompt: Prompt, where: Callable[[int], str]) -> list[int]:
+    """Text tokenized as llama-server does (special tokens parsed, the model's BOS before
+    text that opens the prompt), ids as given; an id the model lacks is a 400 naming
+    `where(i)`, the field of piece i."""
     ids: list[int] = []
     for i, piece in enumerate(prompt):
         if isinstance(piece, str):
@@ -96,11 +110,6 @@ def prompt_ids(model: Model, prompt: Prompt, where: str, limit: int) -> list[int
         elif 0 <= piece < model.n_vocab:
             ids.append(piece)
         else:
-            raise FieldRefused(where, f"{where}: {piece} is no token id of {model.name} "
-                                      f"(0-{model.n_vocab - 1})")
-    if not ids:
-        raise FieldRefused(where, f"{EMPTY} ({where} has no tokens)")
-    if len(ids) > limit:
-        raise FieldRefused(where, f"{TOO_LARGE}: {where} has {len(ids)} tokens; at most "
-                                  f"{limit} are embedded at once (--ubatch-size, --batch-size)")
+            raise FieldRefused(where(i), f"{where(i)}: {piece} is no token id of "
+                                         f"{model.name} (0-{model.n_vocab - 1})")
     return ids
