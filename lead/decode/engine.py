@@ -60,10 +60,9 @@ READER_TURNS = 2
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
-                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
+                 grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
                  cache_bytes: int = 0, memory: int = 0) -> None:
-        """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
-        most branches verified beside a draft (the model's branch slots bound it);
+        """`clock` times steps for the cost model (tests give fakes a virtual one);
         `parallel`: generations at once (the model's slots bound it); `cache_bytes`: host
         memory for prompts' cells pushed out of their slots; `memory`: tokens of finished
         sessions lead's own drafts copy from."""
@@ -79,7 +78,6 @@ class Engine:
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, cache_bytes)
         self.slot_work = SlotWork(self.model_thread)  # saves, restores, erases of a slot
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
-        self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.planner = Planner(self.cost, model.n_ctx)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
@@ -278,14 +276,11 @@ class Engine:
                               priced=n_jobs == 1 and bool(verified))
 
     def _score(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
-        """What one session's verify step tells of drafts: metrics, the branch cover, the
-        offer watched (settled once the verdict is applied)."""
+        """What one session's verify step tells of drafts: metrics, the offer watched
+        (settled once the verdict is applied)."""
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
-                                 bool(job.draft and offered and offered.branch), result.tree,
-                                 result.verdict.branch is not None)
+                                 bool(job.draft and offered and offered.branch))
         run.after_rejection = result.rejected
-        if result.covered is not None:  # was a rejection's correction a branch's root
-            self.cost.cover.record(result.covered, not result.covered)
         if offered is not None and offered.back_id != OWN:  # verified or not, a back's
             # offer shows what backs' drafts are worth (lead's own are priced apart)
             run.offers.offered(job.tokens, offered.token_ids, run.session.n_generated == 0)

@@ -129,7 +129,7 @@ def _count(s: Session, result: StepResult, n_emitted: int) -> None:
     drafted = result.batch - 1
     accepted = sum(result.from_draft(i) for i in range(n_emitted))
     s.drafted += drafted
-    s.rejections += result.rejections
+    s.rejections += int(result.rejected)
     s.accepted += accepted
     if drafted:
         s.accepted_by_back[result.back_id] = s.accepted_by_back.get(result.back_id, 0) + accepted

@@ -62,22 +62,18 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Draft:
-    """The useful tail of a candidate: what the next verify step can check; with the
-    branches of its post that fork off it (`at` counted from its first token), which a
-    step may verify beside it (a tree)."""
+    """The useful tail of a candidate: what the next verify step can check."""
 
     back_id: str
     token_ids: list[int]
     dists: list[Dist] | None
     branch: bool = False  # it came from a branch: lead emitted the branch's root
-    branches: tuple[Branch, ...] = ()
-    roots: tuple[tuple[int, int], ...] = ()  # (at, root) of every branch offered with it
     odds: list[float] | None = None  # per token, that lead accepts it given the ones before
 
     @property
     def n_tokens(self) -> int:
-        """Draft tokens to evaluate: its own and its branches'."""
-        return len(self.token_ids) + sum(len(b.token_ids) for b in self.branches)
+        """Draft tokens to evaluate."""
+        return len(self.token_ids)
 
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
@@ -110,20 +106,6 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
     odds = list(candidate.odds[skip:skip + len(ids)]) if candidate.odds else None
     return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds)
-
-
-def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], limit: int
-          ) -> tuple[Branch, ...]:
-    """The branches among `kept` that fork off main's useful tail within its first `limit`
-    tokens, `at` counted from that tail's first token."""
-    n, out = len(tokens), []
-    for c in kept:
-        at = c.start + (c.root or 0) - n
-        if c.root is None or c.start != main.start or not 0 <= at < limit \
-                or c.token_ids[:c.root] != main.token_ids[:c.root]:
-            continue
-        out.append(Branch(at, c.token_ids[c.root:], c.dists[c.root:] if c.dists else None))
-    return tuple(out)
 
 
 @dataclass
@@ -172,11 +154,7 @@ class DraftBoard:
             return None
         chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
         own_limit = len(chosen.token_ids) if chosen.poster == OWN else limit  # lead's: its own
-        draft = useful_tail(tokens, chosen, own_limit)
-        if chosen.root is not None:
-            return draft
-        branches = forks(tokens, chosen, self.candidates[chosen.poster], len(draft.token_ids))
-        return replace(draft, branches=branches)
+        return useful_tail(tokens, chosen, own_limit)
 
     def _watch(self, n: int, ready: Sequence[Candidate]) -> None:
         """Per back, the useful tail of its ready candidate reaching furthest: what it offers."""

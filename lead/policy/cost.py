@@ -10,8 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate, yield_curve
-from lead.policy.branchcost import branch_lengths
+from lead.policy.acceptance import Acceptance, yield_curve
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
 from shared.protocol import Stop
@@ -29,16 +28,13 @@ class CostModel:
     prices: Prices = field(default_factory=Prices)
     acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
-    # how often a rejection's correction was the root of a branch offered there
-    cover: Rate = field(default_factory=Rate)  # from 0.5, weight 2
-    tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
     longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
 
     # --- measurements in ---
 
     def fix_prices(self, relative: list[float]) -> None:
         """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
-        i + 2 tokens over one token's; priced up to a draft and its branches."""
+        i + 2 tokens over one token's; priced up to two drafts' worth."""
         self.prices.fix(relative, max(2 * self.max_draft, self.longest) + 1)
 
     def record_step(self, batch_size: int, seconds: float, busy: bool = False,
@@ -139,20 +135,6 @@ class CostModel:
             scores.append(sum(math.log(e) for e in expected) / n - math.log(price))
         return picks, scores
 
-    def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
-                 first: bool = False) -> list[int]:
-        """Per offered branch (at, tokens), the tokens to verify beside a draft of k
-        (lead/policy/branchcost.py; 0: none), in a batch of at most `most` tokens and
-        priced sizes."""
-        if self.fixed is not None or not self.tree_width or not k or not offered:
-            return [0] * len(offered)
-        alpha = min(self.acceptance.alpha, MAX_ALPHA)
-        lengths = branch_lengths(k, offered, alpha, self.cover.value,
-                                 self.acceptance.expected_tokens(k, first), self.prices.busy_s,
-                                 min(most, self.prices.largest))
-        kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
-        return [n if j in kept else 0 for j, n in enumerate(lengths)]
-
     def draft_len(self, first: bool = False) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe or, while
         speculation is on, before a reply's first step (to keep learning alpha_first),
@@ -194,5 +176,4 @@ class CostModel:
 
     def snapshot(self) -> dict[str, float]:
         return {"slowdown": self.prices.slowdown, "hush": float(self.hush),
-                "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first,
-                "branch_cover": self.cover.value}
+                "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first}
