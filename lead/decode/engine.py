@@ -9,9 +9,9 @@ being evaluated, so that a long prompt never stalls the others. Sessions join an
 between steps. One step is `_step`: plan, one evaluation, each verdict applied in its Run
 (lead/decode/runs.py: tokens, stop strings, finish, counts, emissions). The loop joins
 Admission (the places and the queue), Decoder (seating, and the step's evaluation and
-verifying, on the model thread), OfferLedger (what offers were worth, fed to the cost model)
-and BackFeed (what backs see and post). All session state lives on the event loop; model
-work runs on one dedicated thread.
+verifying, on the model thread), the scoreboard (what every drafter's offers were worth,
+settled once a step: lead/policy/scoreboard.py) and BackFeed (what backs see and post).
+All session state lives on the event loop; model work runs on one dedicated thread.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from lead.decode.session import Emission, GenRequest, Session, StepResult
 from lead.decode.slotwork import SlotWork, T
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
-from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
 from shared.model import Model, slots_of
@@ -130,7 +129,7 @@ class Engine:
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
                           params=req.params, rng=make_rng(req.params.seed),
                           constraint=req.constraint, t_start=self.clock())
-        run = Run(req, session, OfferLedger(self.cost.record_outcome, max(self.max_draft, 1)))
+        run = Run(req, session)
         self.runs.append(run)
         self.session = session
         self.feed.start(session)
@@ -192,7 +191,7 @@ class Engine:
                 continue
             self._score(run, job, result, offered.get(run.session.id))
             run.apply(result, self.model, self.grammar_s)
-            run.offers.settle(run.session.tokens)
+            self.cost.scores.settle(run.session.id, run.session.tokens)
             if run.session.finish_reason is not None:
                 self._end(run)
         self.feed.log_hush()
@@ -248,15 +247,18 @@ class Engine:
                    mu=s.mu)
 
     def _offered(self, session: Session) -> Draft | None:
-        """The draft on the session's board expected to yield the most, lead's own among
-        them."""
+        """The draft on the session's board expected to yield the most, lead's own kinds'
+        among them; what every drafter offers is watched on the scoreboard."""
         board = self.feed.board_of(session.id)
         if board is None:
             return None
         tokens = session.tokens
-        own = self.own.propose(session.id, tokens) if self.own is not None else None
-        if own is not None:
-            board.post(tokens, Candidate(OWN, len(tokens), own.token_ids, odds=own.odds))
+        proposals = self.own.propose(session.id, tokens) if self.own is not None else {}
+        for kind, p in proposals.items():
+            board.post(tokens, Candidate(OWN, len(tokens), p.token_ids, known=p.known,
+                                         scale=p.scale, kind=kind))
+        self.cost.scores.offered(session.id, tokens, session.n_generated == 0,
+                                 board.offers(tokens))
         return board.best(tokens, self.max_draft)
 
     def _still_running(self, jobs: Sequence[Job], step: Step
@@ -276,14 +278,11 @@ class Engine:
                               priced=n_jobs == 1 and bool(verified))
 
     def _score(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
-        """What one session's verify step tells of drafts: metrics, the offer watched
-        (settled once the verdict is applied)."""
+        """What one session's verify step tells of drafts: metrics (the offers are settled
+        on the scoreboard once the verdict is applied)."""
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
                                  bool(job.draft and offered and offered.branch))
         run.after_rejection = result.rejected
-        if offered is not None and offered.back_id != OWN:  # verified or not, a back's
-            # offer shows what backs' drafts are worth (lead's own are priced apart)
-            run.offers.offered(job.tokens, offered.token_ids, run.session.n_generated == 0)
         if log.isEnabledFor(logging.DEBUG):
             self._trace(run.session, offered, result)
 
@@ -293,7 +292,7 @@ class Engine:
         if run in self.runs:
             self.runs.remove(run)
         session = run.session
-        run.offers.settle(session.tokens, final=True)
+        self.cost.scores.settle(session.id, session.tokens, final=True)
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
         now = self.clock()
@@ -313,7 +312,7 @@ class Engine:
         log.debug("%s step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "
                   "slowdown %.2f, wanted %d%s", session.id, session.steps + 1,
                   len(offered.token_ids) if offered else 0, result.batch - 1,
-                  len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
+                  len(result.verdict.accepted), result.seconds * 1000, cost.alpha,
                   cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
 
     def slot_views(self) -> list[dict[str, object]]:

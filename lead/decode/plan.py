@@ -38,14 +38,14 @@ class Planner:
 
     def _odds(self, session: Session, offered: Draft | None, room: int) -> list[float]:
         """Per token of the offered draft (as far as there is room), the odds lead accepts
-        it: as it came (lead's own, a back's from its draft model's q), else from the
-        acceptance estimate."""
+        it: as the board learned it (per band of what its drafter knows of each), else
+        from its drafter's record on the scoreboard."""
         if offered is None:
             return []
         if offered.odds:
             return list(offered.odds[:room])
         n = min(len(offered.token_ids), room, self.cost.max_draft)
-        return self.cost.acceptance.odds(n, session.n_generated == 0)
+        return self.cost.scores.record_of(offered.drafter).odds(n, session.n_generated == 0)
 
 
 def _cut(offered: Draft, usable: int) -> Draft:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.textstream import TextStream
 from lead.drafts.board import DraftBoard
-from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN
 from shared.model import Model
 
@@ -25,7 +24,6 @@ log = logging.getLogger("lead")
 class Run:
     req: GenRequest
     session: Session
-    offers: OfferLedger
     text: TextStream = field(init=False)
     slot: int | None = None  # None: waiting for one
     todo: list[int] = field(default_factory=list)  # prompt tokens its slot still lacks

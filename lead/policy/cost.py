@@ -1,6 +1,7 @@
 """Cost-aware draft length: `CostModel` verifies the draft length k that maximises expected
 tokens per second, and asks backs for drafts only when that pays or a probe is open, over
-`Prices`, `Acceptance` (learned from drafts on offer: lead/drafts/offers.py) and
+`Prices`, the scoreboard (each drafter's acceptance, learned from drafts on offer:
+lead/policy/scoreboard.py; backs' drafts are priced by the best back's record) and
 `ProbeSchedule`. Formulas, defaults and the measurements behind them: docs/cost-model.md.
 """
 
@@ -10,9 +11,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lead.policy.acceptance import Acceptance, yield_curve
+from lead.policy.acceptance import yield_curve
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
+from lead.policy.scoreboard import Scoreboard
 from shared.protocol import Stop
 
 
@@ -26,9 +28,12 @@ class CostModel:
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
     hush_at: float = 1.1  # a back slowing lead this much, past what drafts could repay, is hushed
     prices: Prices = field(default_factory=Prices)
-    acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
     longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
+    scores: Scoreboard = field(init=False)  # every drafter's record: the one scoreboard
+
+    def __post_init__(self) -> None:
+        self.scores = Scoreboard(heard=self._heard)
 
     # --- measurements in ---
 
@@ -45,10 +50,9 @@ class CostModel:
             self.prices.record(batch_size, seconds, busy)
         self._schedule_probe()
 
-    def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
-        """A draft compared with what lead emitted; `first`: at a reply's first step."""
-        counted = self.acceptance.record(matches, missed, first)
-        if counted and self.probes.probing and self.probes.outcome():
+    def _heard(self) -> None:
+        """A back's draft was compared with what lead emitted (on the scoreboard)."""
+        if self.probes.probing and self.probes.outcome():
             self.probes.end(self._after_probe())
 
     def _schedule_probe(self) -> None:
@@ -88,7 +92,7 @@ class CostModel:
             return 0
         # tokens per second verifying k draft tokens (k=0: plain decoding, back quiet); alpha
         # read once, as this runs at every step
-        expected = [1.0 + y for y in yield_curve(self.acceptance.odds(upper, first))]
+        expected = [1.0 + y for y in yield_curve(self.scores.leader.odds(upper, first))]
         seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
         rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
         best = max(range(1, upper + 1), key=rates.__getitem__)
@@ -174,6 +178,11 @@ class CostModel:
         return (f"{line}; not even perfect drafts would pay {self.margin:.1f}x here, so backs "
                 "will not be asked for drafts (--draft-len N forces a length)")
 
+    @property
+    def alpha(self) -> float:
+        """What the best back heard lately gets right, mid-reply."""
+        return self.scores.leader.alpha
+
     def snapshot(self) -> dict[str, float]:
         return {"slowdown": self.prices.slowdown, "hush": float(self.hush),
-                "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first}
+                "alpha": self.alpha, "alpha_first": self.scores.leader.first.value}
