@@ -27,7 +27,6 @@ from bench.cpuwatch import LoadWatch, caveat
 from bench.preflight import OutError, check_models, writable
 from bench.procs import ProcExited, metric
 from bench.runs import Result
-from lead.server.settings import LeadSettings
 from shared.hugepages import restart_with_huge_pages
 from shared.model import Model
 from shared.placement import PlacementError
@@ -140,10 +139,11 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                    choices=range(9), metavar="0-8",
                    help="most branches the simulated back grows beside its draft, as "
                    "`python -m back --branches` (0: the chain only)")
-    p.add_argument("--sim-tree", type=int, default=LeadSettings().tree, choices=range(9),
-                   metavar="0-8", help="most branches the simulated lead verifies beside a "
-                   "draft in one batch, as `python -m lead --tree` (0: chains only)")
+    p.add_argument("--sim-tree", help=argparse.SUPPRESS)  # gone: its error below
     a = p.parse_args(argv)
+    if a.sim_tree is not None:
+        p.error("--sim-tree was removed with lead-side trees: lead verifies chains (a back's "
+                "branches are still used, as its next draft after a rejection)")
     _fill_defaults(a)
     if a.repeat < 1 or a.prompts < 1 or a.tokens < 2 or a.sweep_prompts < 1:
         p.error("--repeat, --prompts and --sweep-prompts must be at least 1, --tokens at "
@@ -279,14 +279,12 @@ def sim_flags(a: argparse.Namespace) -> tuple[list[str], list[str]]:
     """bench.sim's flags for the simulated lead and back: the back's draft covers the
     share of rejections that the ideal with branches is priced at."""
     call, per_token = a.sim_target
-    return (["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096",
-             "--tree", str(a.sim_tree)],
+    return (["--call-s", str(call), "--token-s", str(per_token), "--max-tokens", "4096"],
             ["--call-s", str(a.sim_draft[0]), "--agree", str(a.sim_agree),
              "--cover", str(a.cover), "--branches", str(a.sim_branches)])
 
 
 PEERS = (llamaserver.PLAIN, llamaserver.SPEC_DEFAULT)  # every configuration set against each
-SIM_CHAINS = "SIM duo, chains only (lead --tree 0)"
 
 
 def run_sim(a: argparse.Namespace) -> dict:
@@ -298,8 +296,6 @@ def run_sim(a: argparse.Namespace) -> dict:
     with ExitStack() as stack:
         leads = {"SIM lead alone": SimLead(None, *target), "SIM duo: lead + back": SimLead(
             None, *target)}
-        if a.sim_tree:  # the same duo verifying chains only, for the trees' worth
-            leads[SIM_CHAINS] = SimLead(None, *target[:-1], "0")
         for lead in leads.values():
             stack.callback(lead.stop)
         for name in list(leads)[1:]:

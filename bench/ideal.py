@@ -199,7 +199,7 @@ def band_odds(agrees: Sequence[Sequence[bool]], probs: Sequence[Sequence[float]]
               bands: Sequence[float]) -> list[list[float]]:
     """Per reply and position, the share of all replies' draft tokens right in the band of
     the draft's probability of that token (its lower end in `bands`): odds as lead learns
-    them per band of q (lead/drafts/rank.py), measured on the replies themselves."""
+    them per band of q (lead/drafts/board.py `Q`), measured on the replies themselves."""
     def band(q: float) -> float:
         return max([b for b in bands if b <= q], default=min(bands))
     counts: dict[float, list[int]] = {}

@@ -2,8 +2,9 @@
 
 `record` asks a running lead for a workload's replies (greedy; the edits, or the bench
 prompts, `--rounds 2`: each asked again) and keeps each prompt and reply; `run` replays
-them: at each step lead's own drafters (lead/drafts/own.py) propose as lead would, the
-cost model (lead/policy/cost.py) picks the length to verify at the
+them: at each step lead's own drafters (lead/drafts/own.py) propose as lead would, on a
+board ranked by the scoreboard, the cost model (lead/policy/cost.py) picks the length to
+verify at the
 relative prices given, and the recorded reply says how much of it was right. It prints per
 reply the steps, the simulated time in one-token steps, the speedup over plain decoding
 and the draft tokens verified in vain, beside an oracle that verifies exactly what is
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench import prompts as bench_prompts
-from lead.drafts.own import OwnDrafts
+from lead.drafts.board import Candidate, Draft, DraftBoard
+from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.acceptance import agreement
 from lead.policy.cost import CostModel
 from lead.server.settings import parse_costs
@@ -67,18 +69,32 @@ def replay(prompt: Sequence[int], reply: Sequence[int], own: OwnDrafts, cost: Co
     """One reply decoded greedily with lead's own drafts (`oracle`: each verified as far as
     it is right)."""
     tokens, i, time, steps, wasted = list(prompt), 0, 0.0, 0, 0
+    board = DraftBoard(scores=cost.scores)
     while i < len(reply):
-        proposal = own.propose(sid, tokens)
-        right = sum(agreement(proposal.token_ids, reply[i:])) if proposal else 0
+        draft = _offered(board, own, cost, sid, tokens)
+        right = sum(agreement(draft.token_ids, reply[i:])) if draft else 0
         k = min(right, LONGEST) if oracle else \
-            cost.allocate([list(proposal.odds) if proposal else []], 1)[0]
+            cost.allocate([list(draft.odds or []) if draft else []], 1)[0]
         accepted = min(k, right)
         emitted = min(accepted + 1, len(reply) - i)
         time, steps, wasted = time + price(k + 1), steps + 1, wasted + k - accepted
         tokens += reply[i:i + emitted]
         i += emitted
+        cost.scores.settle(sid, tokens)
+    cost.scores.settle(sid, tokens, final=True)
     own.forget(sid, tokens)
     return Replayed(len(reply), steps, time, wasted)
+
+
+def _offered(board: DraftBoard, own: OwnDrafts, cost: CostModel, sid: str, tokens: list[int]
+             ) -> Draft | None:
+    """As lead's engine offers: each kind's proposal on the board, every offer watched on
+    the scoreboard, the draft expected to yield most."""
+    for kind, p in own.propose(sid, tokens).items():
+        board.post(tokens, Candidate(OWN, len(tokens), p.token_ids, known=p.known,
+                                     scale=p.scale, kind=kind))
+    cost.scores.offered(sid, tokens, False, board.offers(tokens))
+    return board.best(tokens, LONGEST)
 
 
 def replay_all(pairs: Sequence[tuple[list[int], list[int]]], points: dict[int, float],

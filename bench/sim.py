@@ -44,7 +44,7 @@ def run_lead(a: argparse.Namespace) -> None:
     # verify_cost: a simulation's prices are its models' own, never LEAD_VERIFY_COST's
     settings = LeadSettings(host=a.host, port=a.port, max_draft=a.max_draft,
                             draft_len=a.draft_len, max_queue=a.max_queue,
-                            max_tokens=a.max_tokens, api_key=a.api_key, tree=a.tree,
+                            max_tokens=a.max_tokens, api_key=a.api_key,
                             verify_cost=None, parallel=a.parallel,
                             ngram_memory=0)  # the bench repeats its prompts: see load.py
     app = create_app(settings, target_model(a))
@@ -77,8 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     lead.add_argument("--draft-len", type=int, default=None)
     lead.add_argument("--max-queue", type=int, default=8)
     lead.add_argument("--max-tokens", type=int, default=256)
-    lead.add_argument("--tree", type=int, default=LeadSettings().tree,
-                      help="most branches verified beside a draft (0: chains only)")
     lead.add_argument("--parallel", type=int, default=LeadSettings().parallel,
                       help="generations at once (the simulated target's slots)")
     back = roles.add_parser("back", help="a back drafting with a simulated draft model")

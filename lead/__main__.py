@@ -12,11 +12,15 @@ from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError, allowed_cpus, apply
 from shared.presets import ModelError
 
+# flags that are gone, each with why (a one-line error, not argparse's "unrecognized")
+REMOVED = {"--tree": "lead-side trees were removed: lead verifies chains (a back's branches "
+                     "are still used, as its next draft after a rejection; docs/cost-model.md)"}
 DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
                "draft tokens posted by backs (python -m back --lead HOST:PORT).")
 
 
 def main(argv: list[str] | None = None) -> None:
+    refuse_removed(sys.argv[1:] if argv is None else argv)
     if argv is None:  # the program itself (not a test calling main): its memory first
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
@@ -48,6 +52,14 @@ def main(argv: list[str] | None = None) -> None:
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
     serve(app, settings.host, settings.port, settings.log_level, sockets=sockets)
+
+
+def refuse_removed(argv: list[str]) -> None:
+    """A one-line error for a flag that is gone."""
+    for arg in argv:
+        why = REMOVED.get(arg.split("=", 1)[0])
+        if why is not None:
+            fail(f"{arg.split('=', 1)[0]}: {why}")
 
 
 if __name__ == "__main__":

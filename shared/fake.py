@@ -22,7 +22,7 @@ import numpy as np
 
 from shared import slotfile
 from shared.grammar_bounds import check_gbnf
-from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
+from shared.model import MAIN, EvaluationAborted, Part
 from shared.schema_bounds import check_schema
 from shared.schema_shapes import check_shapes
 
@@ -186,16 +186,6 @@ class FakeModel:
             raise RuntimeError("context full")  # one buffer of n_ctx cells, as llama.cpp's
         return parts
 
-    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
-                      ) -> tuple[np.ndarray, list[np.ndarray]]:
-        part = Part(0, tuple(tokens), len(tokens), tuple((at, tuple(ids)) for at, ids in branches))
-        started = time.perf_counter()
-        self._check_part(part)
-        rows = self._apply(part)
-        self._spend(part.n_tokens, None, started)
-        self.calls.append(part.n_tokens)
-        return rows
-
     def slot(self, i: int) -> FakeModel:
         if not 0 <= i < self.n_slots:
             raise ValueError(f"no slot {i} of {self.n_slots}")
@@ -203,7 +193,7 @@ class FakeModel:
             self._slots.append(self._sibling())
         return self._slots[i]
 
-    def evaluate_parts(self, parts: Sequence[Part]) -> list[PartRows]:
+    def evaluate_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
         if len({p.slot for p in parts}) != len(parts):
             raise ValueError("one part per slot in a batch")
         if len(parts) == 1:  # the slot's own call (a subclass may watch evaluate)
@@ -219,13 +209,8 @@ class FakeModel:
         self.slot_calls.append(len(parts))
         return out
 
-    def _alone(self, part: Part) -> PartRows:
-        model = self.slot(part.slot)
-        if part.branches:
-            rows, branch_rows = model.evaluate_tree(part.tokens, part.branches)
-            return rows[len(rows) - part.n_logits:], branch_rows
-        rows = model.evaluate(part.tokens, part.n_logits)
-        return rows, []
+    def _alone(self, part: Part) -> np.ndarray:
+        return self.slot(part.slot).evaluate(part.tokens, part.n_logits)
 
     def share_prefix(self, source: int, target: int, n: int) -> None:
         giver, taker = self.slot(source), self.slot(target)
@@ -264,23 +249,16 @@ class FakeModel:
         return size
 
     def _check_part(self, part: Part) -> None:
-        check_tree(len(part.tokens), part.branches, self.n_branches)
         if self._cells() + part.n_tokens > self.n_ctx:
             raise RuntimeError("context full")
 
-    def _apply(self, part: Part) -> PartRows:
-        """Append the part's tokens (its branches forked off them); its rows."""
-        n_past, branches = len(self.cached), part.branches
+    def _apply(self, part: Part) -> np.ndarray:
+        """Append the part's tokens; the rows after its last n_logits."""
         main = self.cached + list(part.tokens)
-        paths = [main[:n_past + at + 1] + list(ids) for at, ids in branches]
-        main_rows = self._rows(main, len(main) - part.n_logits)
-        branch_rows = [self._rows(path, n_past + at + 1) for path, (at, _) in zip(paths, branches,
-                                                                                 strict=True)]
+        rows = self._rows(main, len(main) - part.n_logits)
         self.evaluated += part.n_tokens
         self.cached.extend(part.tokens)
-        for slot, (path, (at, _)) in enumerate(zip(paths, branches, strict=True)):
-            self.branch_cached[slot], self._shared[slot] = path, n_past + at + 1
-        return main_rows, branch_rows
+        return rows
 
     def _rows(self, sequence: list[int], start: int) -> np.ndarray:
         """The rows after each of sequence[start:]."""

@@ -20,7 +20,7 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from shared.model import MAIN, EvaluationAborted, Part, PartRows, check_tree
+from shared.model import MAIN, EvaluationAborted, Part
 
 log = logging.getLogger("shared.llm")
 Entry = tuple[int, int, tuple[int, ...], bool]  # token, position, roles, wants its logits
@@ -94,14 +94,6 @@ class Sequences:
             raise ValueError(f"no sequence {key}: MAIN or a branch of {self.n_branches}")
         return self._base + 1 + key
 
-    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
-                      ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One batch: `tokens` on the main sequence and branch j's ids on branch j, the
-        tokens they share (tokens[:at + 1]) in both sequences' cells at once."""
-        part = Part(self.index, tuple(tokens), len(tokens),
-                    tuple((at, tuple(ids)) for at, ids in branches))
-        return self._own.evaluate_parts([part])[0]
-
 
 class SlotView(Sequences):
     """Slot `index` (> 0) of a model: its own sequences, the model's vocabulary and text."""
@@ -137,10 +129,9 @@ class Batches:
 
     def slot(self, i: int) -> Sequences: ...  # LlamaModel's
 
-    def evaluate_parts(self, parts: Sequence[Part]) -> list[PartRows]:
-        """One llama_decode for every part (one per slot); per part, its main rows (the
-        last n_logits) and each branch's rows. On failure every slot is as before and the
-        branches forked for it are empty."""
+    def evaluate_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
+        """One llama_decode for every part (one per slot); per part, the rows after its
+        last n_logits tokens. On failure every slot is as before."""
         if len({p.slot for p in parts}) != len(parts):
             raise ValueError("one part per slot in a batch")
         starts = [self._start_part(p) for p in parts]
@@ -151,57 +142,30 @@ class Batches:
             rows = self._decode_entries(entries) if entries else np.zeros((0, 0), np.float32)
         except (EvaluationAborted, RuntimeError):
             for p, n_past in zip(parts, starts, strict=True):
-                self._undo_part(p, n_past)
+                self._forget_from(p.slot * (1 + self.n_branches), n_past)
             raise
-        return self._finish_parts(parts, starts, rows)
+        return self._finish_parts(parts, rows)
 
     def _start_part(self, part: Part) -> int:
-        """Check that `part` fits its slot, fork its branches off the main sequence; the
-        main sequence's length before it."""
+        """Check that `part` fits its slot; the main sequence's length before it."""
         if not 0 <= part.slot < self.n_slots:
             raise ValueError(f"no slot {part.slot} of {self.n_slots}")
-        check_tree(len(part.tokens), part.branches, self.n_branches)
-        base = part.slot * (1 + self.n_branches)
-        n_past = len(self._lists[base])
+        n_past = len(self._lists[part.slot * (1 + self.n_branches)])
         if n_past + part.n_tokens > self.n_ctx:
             raise RuntimeError(f"context full ({self.n_ctx} tokens)")
-        for j in range(len(part.branches)):
-            self._copy(base, base + 1 + j, n_past)  # the context: its cells gain j's id
         return n_past
 
     def _part_entries(self, part: Part, n_past: int) -> list[Entry]:
-        base, ids, branches = part.slot * (1 + self.n_branches), part.tokens, part.branches
-        first_logit = len(ids) - part.n_logits
-        entries: list[Entry] = [
-            (t, n_past + m, (base, *(base + 1 + j for j, (at, _) in enumerate(branches)
-                                     if m <= at)), m >= first_logit)
-            for m, t in enumerate(ids)]
-        for j, (at, branch) in enumerate(branches):
-            entries += [(t, n_past + at + 1 + i, (base + 1 + j,), True)
-                        for i, t in enumerate(branch)]
-        return entries
+        base, first_logit = part.slot * (1 + self.n_branches), len(part.tokens) - part.n_logits
+        return [(t, n_past + m, (base,), m >= first_logit) for m, t in enumerate(part.tokens)]
 
-    def _undo_part(self, part: Part, n_past: int) -> None:
-        base = part.slot * (1 + self.n_branches)
-        self._forget_from(base, n_past)
-        for j in range(len(part.branches)):
-            self._copy(base, base + 1 + j, 0)
-
-    def _finish_parts(self, parts: Sequence[Part], starts: Sequence[int], rows: np.ndarray
-                      ) -> list[PartRows]:
-        out: list[PartRows] = []
+    def _finish_parts(self, parts: Sequence[Part], rows: np.ndarray) -> list[np.ndarray]:
+        out: list[np.ndarray] = []
         offset = 0
-        for part, n_past in zip(parts, starts, strict=True):
-            base = part.slot * (1 + self.n_branches)
-            main = self._lists[base]
-            main.extend(part.tokens)
-            for j, (at, ids) in enumerate(part.branches):
-                self._lists[base + 1 + j] = main[:n_past + at + 1] + list(ids)
-            n_rows = part.n_logits + sum(len(ids) for _, ids in part.branches)
-            mine, offset = rows[offset:offset + n_rows], offset + n_rows
-            cuts = np.cumsum([part.n_logits, *(len(ids) for _, ids in part.branches)])
-            pieces = np.split(mine, cuts)
-            out.append((pieces[0], pieces[1:-1]))
+        for part in parts:
+            self._lists[part.slot * (1 + self.n_branches)].extend(part.tokens)
+            out.append(rows[offset:offset + part.n_logits])
+            offset += part.n_logits
         return out
 
     def evaluate_many_slots(self, calls: Sequence[tuple[int, Mapping[int, Sequence[int]]]],

@@ -105,15 +105,6 @@ class Forking(Model, Protocol):
         roles, nothing evaluated or copied."""
         ...
 
-    def evaluate_tree(self, tokens: Sequence[int], branches: Sequence[tuple[int, Sequence[int]]]
-                      ) -> tuple[np.ndarray, list[np.ndarray]]:
-        """One model call appending `tokens` to the main sequence and, beside them, branch
-        j's (at, ids) to slot j, forked off the main sequence so that it shares its cells
-        and tokens[:at + 1] (ids[0] stands where tokens[at + 1] does; at + 1 < len(tokens)).
-        The logits rows after every token: the main sequence's, then each branch's. On
-        failure the main sequence is as before and the slots are empty."""
-        ...
-
 
 def can_fork(model: object) -> bool:
     return bool(getattr(model, "can_fork", False))
@@ -122,20 +113,15 @@ def can_fork(model: object) -> bool:
 @dataclass(frozen=True)
 class Part:
     """One slot's share of a batch: `tokens` appended to its main sequence, with the logits
-    rows of the last `n_logits` of them, and `branches` (at, ids) forked off them in the same
-    batch, as `Forking.evaluate_tree` takes them (their rows are all returned)."""
+    rows of the last `n_logits` of them."""
 
     slot: int
     tokens: tuple[int, ...]
     n_logits: int = 1
-    branches: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
     @property
     def n_tokens(self) -> int:
-        return len(self.tokens) + sum(len(ids) for _, ids in self.branches)
-
-
-PartRows = tuple[np.ndarray, list[np.ndarray]]  # a part's main rows, then each branch's
+        return len(self.tokens)
 
 
 class Slotted(Protocol):
@@ -147,10 +133,10 @@ class Slotted(Protocol):
 
     def slot(self, i: int) -> Forking: ...
 
-    def evaluate_parts(self, parts: Sequence[Part]) -> list[PartRows]:
+    def evaluate_parts(self, parts: Sequence[Part]) -> list[np.ndarray]:
         """One model call for every part (each on its own slot, at most one part a slot);
-        per part, the rows evaluate_tree would give. On failure every slot is as before
-        the call and its branches are empty."""
+        per part, the logits rows after its last `n_logits` tokens. On failure every slot
+        is as before the call."""
         ...
 
     def share_prefix(self, source: int, target: int, n: int) -> None:
@@ -234,18 +220,6 @@ def sync_cache(model: Model, tokens: Sequence[int], batch: int = 512,
         if progress:
             progress(min(i + batch, len(todo)), len(todo))
     return len(todo)
-
-
-def check_tree(n_tokens: int, branches: Sequence[tuple[int, Sequence[int]]], n_slots: int
-               ) -> None:
-    """ValueError unless `branches` fit evaluate_tree: a slot each, every one forking off a
-    token of the main part before its last and holding at least one token."""
-    if len(branches) > n_slots:
-        raise ValueError(f"{len(branches)} branches for {n_slots} branch slots")
-    for at, ids in branches:
-        if not 0 <= at < n_tokens - 1 or not ids:
-            raise ValueError(f"a branch at {at} with {len(ids)} tokens cannot fork off "
-                             f"{n_tokens} tokens")
 
 
 def flash_attention(choice: str, n_gpu_layers: int, slots: int = 1) -> bool:

@@ -4,53 +4,69 @@ and whose draft it verifies."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import pytest
 from pydantic import ValidationError
 
-from lead.drafts.board import DraftBoard, post_candidates
-from lead.drafts.rank import BAND_DECAY, WEIGHT, BackScores
+from lead.drafts.board import Draft, DraftBoard, Q, post_candidates
 from lead.policy.acceptance import Rate
 from lead.policy.cost import CostModel
-from shared.bounded import Lru
+from lead.policy.scoreboard import WEIGHT, Offer, Record, Scoreboard
 from shared.protocol import DraftPost
 
 CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0}  # a 2-core CPU's batches
 
 
-def scores_at(alpha: float, *keys: str) -> BackScores:
-    """Scores where each back of `keys` has acceptance `alpha` (set, not learned)."""
-    scores = BackScores()
+def scores_at(alpha: float, *keys: str) -> Scoreboard:
+    """A scoreboard where each back of `keys` has acceptance `alpha` (set, not learned:
+    a rate that outcomes do not move)."""
+    scores = Scoreboard()
     for key in keys:
-        scores.scores[key] = Rate((2 * alpha, 2 * (1 - alpha)))
+        scores.records[key] = Record(rest=Rate((1e6 * alpha, 1e6 * (1 - alpha))))
     return scores
+
+
+def offered(scores: Scoreboard, key: str, probs: Sequence[float], tail: Sequence[int],
+            emitted: Sequence[int]) -> None:
+    """A back offered `tail` with its q per token; lead then emitted `emitted`."""
+    scores.offered("s", [], False, {key: Offer(tuple(tail), tuple(probs), Q)})
+    scores.settle("s", list(emitted), final=True)
 
 
 def test_odds_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> None:
     scores = scores_at(0.7, "b", "other")
-    assert scores.odds("b", [0.05, 0.999]) == pytest.approx((0.7, 0.7))
+    assert scores.known_odds("b", [0.05, 0.999], Q) == pytest.approx((0.7, 0.7))
     for _ in range(20):  # sure tokens right, unsure ones wrong
-        scores.record_probs("b", [0.999, 0.999, 0.2], offered=[5, 6, 7], emitted=[5, 6, 9])
-    sure, unsure = scores.odds("b", [0.995, 0.1])
+        offered(scores, "b", [0.999, 0.999, 0.2], tail=[5, 6, 7], emitted=[5, 6, 9])
+    sure, unsure = scores.known_odds("b", [0.995, 0.1], Q)
     assert sure > 0.9 and unsure < 0.2
-    assert scores.odds("other", [0.995]) == pytest.approx((0.7,))  # another back
+    assert scores.known_odds("other", [0.995], Q) == pytest.approx((0.7,))  # another back
 
 
 def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
     scores = scores_at(0.5, "b")
-    scores.record_probs("b", [0.99, 0.99, 0.4, 0.6], offered=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
-    bands = scores.bands["b"]
-    assert (bands[0.99].right, bands[0.99].wrong) == pytest.approx((BAND_DECAY + 1, 0.0))
+    offered(scores, "b", [0.99, 0.99, 0.4, 0.6], tail=[5, 6, 7, 8], emitted=[5, 6, 9, 8])
+    bands = scores.record_of("b").bands[Q.name]
+    assert (bands[0.99].right, bands[0.99].wrong) == pytest.approx((Q.decay + 1, 0.0))
     assert (bands[0.3].right, bands[0.3].wrong) == pytest.approx((0.0, 1.0))
     assert (bands[0.6].right, bands[0.6].wrong) == (0.0, 0.0)  # after the miss: not observed
     assert bands.band(0.999) == 0.99 and bands.band(0.0) == 0.0 and bands.band(0.94) == 0.85
-    assert scores.odds("b", [0.4]) == pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
+    assert scores.known_odds("b", [0.4], Q) == \
+        pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
 
 
-def test_only_the_latest_backs_are_kept() -> None:
-    scores = BackScores(bands=Lru(2))
+def test_only_the_latest_drafters_are_kept() -> None:
+    scores = Scoreboard(kept=2)
     for key in ("a", "b", "c"):
-        scores.record_probs(key, [0.9], [1], [1])
-    assert list(scores.bands) == ["b", "c"]
+        offered(scores, key, [0.9], [1], [1])
+    assert list(scores.records) == ["b", "c"]
+
+
+def step(board: DraftBoard, tokens: list[int], limit: int = 8) -> Draft | None:
+    """As lead's engine plans a step: every drafter's offer watched, the best drafted."""
+    board.scores.offered("s", tokens, False, board.offers(tokens))
+    return board.best(tokens, limit)
 
 
 def priced() -> CostModel:
@@ -72,7 +88,7 @@ def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
     tokens are right and its near-ties seldom are, it verifies a draft up to the near-tie."""
     board = board_with([0.999] * 6)
     for _ in range(30):
-        board.scores.record_probs("b@10.0.0.2", [0.999, 0.999, 0.2], [5, 6, 7], [5, 6, 0])
+        offered(board.scores, "b@10.0.0.2", [0.999, 0.999, 0.2], [5, 6, 7], [5, 6, 0])
     sure_then_unsure = [0.999, 0.999, 0.999, 0.2, 0.2, 0.2]
     board.post([1, 2, 3], *post_candidates("b", 3, [4, 5, 6, 7, 8, 9], None,
                                            address="10.0.0.2", probs=sure_then_unsure))
@@ -96,12 +112,13 @@ def test_what_a_backs_q_is_worth_is_learned_and_a_liar_loses() -> None:
         liar = post_candidates("liar", n, [0, 0, 0], None, probs=[0.999] * 3)
         board.post(tokens, *honest)
         board.post(tokens, *liar)
-        chosen = board.best(tokens, limit=8)
+        chosen = step(board, tokens)
         assert chosen is not None
         tokens = [*tokens, n + 1, n + 2, n + 3, n + 4]  # lead accepted the right ones
+        board.scores.settle("s", tokens)
     assert chosen.back_id == "honest"
-    liar = board.scores.odds("liar", [0.999])[0]
-    honest = board.scores.odds("honest", [0.999])[0]
+    liar = board.scores.known_odds("liar", [0.999], Q)[0]
+    honest = board.scores.known_odds("honest", [0.999], Q)[0]
     assert liar < 0.3 < 0.9 < honest
 
 

@@ -32,6 +32,7 @@ from bench.procs import SimLead
     (["--lead-variant=--bogus"], "--lead-variant=--bogus: unrecognized arguments: --bogus"),
     (["--lead-variant", "--flash-attn maybe"], "flash-attn"),
     (["--lead-variant", "--draft-len 'x"], "No closing quotation"),
+    (["--sim", "--sim-tree", "4"], "--sim-tree was removed with lead-side trees"),
 ])
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str,
                                            capsys: pytest.CaptureFixture[str]) -> None:

@@ -64,3 +64,14 @@ def test_a_memory_too_small_to_anchor_a_reply_or_too_large_is_refused(value: str
 def test_no_memory_or_enough_is_taken(value: int) -> None:
     assert parse_settings(LeadSettings, "lead", "", ["--ngram-memory", str(value)]
                           ).ngram_memory == value
+
+
+@pytest.mark.parametrize("argv", [["--tree", "4"], ["--tree=0"]])
+def test_the_removed_tree_flag_is_a_one_line_error_saying_why(
+        argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    from lead.__main__ import main
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    err = capsys.readouterr().err
+    assert stop.value.code == 1 and len(err.strip().splitlines()) == 1
+    assert "--tree: lead-side trees were removed" in err and "chains" in err

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from lead.policy.acceptance import Acceptance
+from lead.policy.acceptance import Rate, expected_yield
 from lead.policy.cost import CostModel
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
+from lead.policy.scoreboard import DECAY, PRIOR, RECENT, Record
 
 # measured on a 2-core Xeon (one thread): b=4 is cheaper than b=3
 XEON = {1: 1.0, 2: 1.64, 3: 2.09, 4: 1.56, 5: 2.21, 6: 2.71, 7: 3.09, 8: 3.02, 9: 3.37}
@@ -74,47 +75,47 @@ def test_prices_say_how_much_faster_drafts_right_every_time_could_decode() -> No
 
 
 def test_acceptance_follows_a_drop_within_its_window_of_outcomes() -> None:
-    acceptance = Acceptance(window=3)
+    record = Record()
     for _ in range(50):
-        acceptance.record(8, False)  # whole drafts right
-    assert acceptance.alpha > 0.95
-    acceptance.record(0, True)
-    acceptance.record(0, True)
-    assert acceptance.alpha > 0.75  # two misses after 50 good drafts: could be noise
-    acceptance.record(0, True)
-    assert acceptance.alpha < 0.35  # the whole window missed: the drop shows at once
-    slow = Acceptance(window=50)  # decayed counts alone would take longer
+        record.record(8, False)  # whole drafts right
+    assert record.alpha > 0.95
+    record.record(0, True)
+    record.record(0, True)
+    assert record.alpha > 0.75  # two misses after 50 good drafts: could be noise
+    record.record(0, True)
+    assert record.alpha < 0.35  # the whole window missed: the drop shows at once
+    slow = Record(rest=Rate(PRIOR, DECAY, 50))  # decayed counts alone would take longer
     for outcome in [(8, False)] * 50 + [(0, True)] * 3:
         slow.record(*outcome)
     assert slow.alpha > 0.8
 
 
 def test_acceptance_is_the_censored_geometric_estimate_with_its_prior() -> None:
-    acceptance = Acceptance(prior=(1.0, 1.0), decay=1.0, window=100)
-    assert acceptance.alpha == 0.5  # the prior alone
-    assert not acceptance.record(0, False)  # nothing observed: nothing moves
-    assert acceptance.record(3, True) and acceptance.record(2, False)  # a censored run
-    assert acceptance.alpha == pytest.approx((1 + 5) / (1 + 5 + 1 + 1))
+    record = Record(rest=Rate((1.0, 1.0), 1.0, 100))
+    assert record.alpha == 0.5  # the prior alone
+    assert not record.record(0, False)  # nothing observed: nothing moves
+    assert record.record(3, True) and record.record(2, False)  # a censored run
+    assert record.alpha == pytest.approx((1 + 5) / (1 + 5 + 1 + 1))
 
 
 def test_acceptance_estimates_a_replys_first_token_apart() -> None:
-    acceptance = Acceptance()
-    before = acceptance.alpha
-    assert not acceptance.record(0, True, first=True)  # a miss at a reply's first token
-    assert acceptance.alpha == before and acceptance.alpha_first < 0.5
-    assert acceptance.record(3, True, first=True)  # a hit: the rest is like any draft
-    assert list(acceptance.rest.recent) == [(2, True)] and acceptance.alpha_first > 0.5
-    assert not acceptance.record(1, False, first=True)  # only its first token was seen
-    assert list(acceptance.rest.recent) == [(2, True)]
+    record = Record()
+    before = record.alpha
+    assert not record.record(0, True, first=True)  # a miss at a reply's first token
+    assert record.alpha == before and record.first.value < 0.5
+    assert record.record(3, True, first=True)  # a hit: the rest is like any draft
+    assert list(record.rest.recent) == [(2, True)] and record.first.value > 0.5
+    assert not record.record(1, False, first=True)  # only its first token was seen
+    assert list(record.rest.recent) == [(2, True)]
 
 
 def test_acceptance_expects_a_geometric_number_of_tokens() -> None:
-    acceptance = Acceptance(prior=(50.0, 50.0), first_prior=(1.0, 99.0))  # 0.5, first 0.01
-    assert acceptance.expected_tokens(0) == 1.0
-    assert acceptance.expected_tokens(2) == pytest.approx(1 + 0.5 + 0.25)
-    assert acceptance.expected_tokens(2, first=True) == pytest.approx(1 + 0.01 * 1.5)
-    sure = Acceptance(prior=(1.0, 0.0))  # alpha 1: capped, not a division by zero
-    assert sure.expected_tokens(4) == pytest.approx(5.0, abs=0.01)
+    record = Record(rest=Rate((50.0, 50.0)), first=Rate((1.0, 99.0)))  # 0.5, first 0.01
+    assert expected_yield(record.odds(0)) == 0.0
+    assert expected_yield(record.odds(2)) == pytest.approx(0.5 + 0.25)
+    assert expected_yield(record.odds(2, first=True)) == pytest.approx(0.01 * 1.5)
+    sure = Record(rest=Rate((1.0, 0.0)))  # alpha 1: capped, not a division by zero
+    assert expected_yield(sure.odds(4)) == pytest.approx(4.0, abs=0.01)
 
 
 # --- probe schedule ---
@@ -160,9 +161,11 @@ def test_a_probe_is_due_after_its_gap_and_ends_on_its_outcomes_or_steps() -> Non
 
 
 def believing(alpha: float, probes: ProbeSchedule | None = None) -> CostModel:
-    """A cost model whose prior acceptance is `alpha` (weight 100)."""
-    acceptance = Acceptance(prior=(100 * alpha, 100 * (1 - alpha)))
-    return CostModel(max_draft=8, acceptance=acceptance, probes=probes or ProbeSchedule())
+    """A cost model whose back's prior acceptance is `alpha` (weight 100)."""
+    model = CostModel(max_draft=8, probes=probes or ProbeSchedule())
+    model.scores.records["b"] = Record(rest=Rate((100 * alpha, 100 * (1 - alpha)), DECAY, RECENT))
+    model.scores.backs["b"] = None  # the back it prices drafts by
+    return model
 
 
 def calibrated(alpha: float, shape: dict[int, float],
@@ -196,21 +199,21 @@ def test_cost_model_learns_acceptance_from_unverified_drafts() -> None:
     for b in (1, 2, 3):
         model.record_step(b, 0.05 * (1 + (b - 1) / 2))  # b=2 1.5x, b=3 2x
     for _ in range(30):
-        model.record_outcome(0, True)  # drafts on offer were wrong at their first token
-    assert model.acceptance.alpha < 0.25 and model.verify_len() == 0
+        model.scores.record("b", 0, True)  # drafts on offer were wrong at their first token
+    assert model.alpha < 0.25 and model.verify_len() == 0
     asked = []
     for step in range(21):
         model.record_step(1, 0.05)
         asked.append(model.draft_len())
         if asked[-1] and step % 3 == 0:  # a draft on offer at every third probe step
-            model.record_outcome(0, True)
+            model.scores.record("b", 0, True)
     # 8 quiet steps after speculation stopped, a probe asks until 2 drafts were compared
     # (at loop steps 9 and 12), then lead is quiet for 8 steps again.
     assert asked[:7] == [0] * 7 and asked[7:13] == [1] * 6
     assert asked[13:20] == [0] * 7 and asked[20] == 1
     for _ in range(30):  # plain steps whose offered draft proved right: no verify paid
-        model.record_outcome(1, False)
-    assert model.acceptance.alpha > 0.9 and model.verify_len() >= 2 and model.draft_len() >= 2
+        model.scores.record("b", 1, False)
+    assert model.alpha > 0.9 and model.verify_len() >= 2 and model.draft_len() >= 2
 
 
 def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | None,
@@ -224,7 +227,7 @@ def _probe_pattern(model: CostModel, steps: int, outcome: tuple[int, bool] | Non
                           busy=busy and asked[-1:] not in ("", "0"))
         asked += str(model.draft_len())
         if outcome is not None and asked[-1] != "0":
-            model.record_outcome(*outcome)
+            model.scores.record("b", *outcome)
     return asked
 
 
@@ -233,7 +236,7 @@ def test_probes_back_off_while_nothing_pays_and_end_without_outcomes() -> None:
     model.record_step(1, 0.05)
     model.record_step(2, 0.1)  # b=2 costs 2x: nothing pays without evidence of acceptance
     for _ in range(20):
-        model.record_outcome(0, True)
+        model.scores.record("b", 0, True)
     # No back ever offers a draft: each probe ends after 3 steps, and the quiet gap
     # doubles from 2 steps (one of them the b=2 step) to at most 8.
     assert _probe_pattern(model, 40, None) == \
@@ -247,27 +250,27 @@ def test_the_first_probe_comes_early_again_after_speculation_ran() -> None:
     # drafts miss: probes of 2 outcomes, gaps growing to 8 steps (7 after the probe's)
     assert "11" + "0" * 7 + "11" in _probe_pattern(model, 60, (0, True))
     for _ in range(10):
-        model.record_outcome(3, False)  # then drafts are right: lead speculates
+        model.scores.record("b", 3, False)  # then drafts are right: lead speculates
     assert _probe_pattern(model, 3, None) == "222"  # k = 2 pays
     for _ in range(3):
-        model.record_outcome(0, True)  # and wrong again: speculation stops
+        model.scores.record("b", 0, True)  # and wrong again: speculation stops
     assert _probe_pattern(model, 4, None)[:2] == "01"  # a probe on the second quiet step
 
 
 def test_cost_model_follows_a_change_of_prompt_within_a_few_steps() -> None:
     model = CostModel(max_draft=8)
     for _ in range(50):
-        model.record_outcome(8, False)  # a code reply: whole drafts right
-    assert model.acceptance.alpha > 0.95
+        model.scores.record("b", 8, False)  # a code reply: whole drafts right
+    assert model.alpha > 0.95
     for _ in range(3):
-        model.record_outcome(1, True)  # then prose: a miss after one match, every step
-    assert model.acceptance.alpha < 0.7
+        model.scores.record("b", 1, True)  # then prose: a miss after one match, every step
+    assert model.alpha < 0.7
     for _ in range(3):
-        model.record_outcome(0, True)  # then only misses
-    assert model.acceptance.alpha < 0.35
+        model.scores.record("b", 0, True)  # then only misses
+    assert model.alpha < 0.35
     for _ in range(3):
-        model.record_outcome(8, False)  # and code again
-    assert model.acceptance.alpha > 0.8
+        model.scores.record("b", 8, False)  # and code again
+    assert model.alpha > 0.8
 
 
 def test_a_replys_first_token_is_estimated_apart() -> None:
@@ -279,13 +282,13 @@ def test_a_replys_first_token_is_estimated_apart() -> None:
     # still asked for, so that lead learns how often it is right
     assert model.verify_len(first=True) == 0 and model.draft_len(first=True) == 1
     for _ in range(5):
-        model.record_outcome(0, True, first=True)  # chat replies: the first guess misses
-    seen = model.acceptance
-    assert seen.alpha_first < 0.2 and seen.alpha > 0.95  # mid-reply estimate untouched
+        model.scores.record("b", 0, True, first=True)  # chat replies: the first guess misses
+    seen = model.scores.leader
+    assert seen.first.value < 0.2 and seen.alpha > 0.95  # mid-reply estimate untouched
     assert model.verify_len(first=True) == 0 and model.verify_len() >= 2
-    for _ in range(10):
-        model.record_outcome(4, False, first=True)  # completions: first guesses right
-    assert model.acceptance.alpha_first > 0.8 and model.verify_len(first=True) >= 2
+    for _ in range(15):
+        model.scores.record("b", 4, False, first=True)  # completions: first guesses right
+    assert model.scores.leader.first.value > 0.8 and model.verify_len(first=True) >= 2
 
 
 def test_cost_model_explores_batch_sizes_one_at_a_time() -> None:
@@ -342,7 +345,7 @@ def _prose_step(model: CostModel, slow: float) -> str:
     drafting = model.draft_len() > 0
     model.record_step(1, 0.1 * (slow if drafting else 1.0), busy=drafting)
     if drafting:
-        model.record_outcome(0, True)
+        model.scores.record("b", 0, True)
     return "H" if model.hush else "p" if model.probes.probing else "."
 
 
@@ -410,8 +413,8 @@ def test_prices_where_drafts_never_pay_ask_no_back_even_for_perfect_drafts() -> 
     model = CostModel(max_draft=8)
     model.fix_prices([2.0, 3.0])  # a batch costs what its tokens cost one at a time
     for _ in range(50):
-        model.record_outcome(8, False)  # every draft right
-    assert model.acceptance.alpha > 0.95
+        model.scores.record("b", 8, False)  # every draft right
+    assert model.alpha > 0.95
     assert model.verify_len() == 0 and model.draft_len(first=True) == 0
     assert not model.could_pay(1.0)
 

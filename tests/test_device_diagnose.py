@@ -72,9 +72,9 @@ def test_an_outcome_reads_as_a_person_would_say_it() -> None:
 
 def test_a_probe_s_flags_replace_the_defaults() -> None:
     args = Namespace(model="m.gguf", ngl=-1)
-    argv = command(Probe("x", lead_args=["--ctx-size", "4096", "--tree", "0"]), args, 5000)
+    argv = command(Probe("x", lead_args=["--ctx-size", "4096", "--parallel", "2"]), args, 5000)
     assert argv[argv.index("--ctx-size") + 1] == "4096" and argv.count("--ctx-size") == 1
-    assert argv[argv.index("--n-gpu-layers") + 1] == "-1" and "--tree" in argv
+    assert argv[argv.index("--n-gpu-layers") + 1] == "-1" and "--parallel" in argv
     assert dedupe_flags(["-m", "x", "--a", "1", "--a", "2"]) == ["-m", "x", "--a", "2"]
     shell = command(Probe("x", lead_args=[], shell="ulimit -s unlimited"), args, 5000)
     assert shell[:3] == ["bash", "-c", 'ulimit -s unlimited; exec "$@"'] and "lead" in shell
@@ -116,7 +116,7 @@ def test_the_summary_shows_each_probe_and_the_first_trace() -> None:
 @pytest.mark.real
 @pytest.mark.parametrize("probe", [Probe("bare load", before=""),
                                    Probe("bare load on a thread", before="THREAD"),
-                                   Probe("lead", lead_args=["--tree", "0", "--no-calibrate"])])
+                                   Probe("lead", lead_args=["--no-calibrate"])])
 def test_probes_on_a_working_build_load_and_serve(probe: Probe, tmp_path: Path) -> None:
     path = cache_dir() / PRESETS["smollm2-135m"].filename
     if not path.is_file():

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from lead.drafts.copier import FOLLOWED, MATCHED
 from lead.drafts.edits import ANCHOR, CONFIRM, Follow, moved
-from lead.drafts.own import OwnDrafts, SessionCopies
+from lead.drafts.own import OWN, OwnDrafts, SessionCopies
+from lead.policy.scoreboard import Offer, Scoreboard
 from shared.ngram import NgramIndex
 
 NAME = 7  # a name the source uses three times
@@ -108,14 +110,17 @@ def test_a_short_anchor_that_turns_out_wrong_keeps_where_the_reply_left_the_copy
 
 def test_the_copy_followed_is_priced_by_odds_of_its_own_learned_from_its_outcomes() -> None:
     body = source_with_name()
-    own = OwnDrafts(longest=8)
-    kind = own.kinds["ngram"]
-    assert isinstance(kind, SessionCopies)
+    own, scores, key = OwnDrafts(longest=8), Scoreboard(), f"{OWN}:ngram"
+    assert isinstance(own.kinds["ngram"], SessionCopies)
     prompt = [1, *body, 2]
-    early = own.propose("s", [*prompt, *body[:5]])  # a 5-token match: not followed yet
-    assert early is not None and early.odds[0] == pytest.approx(kind.odds[5].value)
-    followed = own.propose("s", [*prompt, *body[:20]])  # 20 tokens: a copy under way
-    assert followed is not None and followed.odds[0] == pytest.approx(kind.following[20].value)
-    before = kind.following[20].right
-    own.propose("s", [*prompt, *body[:30]])  # lead emitted the 8 drafted and more
-    assert kind.following[20].right > before
+    early = own.propose("s", [*prompt, *body[:5]])["ngram"]  # a 5-token match: not followed
+    assert early.scale is MATCHED and early.known[0] == 5
+    tokens = [*prompt, *body[:20]]
+    followed = own.propose("s", tokens)["ngram"]  # 20 tokens: a copy under way
+    assert followed.scale is FOLLOWED and followed.known[0] == 20
+    before = scores.known_odds(key, (20,), FOLLOWED)[0]
+    scores.offered("s", tokens, False, {key: Offer(followed.token_ids, followed.known,
+                                                   FOLLOWED, back=False)})
+    scores.settle("s", [*prompt, *body[:30]], final=True)  # lead emitted the 8 drafted
+    assert scores.known_odds(key, (20,), FOLLOWED)[0] > before
+    assert scores.known_odds(key, (5,), MATCHED)[0] == pytest.approx(dict(MATCHED.priors)[3])

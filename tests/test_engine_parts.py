@@ -18,7 +18,6 @@ from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
 from lead.drafts.feed import BackFeed, is_news
 from lead.drafts.limits import PostLimiter
-from lead.drafts.offers import OfferLedger
 from lead.policy.cost import CostModel
 from shared.fake import EOS, FakeModel, VirtualClock
 from shared.logprobs import TokenLogprob
@@ -76,52 +75,6 @@ def test_a_cancelled_waiter_gives_its_place_back() -> None:
         release.set()
         await asyncio.gather(running, second)
     asyncio.run(body())
-
-
-# --- offer accounting ---
-
-
-def ledger() -> tuple[OfferLedger, list[tuple[int, bool, bool]]]:
-    outcomes: list[tuple[int, bool, bool]] = []
-    return OfferLedger(lambda m, missed, first: outcomes.append((m, missed, first)), 8), outcomes
-
-
-def test_an_offer_is_recorded_once_lead_contradicts_it() -> None:
-    offers, outcomes = ledger()
-    offers.offered([1, 2], [7, 8, 9], first=True)
-    offers.settle([1, 2, 7])  # one token, agreeing: not settled yet
-    assert outcomes == []
-    offers.settle([1, 2, 7, 5])
-    assert outcomes == [(1, True, True)] and offers.watch is None
-
-
-def test_an_offer_that_continues_the_watched_one_extends_it() -> None:
-    offers, outcomes = ledger()
-    offers.offered([1], [7], first=False)
-    offers.settle([1, 7])  # used up, not settled: 1 match of a 1-token draft
-    offers.offered([1, 7], [8, 9], first=False)  # the same back's draft goes on
-    offers.settle([1, 7, 8, 9], final=True)
-    assert outcomes == [(3, False, False)]
-
-
-def test_a_used_up_offer_is_recorded_when_a_later_one_comes() -> None:
-    offers, outcomes = ledger()
-    offers.offered([1], [7], first=False)
-    offers.settle([1, 7, 3])  # a step emitted 7 and 3: one match, nothing contradicted
-    assert outcomes == []
-    offers.offered([1, 7, 3], [4], first=False)  # past the watched draft: a new offer
-    assert outcomes == [(1, False, False)]
-    offers.settle([1, 7, 3, 5])
-    assert outcomes == [(1, False, False), (0, True, False)]
-
-
-def test_the_end_of_a_reply_settles_the_watched_offer() -> None:
-    offers, outcomes = ledger()
-    offers.offered([1], [7, 8, 9], first=False)
-    offers.settle([1, 7, 8], final=True)
-    assert outcomes == [(2, False, False)]
-    offers.settle([1, 7, 8], final=True)  # nothing left to settle
-    assert len(outcomes) == 1
 
 
 # --- back feed ---
@@ -275,8 +228,7 @@ def result(accepted: list[int], next_token: int, drafted: int) -> StepResult:
 def applied(s: Session, res: StepResult, max_tokens: int = 50, stop: list[str] | None = None
             ) -> list[Emission]:
     """`res` applied to `s` by its run; the emissions its reader gets."""
-    run = Run(GenRequest(list(s.tokens), max_tokens, stop=stop or []), s,
-              OfferLedger(lambda *_: None, 8))
+    run = Run(GenRequest(list(s.tokens), max_tokens, stop=stop or []), s)
     run.apply(res, FakeModel(), grammar_s=1.0)
     out = []
     while not run._out.empty():

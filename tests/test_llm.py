@@ -137,40 +137,6 @@ def test_bad_branch_calls_are_value_errors(branching: LlamaModel) -> None:
         branching.adopt(3)
 
 
-def test_a_tree_is_one_batch_whose_rows_are_each_paths_and_the_path_kept_goes_on(
-        model: LlamaModel, branching: LlamaModel) -> None:
-    context = model.tokenize("def add(a, b):\n    return a")
-    draft = model.tokenize(" + b\n\nprint", add_bos=False)[:4]
-    other = model.tokenize(" - b  # no", add_bos=False)
-
-    def fresh(tokens: list[int], n: int) -> np.ndarray:
-        model.truncate(0)
-        return model.evaluate(tokens, n)
-
-    branching.truncate(0)
-    branching.evaluate(context[:-1], 0)
-    main_rows, branch_rows = branching.evaluate_tree(
-        [context[-1], *draft], [(0, other[:3]), (2, other[1:3])])
-    close(main_rows, fresh([*context, *draft], 5))
-    close(branch_rows[0], fresh([*context, *other[:3]], 3))
-    close(branch_rows[1], fresh([*context, *draft[:2], *other[1:3]], 2))
-    assert branching.cached == [*context, *draft]
-    assert branching.branch_cached == [[*context, *other[:3]], [*context, *draft[:2], *other[1:3]]]
-    # lead keeps the second branch's path up to its first token, and goes on from there
-    branching.adopt(1)
-    branching.truncate(len(context) + 3)
-    branching.fork(0, 0)
-    branching.fork(1, 0)
-    assert branching.branch_cached == [[], []]
-    close(branching.evaluate([other[3]], 1)[-1],
-          fresh([*context, *draft[:2], other[1], other[3]], 1)[-1])
-    with pytest.raises(ValueError, match="fork"):
-        branching.evaluate_tree([1, 2], [(1, [3])])  # a branch forks before the last token
-    with pytest.raises(ValueError, match="slots"):
-        branching.evaluate_tree([1, 2, 3], [(0, [4])] * 3)
-    assert branching.branch_cached == [[], []] and len(branching.cached) == len(context) + 4
-
-
 @pytest.fixture(scope="module")
 def slotted() -> LlamaModel:
     return load_model("smollm2-135m", threads=1, n_ctx=256, slots=3, branches=1)

@@ -11,9 +11,12 @@ import pytest
 
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
+from lead.drafts.board import Candidate, DraftBoard
+from lead.drafts.copier import FOLLOWED
 from lead.drafts.edits import FOLLOWING
 from lead.drafts.memory import Memory, Recalled
 from lead.drafts.own import OWN, OwnDrafts
+from lead.policy.scoreboard import Offer, Scoreboard
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST
 
@@ -83,23 +86,30 @@ def test_a_session_keeps_its_last_quarter_of_the_budget_and_a_key_its_latest_pla
 
 
 def copied(own: OwnDrafts, session_id: str, tokens: list[int]) -> tuple[int, ...] | None:
-    proposal = own.propose(session_id, tokens)
-    return proposal.token_ids if proposal is not None else None
+    """The copy lead verifies: each kind's proposal on a board, the best of them."""
+    board = DraftBoard()
+    for kind, p in own.propose(session_id, tokens).items():
+        board.post(tokens, Candidate(OWN, len(tokens), p.token_ids, known=p.known,
+                                     scale=p.scale, kind=kind))
+    best = board.best(tokens, 64)
+    return tuple(best.token_ids) if best is not None else None
 
 
 def test_own_drafts_copy_a_finished_session_and_learn_its_odds_apart() -> None:
-    own = OwnDrafts(longest=4, memory=1000)
+    own, scores = OwnDrafts(longest=4, memory=1000), Scoreboard()
     prompt, reply = [5, 6, 7, 8, 9], [20, 21, 22, 23, 24]
-    assert own.propose("s1", prompt) is None
+    assert own.propose("s1", prompt) == {}
     own.forget("s1", [*prompt, *reply])
-    proposal = own.propose("s2", prompt)
-    recalled, session = own.kinds["memory"].odds, own.kinds["ngram"].odds
-    assert proposal is not None and proposal.token_ids == (20, 21, 22, 23)
-    assert proposal.odds == tuple(recalled[5 + i].value for i in range(4))
-    own_before = [rate.value for rate in session.rates.values()]
-    own.propose("s2", [*prompt, 20, 21, 30])  # two right, then a miss
-    assert [rate.value for rate in session.rates.values()] == own_before  # untouched
-    assert [rate.value for rate in recalled.rates.values()] != own_before
+    proposals = own.propose("s2", prompt)
+    assert list(proposals) == ["memory"]  # the session itself holds no match
+    proposal = proposals["memory"]
+    assert proposal.token_ids == (20, 21, 22, 23) and proposal.known == (5, 6, 7, 8)
+    scores.offered("s2", prompt, False, {f"{OWN}:memory": Offer(
+        proposal.token_ids, proposal.known, proposal.scale, back=False)})
+    scores.settle("s2", [*prompt, 20, 21, 30])  # two right, then a miss
+    assert f"{OWN}:ngram" not in scores.records  # the other kind's record: untouched
+    learned = scores.known_odds(f"{OWN}:memory", proposal.known, proposal.scale)
+    assert learned != scores.known_odds(f"{OWN}:ngram", proposal.known, proposal.scale)
 
 
 def test_the_sessions_own_copy_wins_unless_a_remembered_one_agrees_longer() -> None:
@@ -135,7 +145,9 @@ def test_a_reply_asked_again_is_followed_on_past_a_token_where_it_parted() -> No
     recalled.end("old", prompt + reply)
     first = recalled.draft("new", prompt, 64)  # the whole prompt agrees: a copy followed
     assert first is not None and first.token_ids == tuple(reply[:64])
-    assert first.odds[0] == pytest.approx(FOLLOWING[24])  # priced as one
+    assert first.scale is FOLLOWED  # priced as one
+    assert Scoreboard().known_odds("k", first.known[:1], FOLLOWED)[0] == \
+        pytest.approx(FOLLOWING[24])
     copies = [recalled.copy("new", prompt + again[:i], 64)[0] for i in range(1, 44)]
     for i in (41, 42, 43):  # from the token after the one that parted, on
         copy = copies[i - 1]

@@ -12,10 +12,11 @@ import pytest
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest
 from lead.drafts.board import Candidate, DraftBoard
-from lead.drafts.copier import PRIOR, bands
+from lead.drafts.copier import MATCHED
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.acceptance import Bands, Rate, expected_yield
 from lead.policy.cost import CostModel
+from lead.policy.scoreboard import Offer, Scoreboard
 from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST, NgramIndex
 
@@ -73,8 +74,11 @@ def test_a_match_is_measured_so_far_and_occurrences_kept_so_many() -> None:
 # --- odds per match length ---
 
 
+PRIOR = dict(MATCHED.priors)
+
+
 def fresh() -> Bands:
-    return bands()
+    return MATCHED.bands()
 
 
 def counts(rate: Rate) -> tuple[float, float]:
@@ -92,19 +96,25 @@ def test_odds_start_from_the_prior_of_their_band_and_learn_within_it() -> None:
 
 
 def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
-    own = OwnDrafts(longest=4)
+    """A kind's proposal is watched on the scoreboard as a back's draft is, under the
+    kind's name; its odds are learned per band of the match each token follows."""
+    own, scores, key = OwnDrafts(longest=4), Scoreboard(), f"{OWN}:ngram"
     prompt = [8, 1, 2, 3, 4, 5, 6, 9, 8, 1, 2, 3]  # the end matches 4 tokens back at 1..3
-    proposal = own.propose("s1", prompt)
-    assert proposal is not None and proposal.token_ids == (4, 5, 6, 9)
-    assert proposal.odds == tuple(fresh()[4 + i].value for i in range(4))
-    odds = own.kinds["ngram"].odds
-    own.propose("s1", [*prompt, 4, 5, 7])  # two right (matches of 4, 5), then one wrong (6)
+    proposal = own.propose("s1", prompt)["ngram"]
+    assert proposal.token_ids == (4, 5, 6, 9) and proposal.known == (4, 5, 6, 7)
+    assert scores.known_odds(key, proposal.known, proposal.scale) == \
+        tuple(fresh()[4 + i].value for i in range(4))
+    scores.offered("s1", prompt, False, {key: Offer(proposal.token_ids, proposal.known,
+                                                    proposal.scale, back=False)})
+    scores.settle("s1", [*prompt, 4, 5, 7])  # two right (matches of 4, 5), then one wrong (6)
+    odds = scores.record_of(key).bands[MATCHED.name]
     d = 0.995
     assert counts(odds[3]) == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
                                                  (1 - PRIOR[3]) * 4 * d * d))
     assert counts(odds[6]) == pytest.approx((PRIOR[6] * 4 * d, (1 - PRIOR[6]) * 4 * d + 1))
+    assert scores.alpha(key) < scores.alpha("a back not yet seen")  # two right, a miss
     before = [counts(rate) for rate in odds.rates.values()]
-    own.propose("s2", prompt)  # another session: nothing is scored against it
+    scores.settle("s2", [*prompt, 4, 5, 7])  # another session: nothing watched there
     assert [counts(rate) for rate in odds.rates.values()] == before
 
 

@@ -17,8 +17,7 @@ from hypothesis import strategies as st
 
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
-from lead.decode.verify import verify, verify_tree
-from shared.branch import Branch
+from lead.decode.verify import verify
 from shared.fake import FakeModel, VirtualClock
 from shared.penalties import adjust
 from shared.protocol import SamplingParams
@@ -170,22 +169,6 @@ def mu_alone(params: SamplingParams, tokens: list[int], seed: int) -> float | No
         assert sample(dist, rng) == token
         mu, ctx = mirostat_mu(mu, params, dist.prob_of(token)), [*ctx, token]
     return mu
-
-
-@pytest.mark.parametrize("name", ["mirostat", "xtc", "dry"])
-def test_a_branch_goes_on_with_the_state_the_draft_left(name: str) -> None:
-    """Verification that turns onto a branch carries mu and the draws along it, as the next
-    step would with that branch as its draft."""
-    params, seed = SETTINGS[name], 2
-    alone = decode_alone(params, 20, seed)
-    draft = [alone[0], (alone[1] + 1) % TARGET.n_vocab]
-    branch = Branch(1, alone[1:6])
-    rows = np.stack([TARGET.logits_for(PROMPT + draft[:i]) for i in range(3)])
-    branch_rows = np.stack([TARGET.logits_for(PROMPT + alone[:i + 2]) for i in range(5)])
-    verdict = verify_tree(draft, rows, [(branch, branch_rows)], params, make_rng(seed),
-                          None, PROMPT, len(PROMPT))
-    assert verdict.branch == 0 and verdict.emitted == alone[:len(verdict.emitted)]
-    assert len(verdict.emitted) == 7
 
 
 # --- lead's engine, its own drafts on: the state goes from step to step ---

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from lead.decode.verify import Verdict, verify, verify_tree
+from lead.decode.verify import Verdict, verify
 from lead.drafts.board import Candidate, DraftBoard, post_candidates
 from shared.branch import Branch
 from shared.fake import FakeGrammar
@@ -376,63 +376,3 @@ def test_the_check_catches_a_board_that_verifies_a_branchs_root() -> None:
                      for _ in range(TRIALS))
     ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
     assert not ok, f"roots verified as drafts, yet chi2 {stat:.1f} <= {critical:.1f}"
-
-
-# --- a tree-verified step: the draft and its branches in one batch ---
-
-
-def tree_step_pair(q_of: Callable[[list[int]], Dist], rng: np.random.Generator, used: Counter,
-                   with_dists: bool = True, verifier: Callable[..., Verdict] = verify_tree
-                   ) -> tuple[int, int]:
-    """Each step verifies a fresh post whole, as lead's tree step does: its main chain and,
-    beside it, every branch off it, with the target's rows along each."""
-    out: list[int] = []
-    while len(out) < 2:
-        board = DraftBoard()
-        main, *branches = tree_post(q_of, out, rng)
-        board.post(out, main, branches)
-        draft = board.best(out, 3)
-        assert draft is not None
-        ids = draft.token_ids
-        tree = [(Branch(b.at, b.token_ids, b.dists if with_dists else None), np.stack(
-            [rows_of(out + ids[:b.at] + list(b.token_ids[:i + 1]))
-             for i in range(len(b.token_ids))])) for b in draft.branches]
-        rows = np.stack([rows_of(out + ids[:i]) for i in range(len(ids) + 1)])
-        verdict = verifier(ids, rows, tree, PARAMS, rng, draft.dists if with_dists else None)
-        used[verdict.branch is not None] += 1
-        out += verdict.emitted
-    return out[0], out[1]
-
-
-@pytest.mark.parametrize(("draft", "with_dists"), [("close", True), ("far", True),
-                                                   ("far", False)])
-def test_a_tree_verified_step_emits_tokens_that_follow_target_distribution(
-        draft: str, with_dists: bool) -> None:
-    rng = np.random.default_rng(20261125)
-    used: Counter = Counter()
-    q_of = memo(DRAFTS[draft])
-    counts = Counter(tree_step_pair(q_of, rng, used, with_dists) for _ in range(TRIALS))
-    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
-    print(f"\n{draft}: chi2 {stat:.1f} vs critical {critical:.1f}, {used[True]} steps "
-          "went on along a branch")
-    assert used[True] > TRIALS // 10, used  # the law is checked with branches taken
-    assert ok, f"{draft}: chi-square {stat:.1f} > {critical:.1f}"
-
-
-def test_the_check_catches_a_tree_verifier_that_takes_a_branch_without_its_root() -> None:
-    def any_branch(draft, rows, branches, params, rng, dists):  # type: ignore[no-untyped-def]
-        verdict = verify(draft, rows, params, rng, dists)
-        at = len(verdict.accepted)
-        b, b_rows = next(((b, r) for b, r in branches if b.at == at and at < len(draft)),
-                         (None, None))
-        if b is None:
-            return verdict
-        tail = verify(b.token_ids[1:], b_rows, params, rng, b.dists[1:] if b.dists else None)
-        return Verdict([*verdict.accepted, b.token_ids[0], *tail.accepted], tail.next_token,
-                       branch=0)
-
-    rng = np.random.default_rng(11)
-    counts = Counter(tree_step_pair(memo(DRAFTS["far"]), rng, Counter(), verifier=any_branch)
-                     for _ in range(TRIALS))
-    ok, stat, critical = chi_square_ok(counts, exact_joint(), TRIALS)
-    assert not ok, f"a branch taken for any correction, yet chi2 {stat:.1f} <= {critical:.1f}"

@@ -316,17 +316,17 @@ def _far_draft(context: list[int], rng: np.random.Generator) -> Draft:
 
 
 def test_a_batch_over_slots_gives_each_the_rows_of_its_own_evaluation() -> None:
-    model = FakeModel(slots=3, n_branches=2)
-    alone = FakeModel(n_branches=2)
+    model = FakeModel(slots=3)
+    alone = FakeModel()
     model.slot(1).evaluate([4, 5, 6], 0)
-    parts = [Part(0, (1, 2, 3), 3), Part(1, (7, 8), 2, ((0, (9, 9)),)), Part(2, (5,), 0)]
+    parts = [Part(0, (1, 2, 3), 3), Part(1, (7, 8), 2), Part(2, (5,), 0)]
     rows = model.evaluate_parts(parts)
-    assert np.array_equal(rows[0][0], np.stack([alone.logits_for([1]), alone.logits_for([1, 2]),
-                                                alone.logits_for([1, 2, 3])]))
-    assert np.array_equal(rows[1][1][0][1], alone.logits_for([4, 5, 6, 7, 9, 9]))
-    assert rows[2][0].shape == (0, 96)
+    assert np.array_equal(rows[0], np.stack([alone.logits_for([1]), alone.logits_for([1, 2]),
+                                             alone.logits_for([1, 2, 3])]))
+    assert np.array_equal(rows[1][1], alone.logits_for([4, 5, 6, 7, 8]))
+    assert rows[2].shape == (0, 96)
     assert model.slot(1).cached == [4, 5, 6, 7, 8] and model.slot(2).cached == [5]
-    assert model.calls[-1] == 3 + 4 + 1  # one call for all three slots
+    assert model.calls[-1] == 3 + 2 + 1  # one call for all three slots
 
 
 def test_the_slots_show_what_each_holds_and_whose_drafts_are_on_its_board() -> None:

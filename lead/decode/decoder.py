@@ -20,12 +20,12 @@ import numpy as np
 from lead.decode.promptcache import PromptCache, Saved
 from lead.decode.session import StepResult
 from lead.decode.slots import Seat, choose_seat
-from lead.decode.verify import Verdict, row_dist, verify_tree
+from lead.decode.verify import Verdict, row_dist, verify
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
 from shared.constraint import Constraint
 from shared.logprobs import TokenLogprob, sampled_logprob, token_logprob
-from shared.model import Forking, Model, Part, Slotted, can_fork
+from shared.model import Model, Part, Slotted
 from shared.modelthread import ModelThread
 from shared.protocol import SamplingParams
 
@@ -33,10 +33,6 @@ log = logging.getLogger("lead")
 Clock = Callable[[], float]
 CALIBRATE_MAX_BATCH = 17  # every size up to this one is priced
 LONG_SIZES = (24, 32, 48, 65)  # past it, these (lead's own drafts run up to 64 tokens)
-# Trees are priced only where a token more costs under 5 % of a batch: a branch adds at
-# most ~(1 - alpha) * cover * 3 tokens, about a tenth of a step's, and costs its tokens
-# (a CPU core: 9 %; a GPU-like target: 1-2 %).
-TREE_MARGINAL = 0.05
 NO_DRAFT = Draft("", [], None)  # a verify job's draft where it has none: its last token alone
 
 
@@ -78,24 +74,17 @@ class Decoder:
         self.model, self.cost, self.thread, self.clock = model, cost, thread, clock
         self.slotted = cast(Slotted, model)
         self.prompts = PromptCache(cache_bytes)
-        # branch sequences each slot holds for trees (0: it verifies chains only)
-        self.tree_slots = cast(Forking, model).n_branches if can_fork(model) else 0
 
     def calibrate(self, passes: int, longest: int) -> None:
         """Price verify batches of every size a chain may take (the fastest of `passes`),
-        some past them for trees where a token more is nearly free, and a few up to
-        `longest`+1 for lead's own drafts (sizes between are interpolated), so lead need
-        not explore batch sizes on live replies. On the model thread, before serving."""
-        chain, tree = calibrated_sizes(self.cost.max_draft, bool(self.cost.tree_width))
+        and a few up to `longest`+1 for lead's own drafts (sizes between are interpolated),
+        so lead need not explore batch sizes on live replies. On the model thread, before
+        serving."""
+        chain = calibrated_sizes(self.cost.max_draft)
         long = [b for b in LONG_SIZES if chain[-1] < b <= min(longest + 1, self.model.n_ctx)]
         log.info("pricing verify batches of 1-%d tokens", (long or chain)[-1])
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
-        best = self._price(chain, passes)
-        if tree and _marginal(best) < TREE_MARGINAL:
-            log.info("a token more costs %.0f %% of a batch: pricing trees of up to %d tokens",
-                     100 * _marginal(best), tree[-1])
-            best |= self._price(tree, passes)
-        self.cost.prices.calibrate(best | self._price(long, passes))
+        self.cost.prices.calibrate(self._price(chain, passes) | self._price(long, passes))
         log.info("%s", self.cost.describe())
 
     def _price(self, sizes: list[int], passes: int) -> dict[int, float]:
@@ -169,40 +158,22 @@ class Decoder:
         if not job.verifies:
             return Part(job.slot, job.prompt, 0)
         draft = job.draft or NO_DRAFT
-        # padding's rows are not read, and _settle drops its cells
+        # padding's rows are not read, and the cells past the accepted tokens are dropped
         pad = max(size - 1 - draft.n_tokens, 0)
         main = (job.tokens[-1], *draft.token_ids, *[job.tokens[-1]] * pad)
-        branches = tuple((b.at, tuple(b.token_ids)) for b in draft.branches)
-        return Part(job.slot, main, len(main), branches)
+        return Part(job.slot, main, len(main))
 
-    def _verify(self, job: Job, got: tuple[np.ndarray, list[np.ndarray]], seconds: float
-                ) -> StepResult:
+    def _verify(self, job: Job, rows: np.ndarray, seconds: float) -> StepResult:
         draft = job.draft or NO_DRAFT
-        rows, branch_rows = got
         t0 = self.clock()
-        verdict = verify_tree(draft.token_ids, rows[:len(draft.token_ids) + 1],
-                              list(zip(draft.branches, branch_rows, strict=True)), job.params,
-                              job.rng, draft.dists, job.tokens, job.n_prompt, job.constraint,
-                              job.mu)
+        verdict = verify(draft.token_ids, rows[:len(draft.token_ids) + 1], job.params, job.rng,
+                         draft.dists, job.tokens, job.n_prompt, job.constraint, job.mu)
         verify_s = self.clock() - t0
-        self._settle(self.slotted.slot(job.slot), len(job.tokens) + len(verdict.accepted),
-                     verdict.branch, len(draft.branches))
+        # the cache keeps the verified tokens: those accepted (the emitted one is fed next)
+        self.slotted.slot(job.slot).truncate(len(job.tokens) + len(verdict.accepted))
         logprobs = None if job.top_logprobs is None else _logprobs(verdict, job)
-        taken = None if verdict.branch is None else draft.branches[verdict.branch]
-        root_at = None if taken is None else taken.at
-        path = len(draft.token_ids) if taken is None else taken.at + len(taken.token_ids)
-        return StepResult(verdict, 1 + draft.n_tokens, seconds, draft.back_id, logprobs, path,
-                          _covered(draft, verdict, root_at), len(draft.branches), root_at, verify_s)
-
-    @staticmethod
-    def _settle(view: Forking, n_keep: int, taken: int | None, n_branches: int) -> None:
-        """Keep the path verified: the branch taken (if one was) as the main sequence, up
-        to `n_keep` tokens; every branch slot used is emptied."""
-        if taken is not None:
-            view.adopt(taken)
-        view.truncate(n_keep)
-        for branch in range(n_branches):
-            view.fork(branch, 0)
+        return StepResult(verdict, 1 + draft.n_tokens, seconds, draft.back_id, logprobs,
+                          verify_s)
 
 
 def _logprobs(verdict: Verdict, job: Job) -> list[TokenLogprob]:
@@ -221,28 +192,6 @@ def _logprobs(verdict: Verdict, job: Job) -> list[TokenLogprob]:
     return out
 
 
-def _covered(draft: Draft, verdict: Verdict, root_at: int | None) -> bool | None:
-    """Whether the token emitted in place of a rejected draft token was the root of a branch
-    offered there; None where no draft token was rejected or none was offered there."""
-    at = len(verdict.accepted) if root_at is None else root_at
-    roots = {root for where, root in draft.roots if where == at}
-    if at >= len(draft.token_ids) or not roots:
-        return None
-    return verdict.emitted[at] in roots
-
-
-def calibrated_sizes(max_draft: int, trees: bool) -> tuple[list[int], list[int]]:
-    """Batch sizes to price: every one a chain may take; and, for trees, those past them
-    up to a draft's worth more."""
-    chain = min(max_draft + 1, CALIBRATE_MAX_BATCH)
-    top = min(chain + max_draft, CALIBRATE_MAX_BATCH) if trees else chain
-    return list(range(1, chain + 1)), list(range(chain + 1, top + 1))
-
-
-def _marginal(seconds: dict[int, float]) -> float:
-    """What a token more adds to the largest priced batch, over that batch's price, on
-    average over the sizes priced (one step is noise: CPU kernels make some sizes cheap)."""
-    top = max(seconds)
-    if top < 2:
-        return 1.0
-    return (seconds[top] - seconds[1]) / (top - 1) / seconds[top]
+def calibrated_sizes(max_draft: int) -> list[int]:
+    """Batch sizes to price: every one a chain may take."""
+    return list(range(1, min(max_draft + 1, CALIBRATE_MAX_BATCH) + 1))

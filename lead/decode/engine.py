@@ -9,9 +9,9 @@ being evaluated, so that a long prompt never stalls the others. Sessions join an
 between steps. One step is `_step`: plan, one evaluation, each verdict applied in its Run
 (lead/decode/runs.py: tokens, stop strings, finish, counts, emissions). The loop joins
 Admission (the places and the queue), Decoder (seating, and the step's evaluation and
-verifying, on the model thread), OfferLedger (what offers were worth, fed to the cost model)
-and BackFeed (what backs see and post). All session state lives on the event loop; model
-work runs on one dedicated thread.
+verifying, on the model thread), the scoreboard (what every drafter's offers were worth,
+settled once a step: lead/policy/scoreboard.py) and BackFeed (what backs see and post).
+All session state lives on the event loop; model work runs on one dedicated thread.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ from lead.decode.session import Emission, GenRequest, Session, StepResult
 from lead.decode.slotwork import SlotWork, T
 from lead.drafts.board import Candidate, Draft
 from lead.drafts.feed import BackFeed
-from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
 from shared.model import Model, slots_of
@@ -60,10 +59,9 @@ READER_TURNS = 2
 class Engine:
     def __init__(self, model: Model, max_draft: int = 8, draft_len: int | None = None,
                  max_queue: int = 8, batch: int = 512, clock: Clock = time.perf_counter,
-                 tree: int = 0, grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
+                 grammar_s: float = 1.0, ngram: int = 0, parallel: int = 1,
                  cache_bytes: int = 0, memory: int = 0) -> None:
-        """`clock` times steps for the cost model (tests give fakes a virtual one); `tree`:
-        most branches verified beside a draft (the model's branch slots bound it);
+        """`clock` times steps for the cost model (tests give fakes a virtual one);
         `parallel`: generations at once (the model's slots bound it); `cache_bytes`: host
         memory for prompts' cells pushed out of their slots; `memory`: tokens of finished
         sessions lead's own drafts copy from."""
@@ -79,7 +77,6 @@ class Engine:
         self.decoder = Decoder(model, self.cost, self.model_thread, clock, cache_bytes)
         self.slot_work = SlotWork(self.model_thread)  # saves, restores, erases of a slot
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
-        self.cost.tree_width = min(tree, self.decoder.tree_slots)
         self.planner = Planner(self.cost, model.n_ctx)
         self.live = LiveNews()  # what the web page's live panel is woken by
         self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
@@ -132,7 +129,7 @@ class Engine:
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
                           params=req.params, rng=make_rng(req.params.seed),
                           constraint=req.constraint, t_start=self.clock())
-        run = Run(req, session, OfferLedger(self.cost.record_outcome, max(self.max_draft, 1)))
+        run = Run(req, session)
         self.runs.append(run)
         self.session = session
         self.feed.start(session)
@@ -194,7 +191,7 @@ class Engine:
                 continue
             self._score(run, job, result, offered.get(run.session.id))
             run.apply(result, self.model, self.grammar_s)
-            run.offers.settle(run.session.tokens)
+            self.cost.scores.settle(run.session.id, run.session.tokens)
             if run.session.finish_reason is not None:
                 self._end(run)
         self.feed.log_hush()
@@ -250,15 +247,18 @@ class Engine:
                    mu=s.mu)
 
     def _offered(self, session: Session) -> Draft | None:
-        """The draft on the session's board expected to yield the most, lead's own among
-        them."""
+        """The draft on the session's board expected to yield the most, lead's own kinds'
+        among them; what every drafter offers is watched on the scoreboard."""
         board = self.feed.board_of(session.id)
         if board is None:
             return None
         tokens = session.tokens
-        own = self.own.propose(session.id, tokens) if self.own is not None else None
-        if own is not None:
-            board.post(tokens, Candidate(OWN, len(tokens), own.token_ids, odds=own.odds))
+        proposals = self.own.propose(session.id, tokens) if self.own is not None else {}
+        for kind, p in proposals.items():
+            board.post(tokens, Candidate(OWN, len(tokens), p.token_ids, known=p.known,
+                                         scale=p.scale, kind=kind))
+        self.cost.scores.offered(session.id, tokens, session.n_generated == 0,
+                                 board.offers(tokens))
         return board.best(tokens, self.max_draft)
 
     def _still_running(self, jobs: Sequence[Job], step: Step
@@ -278,17 +278,11 @@ class Engine:
                               priced=n_jobs == 1 and bool(verified))
 
     def _score(self, run: Run, job: Job, result: StepResult, offered: Draft | None) -> None:
-        """What one session's verify step tells of drafts: metrics, the branch cover, the
-        offer watched (settled once the verdict is applied)."""
+        """What one session's verify step tells of drafts: metrics (the offers are settled
+        on the scoreboard once the verdict is applied)."""
         self.metrics.record_step(run.after_rejection, bool(offered and offered.token_ids),
-                                 bool(job.draft and offered and offered.branch), result.tree,
-                                 result.verdict.branch is not None)
+                                 bool(job.draft and offered and offered.branch))
         run.after_rejection = result.rejected
-        if result.covered is not None:  # was a rejection's correction a branch's root
-            self.cost.cover.record(result.covered, not result.covered)
-        if offered is not None and offered.back_id != OWN:  # verified or not, a back's
-            # offer shows what backs' drafts are worth (lead's own are priced apart)
-            run.offers.offered(job.tokens, offered.token_ids, run.session.n_generated == 0)
         if log.isEnabledFor(logging.DEBUG):
             self._trace(run.session, offered, result)
 
@@ -298,7 +292,7 @@ class Engine:
         if run in self.runs:
             self.runs.remove(run)
         session = run.session
-        run.offers.settle(session.tokens, final=True)
+        self.cost.scores.settle(session.id, session.tokens, final=True)
         if session.finish_reason is None:
             session.finish_reason = "cancelled"
         now = self.clock()
@@ -318,7 +312,7 @@ class Engine:
         log.debug("%s step %d: offered %d, verified %d, accepted %d in %.0f ms; alpha %.2f, "
                   "slowdown %.2f, wanted %d%s", session.id, session.steps + 1,
                   len(offered.token_ids) if offered else 0, result.batch - 1,
-                  len(result.verdict.accepted), result.seconds * 1000, cost.acceptance.alpha,
+                  len(result.verdict.accepted), result.seconds * 1000, cost.alpha,
                   cost.prices.slowdown, cost.draft_len(), " (probe)" if cost.probes.probing else "")
 
     def slot_views(self) -> list[dict[str, object]]:

@@ -85,8 +85,8 @@ def _ratio(a: float, b: float) -> float | None:
 
 def _draft_view(cost: CostModel) -> dict[str, Any]:
     return {"length": cost.verify_len(), "asked": cost.draft_len(), "max": cost.max_draft,
-            "fixed": cost.fixed is not None, "acceptance": round(cost.acceptance.alpha, 4),
-            "acceptance_measured": cost.acceptance.measured, "hush": cost.hush,
+            "fixed": cost.fixed is not None, "acceptance": round(cost.alpha, 4),
+            "acceptance_measured": cost.scores.leader.measured, "hush": cost.hush,
             "probing": cost.probes.probing > 0, "slowdown": round(cost.prices.slowdown, 3)}
 
 

@@ -28,9 +28,6 @@ class Metrics:
     steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
     ready_after_rejection: int = 0  # of those, the ones that found a draft on the board
     branch_drafts: int = 0  # verify steps whose draft came from a branch
-    tree_steps: int = 0  # verify steps with branches beside the draft
-    tree_branches: int = 0  # branches verified in them
-    tree_taken: int = 0  # tree steps that went on along a branch
     clients_cut: int = 0  # connections cut off: their client read nothing for --write-timeout
 
     def count_cut(self) -> None:
@@ -47,17 +44,12 @@ class Metrics:
         self.steps += s.steps
         self.decode_seconds += max(now - s.t_decode, 0.0) if s.t_decode else 0.0
 
-    def record_step(self, after_rejection: bool, ready: bool, from_branch: bool,
-                    branches: int, taken: bool) -> None:
+    def record_step(self, after_rejection: bool, ready: bool, from_branch: bool) -> None:
         """Count a verify step: whether the step before it in the reply rejected a draft
-        token, whether a draft was ready for it, whether the one it verifies is a branch;
-        the branches beside its draft, and whether it took one."""
+        token, whether a draft was ready for it, whether the one it verifies is a branch."""
         self.steps_after_rejection += after_rejection
         self.ready_after_rejection += after_rejection and ready
         self.branch_drafts += from_branch
-        self.tree_steps += branches > 0
-        self.tree_branches += branches
-        self.tree_taken += taken
 
     @staticmethod
     def session_line(s: Session, now: float) -> str:

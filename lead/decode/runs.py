@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.textstream import TextStream
 from lead.drafts.board import DraftBoard
-from lead.drafts.offers import OfferLedger
 from lead.drafts.own import OWN
 from shared.model import Model
 
@@ -25,7 +24,6 @@ log = logging.getLogger("lead")
 class Run:
     req: GenRequest
     session: Session
-    offers: OfferLedger
     text: TextStream = field(init=False)
     slot: int | None = None  # None: waiting for one
     todo: list[int] = field(default_factory=list)  # prompt tokens its slot still lacks
@@ -129,7 +127,7 @@ def _count(s: Session, result: StepResult, n_emitted: int) -> None:
     drafted = result.batch - 1
     accepted = sum(result.from_draft(i) for i in range(n_emitted))
     s.drafted += drafted
-    s.rejections += result.rejections
+    s.rejections += int(result.rejected)
     s.accepted += accepted
     if drafted:
         s.accepted_by_back[result.back_id] = s.accepted_by_back.get(result.back_id, 0) + accepted

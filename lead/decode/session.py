@@ -105,24 +105,13 @@ class StepResult:
     seconds: float
     back_id: str
     logprobs: list[TokenLogprob] | None = None  # of verdict.emitted, if the request asks
-    path: int = -1  # draft tokens on the verified path (the draft's or a branch's); -1: batch - 1
-    covered: bool | None = None  # a rejection's correction was a branch's root (None: no try)
-    tree: int = 0  # branches verified beside the draft
-    root_at: int | None = None  # where the branch taken has its root among the emitted
     verify_s: float = 0.0  # seconds verifying took: penalties, sampling and the grammar
 
     @property
     def rejected(self) -> bool:
-        """Whether the step ended rejecting a draft token (on its path)."""
-        drafted = self.batch - 1 if self.path < 0 else self.path
-        return len(self.verdict.accepted) < drafted
+        """Whether the step ended rejecting a draft token."""
+        return len(self.verdict.accepted) < self.batch - 1
 
     def from_draft(self, i: int) -> bool:
-        """Whether emitted token i was a draft's guess lead accepted. A branch's root is
-        not: lead drew it where it rejected the draft's guess."""
-        return i < len(self.verdict.accepted) and i != self.root_at
-
-    @property
-    def rejections(self) -> int:
-        """Draft guesses rejected: on the path, and the draft's where a branch was taken."""
-        return int(self.rejected) + (self.root_at is not None)
+        """Whether emitted token i was a draft's guess lead accepted."""
+        return i < len(self.verdict.accepted)

@@ -11,13 +11,6 @@ extended by draft[:i]; so there is one row per draft token plus one (bonus).
   accept draft[i] with probability min(1, p_i(x)/q_i(x)); on rejection draw from
   norm(max(0, p_i - q_i)) and stop; if all pass, draw the bonus from p_k.
 
-A tree (`verify_tree`) is the draft and branches beside it: a branch at i holds a root
-token in place of draft[i] and its continuation. Where the draft is rejected at i and the
-token emitted there is a branch's root, verification goes on along that branch, with its
-rows from the same batch: exactly what the next step would do with that branch as its
-draft. The root is never accepted as a guess (it was chosen, not sampled): it is only
-ever followed once lead has drawn it itself.
-
 Penalties, logit bias and DRY (shared/penalties.py) adjust each row first, with the
 history that row follows: the context and draft[:i]. What decoding alone carries from
 token to token goes along the draft the same way (_Walk): mirostat's mu after draft[:i],
@@ -35,7 +28,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.branch import Branch
 from shared.constraint import Constraint, best, masked
 from shared.penalties import adjust_rows
 from shared.protocol import SamplingParams
@@ -58,7 +50,6 @@ class Verdict:
     rows: np.ndarray | None = field(default=None, compare=False, repr=False)
     # the grammar's state after the emitted tokens (None: no grammar)
     constraint: Constraint | None = field(default=None, compare=False, repr=False)
-    branch: int | None = None  # the tree's branch the verdict followed (None: the draft)
     mu: float | None = None  # mirostat's state after the emitted tokens (None: off)
     # the distribution each emitted token was drawn from, where one was (greedy: none)
     dists: list[Dist] = field(default_factory=list, compare=False, repr=False)
@@ -87,32 +78,6 @@ def verify(draft_token_ids: Sequence[int], target_logits: np.ndarray, params: Sa
     walk.take(verdict.next_token)
     return Verdict(verdict.accepted, verdict.next_token, rows, walk.state, mu=walk.mu,
                    dists=walk.dists)
-
-
-def verify_tree(draft_token_ids: Sequence[int], target_logits: np.ndarray,
-                branches: Sequence[tuple[Branch, np.ndarray]], params: SamplingParams,
-                rng: np.random.Generator, draft_dists: Sequence[Dist] | None = None,
-                context: Sequence[int] = (), n_prompt: int = 0,
-                constraint: Constraint | None = None, mu: float | None = None) -> Verdict:
-    """verify() over the draft, then, where the token emitted in place of a rejected draft
-    token is a branch's root there, over that branch; `accepted` is then the draft's
-    accepted prefix, the root and the branch's accepted tokens. Each branch comes with its
-    rows: rows[i] the target's logits after its token_ids[:i + 1]."""
-    verdict = verify(draft_token_ids, target_logits, params, rng, draft_dists, context,
-                     n_prompt, constraint, mu)
-    at, root = len(verdict.accepted), verdict.next_token
-    taken = next((j for j, (b, _) in enumerate(branches) if at < len(draft_token_ids)
-                  and b.at == at and b.token_ids[0] == root), None)
-    if taken is None:
-        return verdict
-    b, rows = branches[taken]
-    tail = verify(b.token_ids[1:], rows, params, rng, b.dists[1:] if b.dists else None,
-                  [*context, *verdict.accepted, root], n_prompt, verdict.constraint,
-                  verdict.mu)
-    assert verdict.rows is not None and tail.rows is not None
-    return Verdict([*verdict.accepted, root, *tail.accepted], tail.next_token,
-                   np.concatenate([verdict.rows[:at + 1], tail.rows]), tail.constraint, taken,
-                   tail.mu, [*verdict.dists, *tail.dists])
 
 
 class _Walk:

@@ -12,8 +12,9 @@ emitted its root itself, and its useful tail starts after the root.
 
 A back chooses its own id, so the board keys a back by its id and address, holds at most
 BACKS_PER_ADDRESS backs per address, and ranks them by their own measured acceptance
-(lead/drafts/rank.py), not by how far they reach: made-up ids cannot fill it, nor long junk
-win it.
+(the scoreboard: lead/policy/scoreboard.py), not by how far they reach: made-up ids cannot
+fill it, nor long junk win it. Lead's own kinds post on it too, each under its name, and
+compete with backs the same way.
 """
 
 from __future__ import annotations
@@ -23,10 +24,15 @@ from dataclasses import dataclass, field, replace
 
 from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
-from lead.drafts.rank import BackScores
 from lead.policy.acceptance import MAX_ALPHA, expected_yield
+from lead.policy.scoreboard import Offer, Scale, Scoreboard
 from shared.branch import Branch
 from shared.sampling import Dist
+
+# A back's draft model's q of each token, in bands (their lower ends), each starting from
+# the back's own acceptance: where q says nothing (or a back sends noise) every band stays
+# near it.
+Q = Scale("q", tuple((low, None) for low in (0.0, 0.3, 0.5, 0.7, 0.85, 0.95, 0.99)), 0.99)
 
 
 def poster(back_id: str, address: str) -> str:
@@ -43,12 +49,15 @@ class Candidate:
     dists: tuple[Dist, ...] | None = None
     root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
     address: str = ""  # where it was posted from ("": by lead's own code)
-    odds: tuple[float, ...] | None = None  # per token, that lead accepts it (lead's own drafts)
-    probs: tuple[float, ...] | None = None  # per token, the draft model's probability (a back's)
+    odds: tuple[float, ...] | None = None  # per token, that lead accepts it (as learned)
+    known: tuple[float, ...] | None = None  # per token, what its drafter knows of it
+    scale: Scale = Q  # on which `known` is read (a back's: its draft model's q)
+    kind: str = ""  # which of lead's own kinds posted it ("": a back)
 
     @property
     def poster(self) -> str:
-        return poster(self.back_id, self.address)
+        """The drafter as the board and the scoreboard know it."""
+        return f"{self.back_id}:{self.kind}" if self.kind else poster(self.back_id, self.address)
 
     @property
     def end(self) -> int:
@@ -62,22 +71,19 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Draft:
-    """The useful tail of a candidate: what the next verify step can check; with the
-    branches of its post that fork off it (`at` counted from its first token), which a
-    step may verify beside it (a tree)."""
+    """The useful tail of a candidate: what the next verify step can check."""
 
     back_id: str
     token_ids: list[int]
     dists: list[Dist] | None
     branch: bool = False  # it came from a branch: lead emitted the branch's root
-    branches: tuple[Branch, ...] = ()
-    roots: tuple[tuple[int, int], ...] = ()  # (at, root) of every branch offered with it
     odds: list[float] | None = None  # per token, that lead accepts it given the ones before
+    drafter: str = ""  # its drafter as the scoreboard knows it (Candidate.poster)
 
     @property
     def n_tokens(self) -> int:
-        """Draft tokens to evaluate: its own and its branches'."""
-        return len(self.token_ids) + sum(len(b.token_ids) for b in self.branches)
+        """Draft tokens to evaluate."""
+        return len(self.token_ids)
 
 
 def post_candidates(back_id: str, start: int, main: Sequence[int],
@@ -86,7 +92,7 @@ def post_candidates(back_id: str, start: int, main: Sequence[int],
                     ) -> list[Candidate]:
     """The candidates of one post: its main chain, then each branch over its positions."""
     out = [Candidate(back_id, start, tuple(main), tuple(main_dists) if main_dists else None,
-                     address=address, probs=tuple(probs) if probs else None)]
+                     address=address, known=tuple(probs) if probs else None)]
     for b in branches:
         dists = (*main_dists[:b.at], *b.dists) if main_dists and b.dists else None
         out.append(Candidate(back_id, start, (*main[:b.at], *b.token_ids), dists, root=b.at,
@@ -109,32 +115,19 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     ids = list(candidate.token_ids[skip:skip + limit])
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
     odds = list(candidate.odds[skip:skip + len(ids)]) if candidate.odds else None
-    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds)
-
-
-def forks(tokens: Sequence[int], main: Candidate, kept: Sequence[Candidate], limit: int
-          ) -> tuple[Branch, ...]:
-    """The branches among `kept` that fork off main's useful tail within its first `limit`
-    tokens, `at` counted from that tail's first token."""
-    n, out = len(tokens), []
-    for c in kept:
-        at = c.start + (c.root or 0) - n
-        if c.root is None or c.start != main.start or not 0 <= at < limit \
-                or c.token_ids[:c.root] != main.token_ids[:c.root]:
-            continue
-        out.append(Branch(at, c.token_ids[c.root:], c.dists[c.root:] if c.dists else None))
-    return tuple(out)
+    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds,
+                 drafter=candidate.poster)
 
 
 @dataclass
 class DraftBoard:
     """Candidates of the current session, a main chain and its branches per back (keyed by
-    `Candidate.poster`); counts the posts it drops; each back's acceptance (`scores`)."""
+    `Candidate.poster`); counts the posts it drops; ranks by the scoreboard (`scores`)."""
 
     max_backs: int = 16
     candidates: dict[str, list[Candidate]] = field(default_factory=dict)
     stale: int = 0
-    scores: BackScores = field(default_factory=BackScores)
+    scores: Scoreboard = field(default_factory=Scoreboard)
 
     def post(self, tokens: Sequence[int], candidate: Candidate,
              branches: Sequence[Candidate] = ()) -> bool:
@@ -160,47 +153,44 @@ class DraftBoard:
 
     def best(self, tokens: Sequence[int], limit: int) -> Draft | None:
         """The useful tail of the candidate expected to yield the most accepted tokens at
-        its back's own acceptance (ties: the one reaching furthest, then a main chain);
-        candidates that can no longer be verified are dropped. What each back offers is
-        scored against the tokens lead holds at the next call."""
-        self.scores.settle(tokens)
-        self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
-        ready = [self._with_odds(c) for kept in self.candidates.values() for c in kept
-                 if len(tokens) >= c.opens]
-        self._watch(len(tokens), ready)
+        its drafter's record (ties: the one reaching furthest, then a main chain);
+        candidates that can no longer be verified are dropped."""
+        ready = self._ready(tokens)
         if limit <= 0 or not ready:
             return None
         chosen = max(ready, key=lambda c: self._rank(len(tokens), c, limit))
-        own_limit = len(chosen.token_ids) if chosen.poster == OWN else limit  # lead's: its own
-        draft = useful_tail(tokens, chosen, own_limit)
-        if chosen.root is not None:
-            return draft
-        branches = forks(tokens, chosen, self.candidates[chosen.poster], len(draft.token_ids))
-        return replace(draft, branches=branches)
+        own_limit = len(chosen.token_ids) if chosen.back_id == OWN else limit  # lead's: its own
+        return useful_tail(tokens, chosen, own_limit)
 
-    def _watch(self, n: int, ready: Sequence[Candidate]) -> None:
-        """Per back, the useful tail of its ready candidate reaching furthest: what it offers."""
+    def offers(self, tokens: Sequence[int]) -> dict[str, Offer]:
+        """Per drafter, the useful tail of its ready candidate reaching furthest: what it
+        offers at the step that extends `tokens` (the scoreboard watches it)."""
+        n, ready = len(tokens), self._ready(tokens)
         furthest = {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}
-        self.scores.watch(n, {key: (c.token_ids[n - c.start:], c.probs[n - c.start:]
-                                    if c.probs else None) for key, c in furthest.items()})
+        return {key: Offer(c.token_ids[n - c.start:],
+                           c.known[n - c.start:] if c.known else None, c.scale,
+                           back=c.back_id != OWN) for key, c in furthest.items()}
+
+    def _ready(self, tokens: Sequence[int]) -> list[Candidate]:
+        self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
+        return [self._with_odds(c) for kept in self.candidates.values() for c in kept
+                if len(tokens) >= c.opens]
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
-        """Backs' drafts, `limit` tokens at most, at the odds learned from their draft
-        model's probabilities, else at their back's acceptance; lead's own at the odds it
-        gives each of its tokens."""
+        """Drafts, `limit` tokens at most (lead's own: as long as they run), at the odds
+        learned per band of what their drafter knows of each token, else at its acceptance."""
         if c.odds is not None:
-            yielded = expected_yield(c.odds[n - c.start:][:None if c.poster == OWN else limit])
+            yielded = expected_yield(c.odds[n - c.start:][:None if c.back_id == OWN else limit])
         else:
             alpha = min(self.scores.alpha(c.poster), MAX_ALPHA)
             yielded = expected_yield([alpha] * min(c.end - n, limit))
         return yielded, c.end, c.root is None
 
     def _with_odds(self, c: Candidate) -> Candidate:
-        """`c` with odds per token: a back's from its draft model's probabilities (as
-        lead has learned them so far), lead's own as they came."""
-        if c.odds is not None or c.probs is None:
+        """`c` with odds per token, learned per band of what its drafter knows of each."""
+        if c.odds is not None or c.known is None:
             return c
-        return replace(c, odds=self.scores.odds(c.poster, c.probs))
+        return replace(c, odds=self.scores.known_odds(c.poster, c.known, c.scale))
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]
@@ -208,6 +198,5 @@ class DraftBoard:
         self.candidates = {back: kept for back, kept in live.items() if kept}
 
     def clear(self) -> None:
-        """A reply ended: what was offered at its last step is compared with nothing."""
+        """A reply ended: its candidates go."""
         self.candidates.clear()
-        self.scores.watched = None

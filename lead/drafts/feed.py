@@ -22,7 +22,6 @@ from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.drafts.board import DraftBoard, post_candidates
 from lead.drafts.limits import PollSlots, RateLimiter
-from lead.drafts.rank import BackScores
 from lead.drafts.registry import BackRegistry
 from lead.policy.cost import CostModel
 from shared.bounded import Lru, ewma
@@ -74,7 +73,6 @@ class BackFeed:
         ARRIVALS_PER_S times a second (a back the panel misses shows at its next
         heartbeat); `clock`: when backs are seen (tests give a fake one)."""
         self.cost, self.metrics, self.on_arrival, self.clock = cost, metrics, on_arrival, clock
-        self.scores = BackScores()  # each back's acceptance, learned over every session
         self.backs = BackRegistry()
         self.polls = PollSlots()
         self._arrivals = RateLimiter(ARRIVALS_PER_S)
@@ -94,7 +92,7 @@ class BackFeed:
 
     # --- sessions ---
     def start(self, session: Session) -> None:
-        board = DraftBoard(scores=BackScores(scores=self.scores.scores, bands=self.scores.bands))
+        board = DraftBoard(scores=self.cost.scores)  # every drafter's record, over every session
         self.followed[session.id] = FeedEntry(session, board, self.version)
         self.notify([session.id])
 

@@ -1,13 +1,13 @@
 """Lead's own drafts (docs/cost-model.md, "Lead's own drafts"): model-free drafters of kinds
 by name, each copying what followed a match of the sequence's end from somewhere of its own
 (`ngram`: the session's prompt and reply, shared/ngram.py; `memory`: finished sessions,
-lead/drafts/memory.py), with the odds that lead accepts each token, put on the board beside
-backs' drafts so that the cost model verifies as far as pays. The odds come from the match
-a draft was copied after, its i-th token's from one i tokens longer (a copy after 40 tokens
-of echoed code is nearly always right, one after 3 tokens of prose seldom), learned per
-band from every proposal, verified or not, so that a band that does not pay is still
-measured. Of the kinds' proposals, the one expected to yield most is offered. A new kind is
-a `Copier` with its `lookup` (and `start`, `end`), and its name in KINDS.
+lead/drafts/memory.py). Each kind's proposal goes on the board beside backs' drafts, under
+the kind's name, and competes with them as a back does: the scoreboard learns each kind's
+odds per band of the match a draft was copied after, its i-th token's from one i tokens
+longer (a copy after 40 tokens of echoed code is nearly always right, one after 3 tokens of
+prose seldom), from every proposal, verified or not, so that a band that does not pay is
+still measured; the cost model verifies as far as pays. A new kind is a `Copier` with its
+`lookup` (and `start`, `end`), and its name in KINDS.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from lead.drafts.copier import Copier, Proposal
 from lead.drafts.edits import Follow
 from lead.drafts.memory import Recalled
-from lead.policy.acceptance import Bands, expected_yield
+from lead.policy.scoreboard import Scale
 from shared.ngram import Match, NgramIndex
 
 OWN = "lead"  # the board's name for lead's own drafts
@@ -30,7 +30,7 @@ class SessionCopies(Copier):
         super().__init__()
         self.indexes: dict[str, NgramIndex] = {}  # per session
 
-    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> tuple[Match | None, Bands]:
+    def copy(self, session_id: str, tokens: Sequence[int], most: int) -> tuple[Match | None, Scale]:
         self.indexes.setdefault(session_id, NgramIndex()).sync(tokens)
         return super().copy(session_id, tokens, most)
 
@@ -61,11 +61,10 @@ class OwnDrafts:
         self.kinds = {name: make(memory) for name, make in KINDS.items()
                       if name != "memory" or memory > 0}
 
-    def propose(self, session_id: str, tokens: Sequence[int]) -> Proposal | None:
-        """The proposal past `tokens` expected to yield most; None where no kind has one."""
-        proposals = [p for kind in self.kinds.values()
-                     if (p := kind.draft(session_id, tokens, self.longest)) is not None]
-        return max(proposals, key=lambda p: expected_yield(p.odds), default=None)
+    def propose(self, session_id: str, tokens: Sequence[int]) -> dict[str, Proposal]:
+        """Each kind's proposal past `tokens`, by the kind's name (where it has one)."""
+        return {name: p for name, kind in self.kinds.items()
+                if (p := kind.draft(session_id, tokens, self.longest)) is not None}
 
     def forget(self, session_id: str, tokens: Sequence[int] = ()) -> None:
         """The session ended with `tokens`."""

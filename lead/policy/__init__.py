@@ -1,1 +1,1 @@
-"""What pays: verify prices, acceptance, probes, draft lengths and trees (pure)."""
+"""What pays: verify prices, acceptance, probes and draft lengths (pure)."""

@@ -1,6 +1,8 @@
 """How often drafts are right, and what that yields: the one estimator every acceptance
 figure lead keeps is an instance of (`Rate`; `Bands` of them where the odds depend on what a
-drafter knows of a token), and the one expected-yield function every length decision uses.
+drafter knows of a token), the one comparison of a draft with what lead emitted (made on
+the scoreboard alone: lead/policy/scoreboard.py), and the one expected-yield function every
+length decision uses.
 
 Reasoning and measurements: docs/cost-model.md.
 """
@@ -98,57 +100,3 @@ class Bands:
 
     def __getitem__(self, x: float) -> Rate:
         return self.rates[self.band(x)]
-
-
-@dataclass
-class Acceptance:
-    """alpha: the probability that a draft token is right given its predecessors were,
-    from drafts compared with the tokens lead emitted (`rest`); alpha_first: the same for a
-    draft's guess of a reply's first token, estimated apart (`first`)."""
-
-    prior: tuple[float, float] = (1.6, 0.4)  # pseudo (matches, misses): alpha 0.8, weight 2
-    decay: float = 0.8  # per outcome: the last ~5 outcomes carry most of the weight
-    window: int = 3  # outcomes in the recent estimate
-    first_prior: tuple[float, float] = (1.0, 1.0)  # alpha_first 0.5, weight 2
-    rest: Rate = field(init=False)
-    first: Rate = field(init=False)
-
-    def __post_init__(self) -> None:
-        self.rest = Rate(self.prior, self.decay, self.window)
-        self.first = Rate(self.first_prior, self.decay)
-
-    @property
-    def alpha(self) -> float:
-        return self.rest.value
-
-    @property
-    def alpha_first(self) -> float:
-        return self.first.value
-
-    @property
-    def measured(self) -> bool:
-        return self.rest.right + self.rest.wrong > 0
-
-    def record(self, matches: int, missed: bool, first: bool = False) -> bool:
-        """A draft matched lead's next `matches` tokens, then `missed` (False: it or lead's
-        tokens ran out); `first`: from a reply's first token. True when the outcome moved
-        alpha (a miss at a reply's first token moves only alpha_first)."""
-        if first and (matches or missed):
-            self.first.record(matches > 0, matches == 0)
-            if matches == 0:
-                return False
-            matches -= 1  # past its first token, a draft is like any other
-        if matches == 0 and not missed:
-            return False  # nothing observed
-        self.rest.record(matches, int(missed))
-        return True
-
-    def odds(self, n: int, first: bool = False) -> list[float]:
-        """Odds of a draft of n tokens known only by this estimate: each right with alpha
-        given the ones before it (its first, at a reply's first step, with alpha_first)."""
-        a = min(self.alpha, MAX_ALPHA)
-        return [self.alpha_first if first else a, *[a] * (n - 1)][:n]
-
-    def expected_tokens(self, k: int, first: bool = False) -> float:
-        """Tokens a step verifying k draft tokens emits: its draft's yield and one more."""
-        return 1.0 + expected_yield(self.odds(k, first))

@@ -1,6 +1,7 @@
 """Cost-aware draft length: `CostModel` verifies the draft length k that maximises expected
 tokens per second, and asks backs for drafts only when that pays or a probe is open, over
-`Prices`, `Acceptance` (learned from drafts on offer: lead/drafts/offers.py) and
+`Prices`, the scoreboard (each drafter's acceptance, learned from drafts on offer:
+lead/policy/scoreboard.py; backs' drafts are priced by the best back's record) and
 `ProbeSchedule`. Formulas, defaults and the measurements behind them: docs/cost-model.md.
 """
 
@@ -10,10 +11,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lead.policy.acceptance import MAX_ALPHA, Acceptance, Rate, yield_curve
-from lead.policy.branchcost import branch_lengths
+from lead.policy.acceptance import yield_curve
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
+from lead.policy.scoreboard import Scoreboard
 from shared.protocol import Stop
 
 
@@ -27,18 +28,18 @@ class CostModel:
     margin: float = 1.1  # speculate only for an expected gain of 10 % or more
     hush_at: float = 1.1  # a back slowing lead this much, past what drafts could repay, is hushed
     prices: Prices = field(default_factory=Prices)
-    acceptance: Acceptance = field(default_factory=Acceptance)
     probes: ProbeSchedule = field(default_factory=ProbeSchedule)
-    # how often a rejection's correction was the root of a branch offered there
-    cover: Rate = field(default_factory=Rate)  # from 0.5, weight 2
-    tree_width: int = 0  # most branches a verify batch holds beside the draft (0: chains)
     longest: int = 0  # most tokens of lead's own drafts (0: it makes none)
+    scores: Scoreboard = field(init=False)  # every drafter's record: the one scoreboard
+
+    def __post_init__(self) -> None:
+        self.scores = Scoreboard(heard=self._heard)
 
     # --- measurements in ---
 
     def fix_prices(self, relative: list[float]) -> None:
         """Verify costs given, not measured (--verify-cost): `relative[i]` is a batch of
-        i + 2 tokens over one token's; priced up to a draft and its branches."""
+        i + 2 tokens over one token's; priced up to two drafts' worth."""
         self.prices.fix(relative, max(2 * self.max_draft, self.longest) + 1)
 
     def record_step(self, batch_size: int, seconds: float, busy: bool = False,
@@ -49,10 +50,9 @@ class CostModel:
             self.prices.record(batch_size, seconds, busy)
         self._schedule_probe()
 
-    def record_outcome(self, matches: int, missed: bool, first: bool = False) -> None:
-        """A draft compared with what lead emitted; `first`: at a reply's first step."""
-        counted = self.acceptance.record(matches, missed, first)
-        if counted and self.probes.probing and self.probes.outcome():
+    def _heard(self) -> None:
+        """A back's draft was compared with what lead emitted (on the scoreboard)."""
+        if self.probes.probing and self.probes.outcome():
             self.probes.end(self._after_probe())
 
     def _schedule_probe(self) -> None:
@@ -92,7 +92,7 @@ class CostModel:
             return 0
         # tokens per second verifying k draft tokens (k=0: plain decoding, back quiet); alpha
         # read once, as this runs at every step
-        expected = [1.0 + y for y in yield_curve(self.acceptance.odds(upper, first))]
+        expected = [1.0 + y for y in yield_curve(self.scores.leader.odds(upper, first))]
         seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
         rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
         best = max(range(1, upper + 1), key=rates.__getitem__)
@@ -139,20 +139,6 @@ class CostModel:
             scores.append(sum(math.log(e) for e in expected) / n - math.log(price))
         return picks, scores
 
-    def branches(self, k: int, offered: Sequence[tuple[int, int]], most: int,
-                 first: bool = False) -> list[int]:
-        """Per offered branch (at, tokens), the tokens to verify beside a draft of k
-        (lead/policy/branchcost.py; 0: none), in a batch of at most `most` tokens and
-        priced sizes."""
-        if self.fixed is not None or not self.tree_width or not k or not offered:
-            return [0] * len(offered)
-        alpha = min(self.acceptance.alpha, MAX_ALPHA)
-        lengths = branch_lengths(k, offered, alpha, self.cover.value,
-                                 self.acceptance.expected_tokens(k, first), self.prices.busy_s,
-                                 min(most, self.prices.largest))
-        kept = [j for j, n in enumerate(lengths) if n][:self.tree_width]
-        return [n if j in kept else 0 for j, n in enumerate(lengths)]
-
     def draft_len(self, first: bool = False) -> int:
         """Draft length to ask backs for: what pays, else 1 during a probe or, while
         speculation is on, before a reply's first step (to keep learning alpha_first),
@@ -192,7 +178,11 @@ class CostModel:
         return (f"{line}; not even perfect drafts would pay {self.margin:.1f}x here, so backs "
                 "will not be asked for drafts (--draft-len N forces a length)")
 
+    @property
+    def alpha(self) -> float:
+        """What the best back heard lately gets right, mid-reply."""
+        return self.scores.leader.alpha
+
     def snapshot(self) -> dict[str, float]:
         return {"slowdown": self.prices.slowdown, "hush": float(self.hush),
-                "alpha": self.acceptance.alpha, "alpha_first": self.acceptance.alpha_first,
-                "branch_cover": self.cover.value}
+                "alpha": self.alpha, "alpha_first": self.scores.leader.first.value}

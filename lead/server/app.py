@@ -82,7 +82,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
         model.name = card["id"]
     engine = Engine(model, max_draft=settings.max_draft, draft_len=settings.draft_len,
                     max_queue=settings.max_queue, batch=settings.batch_size, clock=clock,
-                    tree=settings.tree, grammar_s=settings.max_grammar_s,
+                    grammar_s=settings.max_grammar_s,
                     ngram=settings.ngram_max if settings.ngram else 0,
                     parallel=settings.parallel, cache_bytes=settings.cache_ram << 20,
                     memory=settings.ngram_memory)
@@ -152,8 +152,8 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
                   kv_types, settings.swa_full)
     model = load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
                        n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
-                       tensor_split=settings.tensor_split, branches=settings.tree,
-                       flash_attn=settings.flash_attn, slots=settings.parallel, more=more)
+                       tensor_split=settings.tensor_split, flash_attn=settings.flash_attn,
+                       slots=settings.parallel, more=more)
     try:
         # auto: on where the template has a switch, as llama-server passes enable_thinking
         model.use_chat_template(chat_template(settings), settings.jinja,

@@ -33,9 +33,6 @@ COUNTERS = (  # (Metrics field, exported name: duo_<name>_total, HELP)
     ("ready_after_rejection", "ready_after_rejection",
      "of those, the steps that found a draft ready"),
     ("branch_drafts", "branch_drafts", "steps whose draft came from a branch"),
-    ("tree_steps", "tree_steps", "steps verifying branches beside the draft"),
-    ("tree_branches", "tree_branches", "branches verified in those steps"),
-    ("tree_taken", "tree_branches_taken", "tree steps that went on along a branch"),
     ("clients_cut", "clients_cut_off",
      "connections cut off: their client read nothing for --write-timeout"),
 )
@@ -55,7 +52,6 @@ GAUGES = {
     "hush": "1 while backs are told not to draft (they slow lead more than drafts repay)",
     "alpha": "estimated chance a draft token is accepted, mid-reply",
     "alpha_first": "estimated chance the first draft token of a reply is accepted",
-    "branch_cover": "share of rejections a branch beside the draft covered",
 }
 SLOT_GAUGES = {
     "busy": "whether the slot holds a generation (1) or is idle (0)",

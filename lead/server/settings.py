@@ -124,11 +124,6 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
     draft_len: int | None = Field(None, ge=0, le=64,
                                   description="fixed draft length (default: cost-aware, measured)",
         json_schema_extra=cli(SPECULATION))
-    tree: int = Field(4, ge=0, le=8, description="most of a back's branches verified beside "
-                      "its draft in one batch (a tree); only those that pay at the measured "
-                      "prices are, so on a CPU, where a token more costs about a token, steps "
-                      "stay chains (0: chains only)",
-        json_schema_extra=cli(SPECULATION))
     verify_cost: str | None = Field(None, description="verify costs given instead of "
                                     "measured: a batch of 2, 3, ... tokens over one token, "
                                     "e.g. 1.1,1.2,1.3 (later sizes go on by the last step); "
