@@ -45,9 +45,9 @@ def build_worker(settings: BackSettings) -> Worker:
                  model.n_vocab, settings.slots)
     worker = Worker(client, drafters, fingerprint, n_vocab, settings.max_ahead,
                     settings.back_id, model)
-    worker.send_dists = settings.send_dists
-    worker.branches = settings.branches
-    worker.on_attach = Placer(settings.cpus, settings.threads, worker.model_thread,
+    worker.batcher.send_dists = settings.send_dists
+    worker.batcher.branches = settings.branches
+    worker.on_attach = Placer(settings.cpus, settings.threads, worker.batcher.model_thread,
                               model.set_threads if model is not None else None)
     return worker
 

@@ -10,7 +10,7 @@ import numpy as np
 from back.jobs import Drafted, DraftJob, ahead_for
 from back.mirror import LeadMirror
 from back.posts import PostBook
-from back.sessions import SessionStats
+from back.stats import SessionStats
 from back.width import StepClock
 from shared.protocol import DraftPost, State
 from shared.sampling import make_draft_rng

@@ -18,7 +18,7 @@ from back.branching import Sprout
 from back.drafter import Drafter, Grown
 from back.mirror import LeadMirror
 from back.posts import wire_dist
-from back.sessions import Work
+from back.stats import Work
 from shared.model import EvaluationAborted, common_prefix
 from shared.protocol import DraftDist, SamplingParams
 

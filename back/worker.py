@@ -2,7 +2,7 @@
 drafts in one model call, post, repeat.
 
 Only the event loop touches the pieces wired here (a `Link`, a `Follower` per session on
-a slot of the draft model of its own, the drafting in back/drafting.py); model-thread jobs
+a slot of the draft model of its own, the drafting in back/batcher.py); model-thread jobs
 get what they need as arguments and return what they did. A failure means "lead is gone
 for now" (logged once, retried with backoff) but for those back/failures.py names. How the
 loop works, and why: docs/back-loop.md.
@@ -20,14 +20,14 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from back.backoff import Backoff
+from back.batcher import DraftBatcher
 from back.client import LeadClient, LeadError
 from back.drafter import Drafter
-from back.drafting import Drafting
 from back.failures import BackFatal, ModelFailed, brief, fatal, outage
 from back.follower import Follower
-from back.links import NEWS_S, Link
+from back.leadlink import NEWS_S, Link
 from back.mirror import GRAMMARS_KEPT, LeadMirror
-from back.sessions import History
+from back.stats import History
 from shared.bounded import Lru
 from shared.model import reusing_slot
 from shared.placement import Placement
@@ -37,18 +37,18 @@ __all__ = ["BackFatal", "Worker"]
 log = logging.getLogger("back")
 
 
-class Worker(Drafting):
+class Worker:
     def __init__(self, client: LeadClient, drafter: Drafter | Sequence[Drafter],
                  fingerprint: str | None, n_vocab: int | None, max_ahead: int = 16,
                  back_id: str = "", model: Any = None) -> None:
-        """`drafter`: one per slot of `model` (Drafting); one alone follows one session."""
-        super().__init__([drafter] if not isinstance(drafter, Sequence) else list(drafter), model)
+        """`drafter`: one per slot of `model` (back/batcher.py); one alone follows one
+        session."""
         self.client = client
         self.fingerprint, self.n_vocab = fingerprint, n_vocab
         self.max_ahead = max_ahead
         self.back_id = back_id or f"{socket.gethostname()}-{os.getpid()}"
-        self.max_post = max_ahead  # (lead's limit, from the handshake)
-        self.eos_token_ids: frozenset[int] = frozenset()
+        drafters = [drafter] if not isinstance(drafter, Sequence) else list(drafter)
+        self.batcher = DraftBatcher(drafters, model, self.back_id, max_ahead)
         # lead's step as the last session measured it: a new session's first drafts (those
         # made while lead evaluates its prompt) grow branches before its own steps are seen
         self.lead_step_s: float | None = None
@@ -100,7 +100,7 @@ class Worker(Drafting):
     def close(self) -> None:
         for sid in list(self.followers):  # a back stopped mid-session still reports it
             self._end(sid)
-        self.model_thread.shutdown(wait=False)
+        self.batcher.model_thread.shutdown(wait=False)
 
     async def handshake(self) -> None:
         self.backoff.steady = False
@@ -112,8 +112,8 @@ class Worker(Drafting):
                 f"{info.n_vocab}, token table {self.fingerprint} vs {info.fingerprint}")
         if self.on_attach is not None:
             self.placement = await self.on_attach(info)
-        self.max_post = max(1, min(self.max_ahead, info.max_post))
-        self.eos_token_ids = frozenset(info.eos_token_ids)
+        self.batcher.attached(max(1, min(self.max_ahead, info.max_post)),
+                              frozenset(info.eos_token_ids))
         if info.lead_id != self.lead_id:  # lead restarted (or a first attach): start over
             for sid in list(self.followers):
                 self._end(sid)
@@ -191,14 +191,15 @@ class Worker(Drafting):
         """A follower for a session new to this back, on a free slot (None: none is free,
         or the session is over)."""
         taken = {f.slot for f in self.followers.values()}
-        free = [i for i in range(len(self.drafters)) if i not in taken]
+        drafters = self.batcher.drafters
+        free = [i for i in range(len(drafters)) if i not in taken]
         if news.done or not free or news.sampling is None or news.session_id in self.ignored:
             return None  # (without its sampling: news of a session begun unfollowed)
         # (a free slot's last job may still run on the model thread: a stale view of what
         # it holds only makes the choice worse, catching up reads the cache itself)
         slot = reusing_slot(news.token_ids if news.offset == 0 else (),
-                            [tuple(d.local) for d in self.drafters], free)
-        mirror = LeadMirror(self.drafters[slot].fits)
+                            [tuple(d.local) for d in drafters], free)
+        mirror = LeadMirror(drafters[slot].fits)
         mirror.grammars = self.grammars
         follower = Follower(news.session_id, slot, mirror, news.sampling.seed, self.lead_step_s)
         self.followers[news.session_id] = follower
@@ -210,6 +211,27 @@ class Worker(Drafting):
             self.lead_step_s = follower.lead_step.step_s or self.lead_step_s
             self.history.ended(follower.stats)
             log.info("%s", follower.stats.line())
+
+    # --- drafting: which sessions, until nothing is left (back/batcher.py drafts them) ---
+    def _drafting(self) -> list[Follower]:
+        sit_out = self.placement.sit_out
+        return [f for f in self.followers.values() if f.mirror.should_draft(sit_out)]
+
+    async def _draft_ahead(self) -> None:
+        """Draft for every session that wants drafts, in one model call a guess, posting as
+        it goes, until nothing is left to draft or post (a post returns at once). Where no
+        session wants drafts, take in lead's tokens all the same, so that a probe finds this
+        back ready; not where that work slows lead: beside it, sitting out, or for a
+        session lead says its backs slow (Stop.SLOWED)."""
+        drafting = self._drafting()
+        if not drafting:
+            if not (self.placement.beside_lead or self.placement.sit_out):
+                await self.batcher.catch_up(self.followers)
+            return
+        while drafting and not self._stop.is_set():
+            if not await self.batcher.draft_once(drafting, self.followers, self._link):
+                return  # nothing new to draft or post: wait for lead's news
+            drafting = self._drafting()
 
     async def _fetch_grammars(self) -> None:
         """Each followed session's grammar text, once, where a state names one not held."""

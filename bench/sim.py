@@ -63,7 +63,7 @@ def run_back(a: argparse.Namespace) -> None:
     drafters = [ModelDrafter(draft.slot(i)) for i in range(a.slots)]
     worker = Worker(client, drafters, draft.fingerprint(), draft.n_vocab,
                     max_ahead=a.max_ahead, model=draft)
-    worker.branches = a.branches
+    worker.batcher.branches = a.branches
     run_worker(worker)
 
 

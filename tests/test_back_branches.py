@@ -405,8 +405,8 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     link = RecordingLink()
     drafter = ModelDrafter(model or draft_model())
     worker = Worker(None, drafter, None, None)  # type: ignore[arg-type]
-    worker.branches, worker.max_post = branches, 8
-    worker.eos_token_ids = frozenset({EOS})
+    worker.batcher.branches = branches
+    worker.batcher.attached(8, frozenset({EOS}))
     worker.lead_id, worker._link = "L", link  # type: ignore[assignment]
     if step_before is not None:
         worker._take(update_of(state.model_copy(update={"session_id": "earlier"})))
@@ -418,7 +418,7 @@ def worker_posts(branches: int, draft_len: int = 2, model: FakeModel | None = No
     try:
         asyncio.run(asyncio.wait_for(worker._draft_ahead(), 20))  # until it has nothing new
     finally:
-        worker.model_thread.shutdown()
+        worker.batcher.model_thread.shutdown()
     return link.posts
 
 
@@ -468,8 +468,8 @@ def test_the_branches_setting_reaches_the_worker() -> None:
         worker.lead_id = "L"
         worker._take(update_of(State(version=1, lead_id="L", session_id="s", token_ids=[1],
                                      n_tokens=1, done=False, draft_len=2)))
-        assert worker.branches == 3
-        assert worker.width(worker.followers["s"], 1) == 0  # n-grams do not branch
+        assert worker.batcher.branches == 3
+        assert worker.batcher.width(worker.followers["s"], 1) == 0  # n-grams do not branch
     finally:
         asyncio.run(worker.client.close())
     with pytest.raises(ValueError, match="branches"):

@@ -15,12 +15,12 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.websockets import WebSocket
 from wsproto.utilities import LocalProtocolError
 
-from back import links
+from back import leadlink
 from back.backoff import Backoff
 from back.client import LeadClient, LinkClosed
 from back.drafter import NgramDrafter
 from back.failures import brief, outage
-from back.links import Link
+from back.leadlink import Link
 from back.worker import Worker
 from shared.protocol import DraftPost, Hello
 from tests.conftest import async_wait_until
@@ -100,6 +100,6 @@ def test_a_hello_on_a_closed_link_says_what_closed_it(monkeypatch: pytest.Monkey
     with pytest.raises(WebSocketDisconnect) as said:
         asyncio.run(Link(ClosingSocket(closed), lambda: 0.0).hello(Hello()))
     assert said.value is closed
-    monkeypatch.setattr(links, "PONG_S", 0.01)  # nothing says: the link was lost
+    monkeypatch.setattr(leadlink, "PONG_S", 0.01)  # nothing says: the link was lost
     with pytest.raises(LinkClosed):
         asyncio.run(Link(ClosingSocket(None), lambda: 0.0).hello(Hello()))

@@ -360,7 +360,7 @@ def test_a_stream_waiting_for_its_first_token_is_kept_alive(
         path: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Clients give up on a stream silent for 300 s (Claude Code, Codex): while a reply
     waits for its turn and its prompt, comment lines keep it alive, and SDKs skip them."""
-    monkeypatch.setattr("lead.server.delivery.KEEPALIVE_S", 0.05)
+    monkeypatch.setattr("lead.apis.streaming.KEEPALIVE_S", 0.05)
     body = {"input": "hello there", "max_output_tokens": 3} if path.endswith("responses") \
         else {"model": "any", "max_tokens": 3, "messages": [{"role": "user",
                                                              "content": "hello there"}]}

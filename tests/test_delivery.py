@@ -45,8 +45,8 @@ def open_stream(port: int, max_tokens: int) -> socket.socket:
     socket, read up to the end of the response's headers."""
     sock = socket.socket()
     # A small receive buffer only shortens the test: the client's buffer is the one part of
-    # the path lead cannot bound (its own are bounded, lead/server/wire.py), and a silent client
-    # is noticed once every buffer on the way is full.
+    # the path lead cannot bound (its own are bounded, lead/server/sendwatch.py), and a
+    # silent client is noticed once every buffer on the way is full.
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, CLIENT_RCVBUF)
     sock.connect(("127.0.0.1", port))
     body = json.dumps(chat_body("go", stream=True, max_tokens=max_tokens,
@@ -62,7 +62,8 @@ def open_stream(port: int, max_tokens: int) -> socket.socket:
 
 
 def lead_is_watching(server: LiveServer) -> bool:
-    """Whether lead holds bytes a client has not taken, and is timing it (lead/server/wire.py)."""
+    """Whether lead holds bytes a client has not taken, and is timing it
+    (lead/server/sendwatch.py)."""
     return any(getattr(p, "wire", None) is not None and p.wire.watching
                for p in server.server.server_state.connections)
 

@@ -99,9 +99,9 @@ def test_a_back_beside_lead_takes_in_nothing_while_lead_wants_no_drafts() -> Non
                 await async_wait_until(lambda: beside.version >= 0 <= remote.version,
                                        what="handshakes")
                 await ask(transport, "a long prompt " * 8, max_tokens=16)
-                await async_wait_until(lambda: remote.drafters[0].model.evaluated > 0,  # type: ignore
+                await async_wait_until(lambda: remote.batcher.drafters[0].model.evaluated > 0,  # type: ignore
                                        what="the remote back to take in the prompt")
-                assert beside.drafters[0].model.evaluated == 0  # type: ignore[attr-defined]
+                assert beside.batcher.drafters[0].model.evaluated == 0  # type: ignore[attr-defined]
 
             await with_workers([beside, remote], check)
     run(body())
@@ -119,7 +119,7 @@ def test_a_back_sitting_out_does_nothing_even_when_lead_wants_drafts() -> None:
                 updates = engine.metrics.link_updates
                 reply = await ask(transport, max_tokens=40)
                 assert reply["usage"]["drafted_tokens"] == 0
-                assert idle.drafters[0].model.evaluated == 0  # type: ignore[attr-defined]
+                assert idle.batcher.drafters[0].model.evaluated == 0  # type: ignore[attr-defined]
                 # told of the start and the end, not of each step
                 assert engine.metrics.link_updates - updates <= 3
 

@@ -130,7 +130,8 @@ def test_a_back_lead_wants_no_drafts_from_still_takes_in_the_prompt() -> None:
                 reply_task = asyncio.create_task(ask(transport, "a long prompt " * 8))
                 await async_wait_until(lambda: engine.session is not None, what="a session")
                 prompt = engine.session.tokens[: engine.session.n_prompt]
-                await async_wait_until(lambda: worker.drafters[0].local[: len(prompt)] == prompt,
+                drafter = worker.batcher.drafters[0]
+                await async_wait_until(lambda: drafter.local[: len(prompt)] == prompt,
                                        what="the back to take in the prompt")
                 reply = await reply_task
                 assert reply["usage"]["drafted_tokens"] == 0

@@ -10,14 +10,14 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from lead.apis.streaming import KEEPALIVE, StreamedReply
 from lead.decode.engine import Engine
 from lead.decode.metrics import Metrics
 from lead.decode.session import Emission
 from lead.decode.textstream import TextStream
 from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
-from lead.server.delivery import KEEPALIVE, StreamedReply
 from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
-from lead.server.wire import StallWatch
+from lead.server.sendwatch import StallWatch
 from shared.fake import FakeModel
 from shared.scrape import read_samples
 from tests.conftest import async_wait_until
@@ -101,7 +101,7 @@ async def _served(reply: StreamedReply, sent: list[bytes | None],
 
 def test_a_streamed_reply_keeps_alive_until_its_first_emission_then_sends_each_in_order(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("lead.server.delivery.KEEPALIVE_S", 0.001)
+    monkeypatch.setattr("lead.apis.streaming.KEEPALIVE_S", 0.001)
     sent: list[bytes | None] = []
     closed: list[bool] = []
 

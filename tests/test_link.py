@@ -14,10 +14,10 @@ from fastapi.testclient import TestClient
 from httpx_ws.transport import ASGIWebSocketTransport
 from starlette.websockets import WebSocketDisconnect
 
-from back import links
+from back import leadlink
 from back.client import LeadClient
 from back.drafter import ModelDrafter
-from back.links import NEWS_S, Link
+from back.leadlink import NEWS_S, Link
 from back.worker import Worker
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
@@ -346,8 +346,8 @@ class PingedSocket:
 def measured(trips: list[float | None], monkeypatch: pytest.MonkeyPatch) -> tuple[float, int]:
     """A Link's news_s over a PingedSocket once its pings went unanswered, and the
     pings it sent."""
-    monkeypatch.setattr(links, "PING_S", 0.0)
-    monkeypatch.setattr(links, "PONG_S", 0.01)
+    monkeypatch.setattr(leadlink, "PING_S", 0.0)
+    monkeypatch.setattr(leadlink, "PONG_S", 0.01)
     now = [0.0]
     socket = PingedSocket(now, trips)
     link = Link(socket, lambda: now[0])
@@ -355,7 +355,7 @@ def measured(trips: list[float | None], monkeypatch: pytest.MonkeyPatch) -> tupl
     async def body() -> None:
         reading = asyncio.create_task(anext(link.updates()))
         await async_wait_until(lambda: socket.pings >= len(trips), what="the pings")
-        await asyncio.sleep(links.PONG_S * 3)  # the last one's wait runs out
+        await asyncio.sleep(leadlink.PONG_S * 3)  # the last one's wait runs out
         reading.cancel()
         await asyncio.gather(reading, return_exceptions=True)
     asyncio.run(asyncio.wait_for(body(), 10))

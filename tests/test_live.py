@@ -1,4 +1,4 @@
-"""The live panel's data (lead/decode/live.py), its stream GET /duo/live, the page's routes, and
+"""The live panel's data (lead/server/live.py), its stream GET /duo/live, the page's routes, and
 what the chat stream tells the page about drafts (the back of each accepted token)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from lead.apis import shapes
-from lead.decode.live import LiveNews, reply_view, snapshot
+from lead.apis.openaireply import sse as _sse
+from lead.apis.streaming import chain
 from lead.decode.metrics import Metrics
 from lead.decode.session import Emission, Session
 from lead.drafts.registry import BackRecord, BackRegistry
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
-from lead.server.delivery import chain
-from lead.server.delivery import sse as _sse
+from lead.server.live import LiveNews, reply_view, snapshot
 from lead.server.webroutes import live_events
 from shared.fake import FakeModel
 from shared.httpclient import sse_events
@@ -110,12 +110,12 @@ def test_live_events_wake_on_news_and_end_on_close() -> None:
     async def body() -> None:
         app = create_app(make_settings(calibrate=False), FakeModel())
         engine = app.state.engine
-        events = live_events(engine, heartbeat_s=30)  # no heartbeat within the test
+        events = live_events(engine, app.state.live, heartbeat_s=30)  # no heartbeat here
         assert data(await anext(events))["backs"] == []
         engine.feed.back_seen("b1", "10.1.1.1", "ngram")  # a back arrives: news
         snap = data(await asyncio.wait_for(anext(events), 5))
         assert [(b["id"], b["kind"]) for b in snap["backs"]] == [("b1", "ngram")]
-        engine.shutdown()
+        app.state.on_exit()  # lead shutting down
         with pytest.raises(StopAsyncIteration):
             await asyncio.wait_for(anext(events), 5)
     asyncio.run(body())
@@ -126,7 +126,7 @@ def test_live_events_heartbeat_and_a_back_falling_silent() -> None:
         app = create_app(make_settings(calibrate=False), FakeModel())
         engine = app.state.engine
         engine.feed.back_seen("b1")
-        events = live_events(engine, heartbeat_s=0.01)
+        events = live_events(engine, app.state.live, heartbeat_s=0.01)
         assert [b["id"] for b in data(await anext(events))["backs"]] == ["b1"]
         assert await anext(events) == ": nothing new\n\n"  # nothing changed
         engine.feed.backs.records["b1"].last_seen -= 61  # silent past the window
@@ -175,7 +175,7 @@ def test_live_endpoint_streams_behind_the_key_and_ends(ending: str) -> None:
         assert sent[0]["status"] == 200
         assert dict(sent[0]["headers"])[b"content-type"].startswith(b"text/event-stream")
         if ending == "shutdown":
-            app.state.engine.shutdown()
+            app.state.on_exit()
         else:
             leave.set()
         await asyncio.wait_for(call, 5)
@@ -230,7 +230,8 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
                 assert (record.drafted, record.accepted) == (usage["drafted_tokens"],
                                                              usage["accepted_tokens"])
                 assert record.address == "127.0.0.1"
-                assert [r["accepted"] for r in engine.live.replies] == [usage["accepted_tokens"]]
+                replies = app.state.live.replies  # type: ignore[attr-defined]
+                assert [r["accepted"] for r in replies] == [usage["accepted_tokens"]]
 
             await with_workers([worker], check)
     run(body())

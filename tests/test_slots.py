@@ -170,6 +170,8 @@ def test_a_prompt_arriving_mid_reply_is_evaluated_in_chunks_beside_it() -> None:
 def test_a_cancelled_reply_frees_its_slot_for_the_next_at_once() -> None:
     model = slotted(1)
     engine = engine_over(model, parallel=1, max_queue=1)
+    ended: list[Session] = []
+    engine.on_end = lambda session, now: ended.append(session)
 
     async def body() -> Session:
         leave = asyncio.Event()
@@ -193,8 +195,8 @@ def test_a_cancelled_reply_frees_its_slot_for_the_next_at_once() -> None:
 
     second = run(body())
     assert second.n_generated == 5  # type: ignore[union-attr]
-    cancelled = [r for r in engine.live.replies if r["finish"] == "cancelled"]
-    assert len(cancelled) == 1 and cancelled[0]["tokens"] < 10_000
+    cancelled = [s for s in ended if s.finish_reason == "cancelled"]
+    assert len(cancelled) == 1 and cancelled[0].n_generated < 10_000
 
 
 def test_each_conversation_finds_its_own_turns_cached_in_its_slot() -> None:

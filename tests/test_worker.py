@@ -2,7 +2,7 @@
 in-process where what lead makes of the back is the point.
 
 The pieces have their own tests: tests/test_back_mirror.py (lead's state),
-test_back_jobs.py (model-thread work), test_back_posts.py, test_back_sessions.py and
+test_back_jobs.py (model-thread work), test_back_posts.py, test_back_stats.py and
 test_back_backoff.py.
 """
 

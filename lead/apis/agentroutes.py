@@ -18,8 +18,8 @@ from lead.apis import anthropic, anthropicreply, responsereply, responses
 from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Defaults, Prepared, chat_ids, prepare_chat
 from lead.apis.renames import renaming
+from lead.apis.streaming import StreamedReply
 from lead.decode.engine import Engine
-from lead.server.delivery import StreamedReply
 from shared.modelthread import Threads
 
 

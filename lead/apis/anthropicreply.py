@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from lead.apis.prepare import Prepared
+from lead.apis.streaming import chain
 from lead.decode.session import Emission, Session
-from lead.server.delivery import chain
 
 
 def new_id(prefix: str) -> str:

@@ -27,10 +27,10 @@ from lead.apis import fields, llamasampling, shapes
 from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming, validated
+from lead.apis.streaming import StreamedReply
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
 from lead.decode.textstream import TextStream
-from lead.server.delivery import StreamedReply
 from shared.model import Model
 from shared.modelthread import Threads
 

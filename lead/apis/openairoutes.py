@@ -16,11 +16,12 @@ from fastapi.responses import JSONResponse, Response
 
 from lead.apis import shapes, toolreply
 from lead.apis.choices import choice_requests, merged
+from lead.apis.openaireply import sse, usage
 from lead.apis.prepare import Defaults, Prepared, prepare_chat, prepare_completion
+from lead.apis.streaming import StreamedReply, unless_gone
 from lead.decode.admission import Place, QueueFull
 from lead.decode.engine import Engine
 from lead.decode.session import Emission
-from lead.server.delivery import StreamedReply, sse, unless_gone, usage
 from shared.modelthread import Threads
 
 Generation = AsyncGenerator[Emission, None]

@@ -26,7 +26,6 @@ from dataclasses import replace
 
 from lead.decode.admission import Admission, Place, QueueFull
 from lead.decode.decoder import Clock, Decoder, Job, Step
-from lead.decode.live import LiveNews
 from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
@@ -51,7 +50,7 @@ log = logging.getLogger("lead")
 PREFILL_STEPS = 32.0
 # Turns of the event loop given to the readers after a step: a reply's sender, woken by
 # its run's queue, writes on the next turn, and its send's own await takes one more
-# (lead/server/delivery.py; with one turn test_api's check of it fails). Writes after
+# (lead/apis/streaming.py; with one turn test_api's check of it fails). Writes after
 # the next step was handed over held its start 0.15-0.3 ms.
 READER_TURNS = 2
 
@@ -78,8 +77,11 @@ class Engine:
         self.slot_work = SlotWork(self.model_thread)  # saves, restores, erases of a slot
         self.grammar_s = grammar_s  # most verifying seconds a token (lead/decode/runs.py)
         self.planner = Planner(self.cost, model.n_ctx)
-        self.live = LiveNews()  # what the web page's live panel is woken by
-        self.feed = BackFeed(self.cost, self.metrics, on_arrival=self.live.bump)
+        # What the web page's live panel hears (lead/server/app.py connects it): sessions or
+        # backs changed, and a session ended (with the time it ended).
+        self.on_change: Callable[[], None] = lambda: None
+        self.on_end: Callable[[Session, float], None] = lambda session, now: None
+        self.feed = BackFeed(self.cost, self.metrics, on_arrival=lambda: self.on_change())
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
         self.session: Session | None = None  # the session started last (running or not)
         self._loop: asyncio.Task[None] | None = None
@@ -133,7 +135,7 @@ class Engine:
         self.runs.append(run)
         self.session = session
         self.feed.start(session)
-        self.live.bump()
+        self.on_change()
         return run
 
     def _ensure_loop(self) -> None:
@@ -302,7 +304,7 @@ class Engine:
         self.feed.end(session)
         if self.own is not None:
             self.own.forget(session.id, session.tokens)
-        self.live.add_reply(session, now)
+        self.on_end(session, now)
         if error is not None:
             run.fail(error)
 
@@ -329,7 +331,6 @@ class Engine:
                 "prompt_cache_entries": len(self.decoder.prompts), **self.cost.snapshot()}
 
     def shutdown(self) -> None:
-        self.live.close()
         if self._loop is not None:
             self._loop.cancel()
         self.model_thread.shutdown()

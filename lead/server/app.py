@@ -1,7 +1,7 @@
 """create_app(settings, target=None): the lead's HTTP surface.
 
 OpenAI-compatible chat/completions (lead/apis/openairoutes.py; streamed replies delivered
-by lead/server/delivery.py), the Responses and Messages APIs (lead/apis/agentroutes.py),
+by lead/apis/streaming.py), the Responses and Messages APIs (lead/apis/agentroutes.py),
 /infill (lead/apis/infill.py), embeddings (lead/apis/embeddings.py), the back protocol
 under /duo (lead/server/backroutes.py), /metrics (lead/server/prometheus.py), /health, and
 a web page at / (lead/server/webroutes.py), all behind one gate (lead/server/gate.py: Host
@@ -32,6 +32,7 @@ from lead.server.cors import Cors, cors_options
 from lead.server.errors import install_error_handlers
 from lead.server.gate import Gate
 from lead.server.keys import Keys
+from lead.server.live import LiveNews
 from lead.server.llamaflags import CACHE_TYPES
 from lead.server.prometheus import exposition
 from lead.server.requestlog import RequestLog
@@ -91,18 +92,21 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     elif settings.calibrate and settings.max_draft > 0 and settings.draft_len is None:
         engine.calibrate()
     workers = Threads("lead-prepare", PREPARE_THREADS)
+    live = LiveNews()  # the web page's live panel, told by the engine of each change
+    engine.on_change, engine.on_end = live.bump, live.add_reply
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         yield
         workers.shutdown(wait=False)
         engine.shutdown()
+        live.close()
 
     app = FastAPI(title="duo lead", version="0.1.0", lifespan=lifespan)
-    app.state.engine, app.state.settings = engine, settings
+    app.state.engine, app.state.settings, app.state.live = engine, settings, live
     # For lead/server/serve.py to call as a signal starts the shutdown: uvicorn drains requests
     # before the lifespan ends, and the page's live stream would never end by itself.
-    app.state.on_exit = lambda: (engine.live.close(), engine.feed.close())
+    app.state.on_exit = lambda: (live.close(), engine.feed.close())
     install_error_handlers(app)
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
@@ -123,7 +127,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
                                    keys=keys, clock=clock,
                                    max_message=settings.max_body_kb * 1024))
-    mount_web(app, engine, page=settings.webui)
+    mount_web(app, engine, live, page=settings.webui)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 from fastapi import APIRouter, HTTPException, Query, Request, WebSocket
 from fastapi.responses import Response
 
+from lead.apis.streaming import unless_gone
 from lead.decode.engine import Engine
 from lead.drafts.limits import POLLS_PER_ADDRESS, PostLimiter
 from lead.server.backposts import DraftTaker, serve_link
-from lead.server.delivery import unless_gone
 from lead.server.keys import Keys
 from shared.placement import LeadPlace
 from shared.protocol import DraftPost, Grammar, Info, State

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from uvicorn.protocols.http.auto import AutoHTTPProtocol  # httptools, else h11
 
 from lead.server.gate import exposure_warning
-from lead.server.wire import Wire
+from lead.server.sendwatch import Wire
 
 log = logging.getLogger("lead")
 
@@ -38,9 +38,9 @@ class _Server(uvicorn.Server):
 
 def protocol_class(write_timeout: float, on_cut: Callable[[], None] = lambda: None
                    ) -> type[asyncio.Protocol]:
-    """uvicorn's HTTP protocol with a Wire on every connection (lead/server/wire.py): small send
-    buffers, and a client that reads nothing for `write_timeout` seconds cut off. Only the
-    protocol sees the transport, and only there is a silent client visible at all."""
+    """uvicorn's HTTP protocol with a Wire on every connection (lead/server/sendwatch.py):
+    small send buffers, and a client that reads nothing for `write_timeout` seconds cut off.
+    Only the protocol sees the transport, and only there is a silent client visible at all."""
 
     class LeadHttpProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
         wire: Wire

@@ -2,7 +2,7 @@
 
 The page and its files are open, so that a browser can load them and then ask for the
 key; /duo/live, like every data endpoint, is behind the key. The feed is server-sent
-events: a snapshot (lead/decode/live.py) whenever something it shows changes, a comment
+events: a snapshot (live.py) whenever something it shows changes, a comment
 otherwise every HEARTBEAT_S, so that proxies and the page see a live connection.
 """
 
@@ -19,7 +19,7 @@ from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
 from lead.decode.engine import Engine
-from lead.decode.live import snapshot
+from lead.server.live import LiveNews, snapshot
 
 WEB_DIR = Path(__file__).with_name("web")
 STATIC_PREFIX = "/web/"
@@ -29,14 +29,15 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
                 "frame-ancestors 'none'", "Cache-Control": "no-cache"}
 
 
-def mount_web(app: FastAPI, engine: Engine, page: bool = True) -> None:
-    """The live stream, and the page at / unless `page` is False (--no-webui)."""
+def mount_web(app: FastAPI, engine: Engine, live: LiveNews, page: bool = True) -> None:
+    """The live stream (`live`: what wakes it, the replies it shows), and the page at /
+    unless `page` is False (--no-webui)."""
     if page:
         app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
-    app.include_router(_router(engine, page))
+    app.include_router(_router(engine, live, page))
 
 
-def _router(engine: Engine, page: bool) -> APIRouter:
+def _router(engine: Engine, live: LiveNews, page: bool) -> APIRouter:
     router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
 
     if page:
@@ -45,32 +46,33 @@ def _router(engine: Engine, page: bool) -> APIRouter:
             return FileResponse(WEB_DIR / "index.html", headers=PAGE_HEADERS)
 
     @router.get("/duo/live")
-    async def live() -> StreamingResponse:
-        return StreamingResponse(live_events(engine), media_type="text/event-stream",
+    async def live_stream() -> StreamingResponse:
+        return StreamingResponse(live_events(engine, live), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     return router
 
 
-def live_snapshot(engine: Engine) -> dict[str, Any]:
+def live_snapshot(engine: Engine, live: LiveNews) -> dict[str, Any]:
     return snapshot(model=engine.model.name, busy=engine.busy, slots=engine.slot_views(),
                     waiting=engine.admission.waiting,
                     cost=engine.cost, metrics=engine.metrics,
-                    backs=engine.feed.backs.connected(), replies=engine.live.replies,
-                    now=time.monotonic(), version=engine.live.version)
+                    backs=engine.feed.backs.connected(), replies=live.replies,
+                    now=time.monotonic(), version=live.version)
 
 
-async def live_events(engine: Engine, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[str]:
+async def live_events(engine: Engine, live: LiveNews, heartbeat_s: float = HEARTBEAT_S
+                      ) -> AsyncIterator[str]:
     """A snapshot now and after every change; a back falling silent is a change noticed at
     the next heartbeat. Ends when lead shuts down (or, by cancellation, when the client
     leaves)."""
-    news, shown = engine.live, None
-    while not news.closed:
-        version = news.version
+    shown = None
+    while not live.closed:
+        version = live.version
         seen = (version, sorted(engine.feed.backs.connected()))
         if seen != shown:
             shown = seen
-            yield f"data: {json.dumps(live_snapshot(engine))}\n\n"
+            yield f"data: {json.dumps(live_snapshot(engine, live))}\n\n"
         else:
             yield ": nothing new\n\n"
-        await news.wait(version, heartbeat_s)
+        await live.wait(version, heartbeat_s)

@@ -1,36 +1,61 @@
 """A streamed reply's way to its client: a sender reads the generation's emissions and
-writes them as server-sent events.
+writes them as server-sent events (each API's format: openaireply.py, anthropicreply.py,
+responsereply.py, infill.py), and the waits every route shares (`unless_gone`).
 
 Decoding never waits on the client: the engine queues a run's emissions (lead/decode/runs.py,
 the one buffer between a generation and its client), so a slow reader only lets that queue
 grow (by at most the reply: one emission per token), and lead's one running slot is freed
 when decoding ends, not when the client has read it all. A client that reads nothing is cut
-off by its connection's watch (lead/server/wire.py); the reply then logs it and its
-generation is cancelled at once, as a client that leaves is.
+off by its connection's watch (lead/server/sendwatch.py, which finds a reply here through
+`Watched`); the reply then logs it and its generation is cancelled at once, as a client
+that leaves is.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
-from typing import Any, TypeVar
+from typing import Protocol, TypeVar
 
 from fastapi.responses import Response
 from starlette.types import Receive, Scope, Send
 
-from lead.apis import shapes, toolreply
-from lead.apis.prepare import Prepared
-from lead.apis.toolparse import Delta
 from lead.decode.session import Emission, Session
-from lead.server.wire import Stall, wire_of
 
 log = logging.getLogger("lead")
 T = TypeVar("T")
 
 Events = Callable[[AsyncIterator[Emission]], AsyncIterator[str]]  # an API's stream format
+
+
+WATCH = "duo.wire"  # the key in scope["extensions"] of the connection's watch, if any
+
+
+@dataclass(frozen=True)
+class Stall:
+    """A client that read nothing for the watch's timeout, as the watch saw it."""
+
+    silent_s: float  # how long the client acknowledged nothing while lead had bytes for it
+    unsent: int  # bytes lead held for it: asyncio's buffer and the kernel's send queue
+    request: str  # "POST /v1/chat/completions"
+    client: str  # its address
+
+
+class Watched(Protocol):
+    """A connection's watch as a reply sees it: whom it tells of a stall before it cuts
+    the client off (lead/server/sendwatch.py `Wire`)."""
+
+    on_stall: Callable[[Stall], None] | None
+
+
+def watch_of(scope: Scope) -> Watched | None:
+    """The request's watch; None where lead/server/serve.py's protocol did not accept it
+    (tests' in-process transports)."""
+    watch: Watched | None = (scope.get("extensions") or {}).get(WATCH)
+    return watch
 
 
 KEEPALIVE_S = 10.0  # a comment line this often while a reply waits for its first token
@@ -55,14 +80,14 @@ class StreamedReply(Response):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sending = asyncio.ensure_future(self._send_all(send))
-        wire = wire_of(scope)
-        if wire is not None:
-            wire.on_stall = partial(self._stalled, sending)
+        watch = watch_of(scope)
+        if watch is not None:
+            watch.on_stall = partial(self._stalled, sending)
         try:
             await unless_gone(receive, sending)
         finally:
-            if wire is not None:
-                wire.on_stall = None
+            if watch is not None:
+                watch.on_stall = None
             await self.gen.aclose()  # the client left (or was cut off): the generation ends
             self.release()
 
@@ -130,62 +155,7 @@ async def until_disconnect(receive: Receive) -> None:
         await asyncio.get_running_loop().create_future()  # until cancelled
 
 
-async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
-              shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1
-              ) -> AsyncIterator[str]:
-    """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
-    with the last, then [DONE]. `n`: the choices, each parsed (tool calls, reasoning) on
-    its own."""
-    head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
-    deltas = [prepared.deltas() if prepared else toolreply.Deltas(None) for _ in range(n)]
-    sessions: dict[int, Session] = {}
-
-    def event(i: int, e: Emission | None, part: Delta | None = None,
-              finish: str | None = None, opening: bool = False, **extra: Any) -> str:
-        part = part or {}
-        choice = shape.choice(part.get("content", ""), finish, e.logprobs if e else None,
-                              delta=True, opening=opening, index=i)
-        if "tool_calls" in part:
-            choice["delta"]["tool_calls"] = part["tool_calls"]
-        if "reasoning" in part:  # a thinking model's, as llama-server sends it
-            choice["delta"]["reasoning_content"] = part["reasoning"]
-        duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
-                               "accepted": e.n_from_draft if e else 0}
-        if e and e.n_from_draft:
-            duo["back"] = e.back  # which back drafted them (the page shows it on hover)
-        payload = {**head, "choices": [choice], "duo": duo, **extra}
-        return f"data: {json.dumps(payload)}\n\n"
-
-    if shape.chat:
-        for i in range(n):
-            yield event(i, None, opening=True)
-    async for e in emissions:
-        i = e.choice
-        if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
-            parts = deltas[i].push(e.text)
-            yield event(i, e, parts[0] if parts else None)
-            for part in parts[1:]:
-                yield event(i, None, part)
-        if e.session is None:
-            continue
-        for part in deltas[i].finish():
-            yield event(i, None, part)
-        sessions[i] = e.session
-        last = {"usage": usage(*sessions.values())} if len(sessions) == n else {}
-        yield event(i, None, finish=deltas[i].finish_reason(e.session.finish_reason), **last)
-    assert len(sessions) == n, "each choice's last emission carries its session"
-    yield "data: [DONE]\n\n"
-
-
 async def chain(first: Emission, rest: AsyncIterator[Emission]) -> AsyncIterator[Emission]:
     yield first
     async for e in rest:
         yield e
-
-
-def usage(*sessions: Session) -> dict[str, Any]:
-    """A reply's usage: its prompt once, every choice's tokens."""
-    first = sessions[0]
-    return shapes.usage(first.n_prompt, sum(s.n_generated for s in sessions),
-                        sum(s.drafted for s in sessions), sum(s.accepted for s in sessions),
-                        first.n_cached)

@@ -7,7 +7,7 @@ import pytest
 from back.follower import TRANSIT_S, Follower
 from back.jobs import Drafted
 from back.mirror import LeadMirror
-from back.sessions import History, SessionStats, Work
+from back.stats import History, SessionStats, Work
 from shared.protocol import SamplingParams, State
 from shared.sampling import make_draft_rng
 

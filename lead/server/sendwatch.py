@@ -15,7 +15,7 @@ steady reader can free no asyncio byte for seconds while it reads all the time. 
 reader shows progress only as TCP reopens its window (after it has read about half its
 buffer, on loopback): one that reads far less than that per timeout looks silent.
 lead/server/serve.py installs this on every connection uvicorn accepts; the app finds it in the
-ASGI scope's extensions under WIRE.
+ASGI scope's extensions under WATCH (lead/apis/streaming.py: what a reply is told, `Stall`).
 """
 
 from __future__ import annotations
@@ -27,26 +27,18 @@ import socket
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from lead.apis.streaming import WATCH, Stall
+
 log = logging.getLogger("lead")
 
-WIRE = "duo.wire"  # the key in scope["extensions"]
 SEND_BUFFER = 32 * 1024  # SO_SNDBUF; the kernel doubles it
 WRITE_HIGH, WRITE_LOW = 16 * 1024, 4 * 1024  # asyncio's buffer: a `send` waits above HIGH
 _BYTES_ACKED = struct.Struct("Q")  # struct tcp_info's tcpi_bytes_acked (Linux >= 4.1) ...
 _BYTES_ACKED_AT = 120  # ... at this offset: the struct only ever grows at its end
-
-
-@dataclass(frozen=True)
-class Stall:
-    silent_s: float  # how long the client acknowledged nothing while lead had bytes for it
-    unsent: int  # bytes lead held for it: asyncio's buffer and the kernel's send queue
-    request: str  # "POST /v1/chat/completions"
-    client: str  # its address
 
 
 class StallWatch:
@@ -138,20 +130,14 @@ class Wire:
         return acked if acked is not None else -self.buffered()
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
-        """`app` with this wire in every HTTP request's scope (scope["extensions"][WIRE])."""
+        """`app` with this wire in every HTTP request's scope (scope["extensions"][WATCH]),
+        where a streamed reply finds it (lead/apis/streaming.py `watch_of`)."""
         async def with_wire(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
                 self.request = f"{scope.get('method', '?')} {scope.get('path', '?')}"
-                scope["extensions"] = {**(scope.get("extensions") or {}), WIRE: self}
+                scope["extensions"] = {**(scope.get("extensions") or {}), WATCH: self}
             await app(scope, receive, send)
         return with_wire
-
-
-def wire_of(scope: Scope) -> Wire | None:
-    """The request's wire; None where lead/server/serve.py's protocol did not accept it (tests'
-    in-process transports)."""
-    wire = (scope.get("extensions") or {}).get(WIRE)
-    return wire if isinstance(wire, Wire) else None
 
 
 def _shrink(transport: asyncio.WriteTransport, sock: Any) -> None:

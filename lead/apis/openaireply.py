@@ -1,0 +1,72 @@
+"""An OpenAI reply's stream and usage: server-sent events of chat.completion.chunk (or
+text_completion) objects, each choice parsed on its own, and the usage the last carries.
+Beside Anthropic's (anthropicreply.py) and the Responses API's (responsereply.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from lead.apis import shapes, toolreply
+from lead.apis.prepare import Prepared
+from lead.apis.toolparse import Delta
+from lead.decode.session import Emission, Session
+
+
+async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
+              shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1
+              ) -> AsyncIterator[str]:
+    """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
+    with the last, then [DONE]. `n`: the choices, each parsed (tool calls, reasoning) on
+    its own."""
+    head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
+    deltas = [prepared.deltas() if prepared else toolreply.Deltas(None) for _ in range(n)]
+    sessions: dict[int, Session] = {}
+
+    def event(i: int, e: Emission | None, part: Delta | None = None,
+              finish: str | None = None, opening: bool = False, **extra: Any) -> str:
+        part = part or {}
+        choice = shape.choice(part.get("content", ""), finish, e.logprobs if e else None,
+                              delta=True, opening=opening, index=i)
+        if "tool_calls" in part:
+            choice["delta"]["tool_calls"] = part["tool_calls"]
+        if "reasoning" in part:  # a thinking model's, as llama-server sends it
+            choice["delta"]["reasoning_content"] = part["reasoning"]
+        duo: dict[str, Any] = {"tokens": e.n_tokens if e else 0,
+                               "accepted": e.n_from_draft if e else 0}
+        if e and e.n_from_draft:
+            duo["back"] = e.back  # which back drafted them (the page shows it on hover)
+        payload = {**head, "choices": [choice], "duo": duo, **extra}
+        return f"data: {json.dumps(payload)}\n\n"
+
+    if shape.chat:
+        for i in range(n):
+            yield event(i, None, opening=True)
+    async for e in emissions:
+        i = e.choice
+        if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
+            parts = deltas[i].push(e.text)
+            yield event(i, e, parts[0] if parts else None)
+            for part in parts[1:]:
+                yield event(i, None, part)
+        if e.session is None:
+            continue
+        for part in deltas[i].finish():
+            yield event(i, None, part)
+        sessions[i] = e.session
+        last = {"usage": usage(*sessions.values())} if len(sessions) == n else {}
+        yield event(i, None, finish=deltas[i].finish_reason(e.session.finish_reason), **last)
+    assert len(sessions) == n, "each choice's last emission carries its session"
+    yield "data: [DONE]\n\n"
+
+
+
+
+def usage(*sessions: Session) -> dict[str, Any]:
+    """A reply's usage: its prompt once, every choice's tokens."""
+    first = sessions[0]
+    return shapes.usage(first.n_prompt, sum(s.n_generated for s in sessions),
+                        sum(s.drafted for s in sessions), sum(s.accepted for s in sessions),
+                        first.n_cached)
