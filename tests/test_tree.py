@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lead.backs.feed import BackFeed, attach
 from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.session import StepResult
 from lead.decode.verify import Verdict, verify_tree
@@ -194,7 +195,12 @@ def priced_engine(tree: int) -> Engine:
     target = FakeModel(eos_bias=-100.0, cost_s=(0.003, 0.00005), clock=clock)
     engine = Engine(target, max_draft=4, clock=clock, tree=tree)
     engine.calibrate(passes=1)
+    attach(engine)  # (its back posts through the feed: feed_of)
     return engine
+
+
+def feed_of(engine: Engine) -> BackFeed:
+    return next(f for f in engine.events.listeners if isinstance(f, BackFeed))
 
 
 def wrong_at_1_with_its_branch(truth: list[int]):  # type: ignore[no-untyped-def]
@@ -204,8 +210,8 @@ def wrong_at_1_with_its_branch(truth: list[int]):  # type: ignore[no-untyped-def
         n = s.n_generated
         if n + 7 <= len(truth):
             main = [truth[n], truth[n + 1] % 90 + 1, *truth[n + 2:n + 4]]
-            engine.feed.post_draft(s.id, len(s.tokens), main, None, "b",
-                              [Branch(1, tuple(truth[n + 1:n + 6]))])
+            feed_of(engine).post_draft(s.id, len(s.tokens), main, None, "b",
+                                       [Branch(1, tuple(truth[n + 1:n + 6]))])
     return poster
 
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
 from lead.drafts.rank import BackScores
 from lead.policy.acceptance import MAX_ALPHA, expected_yield
 from shared.branch import Branch
 from shared.sampling import Dist
+
+BACKS_PER_ADDRESS = 4  # backs' worth of board places, posts and registry records per address
 
 
 def poster(back_id: str, address: str) -> str:

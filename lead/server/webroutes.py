@@ -18,6 +18,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from lead.backs.registry import BackRegistry
 from lead.decode.engine import Engine
 from lead.decode.live import snapshot
 
@@ -29,14 +30,15 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
                 "frame-ancestors 'none'", "Cache-Control": "no-cache"}
 
 
-def mount_web(app: FastAPI, engine: Engine, page: bool = True) -> None:
-    """The live stream, and the page at / unless `page` is False (--no-webui)."""
+def mount_web(app: FastAPI, engine: Engine, backs: BackRegistry, page: bool = True) -> None:
+    """The live stream (`backs`: those the panel lists), and the page at / unless `page`
+    is False (--no-webui)."""
     if page:
         app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
-    app.include_router(_router(engine, page))
+    app.include_router(_router(engine, backs, page))
 
 
-def _router(engine: Engine, page: bool) -> APIRouter:
+def _router(engine: Engine, backs: BackRegistry, page: bool) -> APIRouter:
     router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
 
     if page:
@@ -46,31 +48,32 @@ def _router(engine: Engine, page: bool) -> APIRouter:
 
     @router.get("/duo/live")
     async def live() -> StreamingResponse:
-        return StreamingResponse(live_events(engine), media_type="text/event-stream",
+        return StreamingResponse(live_events(engine, backs), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     return router
 
 
-def live_snapshot(engine: Engine) -> dict[str, Any]:
+def live_snapshot(engine: Engine, backs: BackRegistry) -> dict[str, Any]:
     return snapshot(model=engine.model.name, busy=engine.busy, slots=engine.slot_views(),
                     waiting=engine.admission.waiting,
                     cost=engine.cost, metrics=engine.metrics,
-                    backs=engine.feed.backs.connected(), replies=engine.live.replies,
+                    backs=backs.connected(), replies=engine.live.replies,
                     now=time.monotonic(), version=engine.live.version)
 
 
-async def live_events(engine: Engine, heartbeat_s: float = HEARTBEAT_S) -> AsyncIterator[str]:
+async def live_events(engine: Engine, backs: BackRegistry, heartbeat_s: float = HEARTBEAT_S
+                      ) -> AsyncIterator[str]:
     """A snapshot now and after every change; a back falling silent is a change noticed at
     the next heartbeat. Ends when lead shuts down (or, by cancellation, when the client
     leaves)."""
     news, shown = engine.live, None
     while not news.closed:
         version = news.version
-        seen = (version, sorted(engine.feed.backs.connected()))
+        seen = (version, sorted(backs.connected()))
         if seen != shown:
             shown = seen
-            yield f"data: {json.dumps(live_snapshot(engine))}\n\n"
+            yield f"data: {json.dumps(live_snapshot(engine, backs))}\n\n"
         else:
             yield ": nothing new\n\n"
         await news.wait(version, heartbeat_s)
