@@ -1,6 +1,5 @@
 """How the back hears from lead and posts to it: the link (GET /duo/link, one WebSocket),
-every session's news pushed as `Update`s, drafts sent with no reply awaited. (This back
-speaks the link alone, not the long-polls lead also serves: docs/back-loop.md.)
+every session's news pushed as `Update`s, drafts sent with no reply awaited.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""Wire models of the lead <-> back protocol (JSON over HTTP).
+"""Wire models of the lead <-> back protocol (JSON over HTTP and a WebSocket).
 
 GET  /duo/info                                          -> Info
-GET  /duo/state?since=&offset=&wait=&back=&quiet=&idle=  -> State (long-poll)
 GET  /duo/grammar?session=                               -> Grammar (once per session)
-POST /duo/draft  DraftPost                               -> State (tokens from its start)
 GET  /duo/link   (WebSocket)  back: Hello, Posted...     <- lead: Update, Refused...
+
+`State` is one session's news as a back's mirror holds it (`SessionState.as_state`).
 
 The whole protocol, with the meaning of each field: docs/protocol.md.
 """
@@ -145,7 +145,7 @@ def _stop_of(data: Any, done: bool = False) -> Any:
 
 
 class State(BaseModel):
-    version: int = Field(0, description="bumped on every change; long-poll with since=version")
+    version: int = Field(0, description="bumped on every change lead tells")
     lead_id: str = LEAD_ID
     session_id: str | None = None
     offset: int = 0
@@ -291,8 +291,8 @@ class SessionState(BaseModel):
     def as_state(self, version: int, lead_id: str,
                  sampling: SamplingParams | None = None, step_left_s: float | None = None
                  ) -> State:
-        """The same news as a long-poll's State (`sampling`: the session's, where this
-        update does not carry it; `step_left_s`: the update's)."""
+        """The same news as a State, as a back's mirror holds it (`sampling`: the session's,
+        where this update does not carry it; `step_left_s`: the update's)."""
         return State(version=version, lead_id=lead_id, **self.model_dump(
             exclude={"sampling"}), sampling=self.sampling or sampling or SamplingParams(),
             step_left_s=step_left_s)

@@ -23,6 +23,7 @@ from tests.conftest import (
     event_stream,
     make_settings,
 )
+from tests.test_link import link_post
 
 
 def sse_events(text: str) -> list[dict]:
@@ -276,7 +277,8 @@ def test_oversized_body_is_413(client: TestClient) -> None:
 def test_api_key_required_everywhere_but_health() -> None:
     client = TestClient(create_app(make_settings(api_key="s3cret"), FakeModel()))
     assert client.get("/health").status_code == 200
-    for method, path in [("get", "/v1/models"), ("get", "/duo/info"), ("get", "/duo/state"),
+    for method, path in [("get", "/v1/models"), ("get", "/duo/info"),
+                         ("get", "/duo/grammar?session=s"),
                          ("get", "/metrics")]:
         assert getattr(client, method)(path).status_code == 401
     r = client.post("/v1/chat/completions", json=chat_body(max_tokens=1),
@@ -339,24 +341,24 @@ def test_32_concurrent_requests_each_complete_or_get_429() -> None:
 def test_draft_posts_over_the_rate_get_429(fake_target: FakeModel) -> None:
     client = TestClient(create_app(make_settings(max_draft_posts=3), fake_target))
     body = {"session_id": "none", "start": 0, "token_ids": [1], "back_id": "b"}
-    codes = [client.post("/duo/draft", json=body).status_code for _ in range(6)]
-    assert codes[:3] == [200] * 3 and 429 in codes[3:]
+    with client.websocket_connect("/duo/link") as ws:
+        refused = [link_post(ws, body) for _ in range(6)]
+    assert refused[:3] == [None] * 3 and 429 in [r and r["status"] for r in refused[3:]]
     assert client.get("/health").status_code == 200
 
 
 def test_a_client_cycling_back_ids_still_gets_429(fake_target: FakeModel) -> None:
     client = TestClient(create_app(make_settings(max_draft_posts=3), fake_target))
-    codes = [client.post("/duo/draft", json={"session_id": "none", "start": 0, "token_ids": [1],
-                                             "back_id": f"b{i}"}).status_code for i in range(60)]
-    assert codes[:12] == [200] * 12  # four backs' worth from one address...
-    assert 429 in codes  # ...and no more, whatever ids it posts under
+    with client.websocket_connect("/duo/link") as ws:
+        refused = [link_post(ws, {"session_id": "none", "start": 0, "token_ids": [1],
+                                  "back_id": f"b{i}"}) for i in range(60)]
+    assert refused[:12] == [None] * 12  # four backs' worth from one address...
+    assert 429 in [r and r["status"] for r in refused]  # ...and no more, whatever its ids
 
 
 def test_every_refusal_has_the_error_shape() -> None:
-    client = TestClient(create_app(make_settings(api_key="k", max_body_kb=1, max_draft_posts=1),
-                                   FakeModel()))
+    client = TestClient(create_app(make_settings(api_key="k", max_body_kb=1), FakeModel()))
     key = {"Authorization": "Bearer k"}
-    draft = {"session_id": "none", "start": 0, "token_ids": [1], "back_id": "b"}
     refusals = {
         "invalid body": client.post("/v1/chat/completions", json={"messages": []}, headers=key),
         "empty prompt": client.post("/v1/completions", json={"prompt": ""}, headers=key),
@@ -365,8 +367,7 @@ def test_every_refusal_has_the_error_shape() -> None:
         "wrong method": client.get("/v1/completions", headers=key),
         "body too large": client.post("/v1/completions", json={"prompt": "z" * 5000},
                                       headers=key),
-        "too many posts": [client.post("/duo/draft", json=draft, headers=key)
-                           for _ in range(3)][-1],
+        "a long-poll, gone": client.get("/duo/state", headers=key),
     }
     for name, r in refusals.items():
         assert 400 <= r.status_code < 500 and is_error_body(r), (name, r.status_code, r.text)
@@ -396,16 +397,17 @@ def test_draft_post_errors(client: TestClient) -> None:
              ({**base, "token_ids": [1], "dists": [{"token_ids": [1], "probs": [0.5]}]}, "sum"),
              ({**base, "token_ids": [1, 2], "dists": [{"token_ids": [1], "probs": [1.0]}]},
               "one entry")]
-    for body, fragment in cases:
-        r = client.post("/duo/draft", json=body)
-        assert r.status_code == 400 and fragment in r.json()["error"]["message"], (body, r.text)
-    # Python's JSON parser, and so lead's, takes NaN; its sum passed the check once
-    nan = client.post("/duo/draft", headers={"content-type": "application/json"}, content=(
-        '{"session_id": "x", "start": 0, "token_ids": [1], "dists": '
-        '[{"token_ids": [1, 2], "probs": [1.0, NaN]}]}'))
-    assert nan.status_code == 400 and "finite" in nan.json()["error"]["message"], nan.text
-    stale = client.post("/duo/draft", json={**base, "token_ids": [1]})
-    assert stale.status_code == 200 and stale.json()["session_id"] is None
+    with client.websocket_connect("/duo/link") as ws:
+        for body, fragment in cases:
+            refused = link_post(ws, body)
+            assert refused and refused["status"] == 400 and fragment in refused["message"], \
+                (body, refused)
+        # Python's JSON parser, and so lead's, takes NaN; its sum passed the check once
+        nan = link_post(ws, '{"type": "draft", "draft": {"session_id": "x", "start": 0, '
+                            '"token_ids": [1], "dists": [{"token_ids": [1, 2], '
+                            '"probs": [1.0, NaN]}]}}')
+        assert nan and nan["status"] == 400 and "finite" in nan["message"], nan
+        assert link_post(ws, {**base, "token_ids": [1]}) is None  # stale: taken, unused
     assert read_samples(client.get("/metrics").text)["duo_draft_posts_invalid_total"] == 2
 
 

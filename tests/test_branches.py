@@ -7,14 +7,18 @@ greedy exactness with random trees, junk trees through the API, and the counters
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Callable
 
 import httpx
 import numpy as np
 from fastapi.testclient import TestClient
+from httpx_ws import AsyncWebSocketSession, aconnect_ws
+from httpx_ws.transport import ASGIWebSocketTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.verify import verify
 from lead.drafts.board import Candidate, DraftBoard, post_candidates
@@ -27,6 +31,7 @@ from shared.sampling import Dist
 from shared.scrape import read_samples
 from tests.conftest import chat_body, make_settings
 from tests.test_inprocess import TARGET_COST, ask, new_lead, reference, run, text_of
+from tests.test_link import link_post
 
 GREEDY = SamplingParams()
 
@@ -228,12 +233,13 @@ def test_ready_after_rejection_counts_a_matching_branch() -> None:
     prompt = [1, 2, 3]
     truth = asyncio.run(_reply(Engine(FakeModel(eos_bias=-100.0)), prompt, 30))
     engine = Engine(FakeModel(eos_bias=-100.0), max_draft=4, draft_len=4)
+    feed = attach(engine)
     wrong = truth[3] % 90 + 1
 
     def tree(engine: Engine, s: Session) -> None:
         if s.n_generated == 1:  # once, after the first token: the next step verifies it
-            engine.feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
-                              [Branch(2, tuple(truth[3:8]))])
+            feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
+                            [Branch(2, tuple(truth[3:8]))])
 
     assert asyncio.run(_reply(engine, prompt, 30, tree)) == truth
     m = engine.metrics
@@ -249,13 +255,14 @@ def test_a_rejection_with_no_branch_for_its_correction_finds_no_draft_ready() ->
     prompt = [1, 2, 3]
     truth = asyncio.run(_reply(Engine(FakeModel(eos_bias=-100.0)), prompt, 30))
     engine = Engine(FakeModel(eos_bias=-100.0), max_draft=4, draft_len=4)
+    feed = attach(engine)
     wrong = truth[3] % 90 + 1
     other = next(t for t in range(1, 90) if t not in (truth[3], wrong))  # a root never emitted
 
     def tree(engine: Engine, s: Session) -> None:
         if s.n_generated == 1:
-            engine.feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
-                              [Branch(2, (other, *truth[4:8]))])
+            feed.post_draft(s.id, 4, [truth[1], truth[2], wrong, truth[4]], None, "b",
+                            [Branch(2, (other, *truth[4:8]))])
 
     assert asyncio.run(_reply(engine, prompt, 30, tree)) == truth
     m = engine.metrics
@@ -265,7 +272,7 @@ def test_a_rejection_with_no_branch_for_its_correction_finds_no_draft_ready() ->
 # --- junk through the API ---
 
 
-def test_junk_trees_are_a_400_naming_the_field_and_lead_keeps_serving() -> None:
+def test_junk_trees_are_refused_naming_the_field_and_lead_keeps_serving() -> None:
     client = TestClient(create_app(make_settings(max_tokens=8), FakeModel()))
     base = {"session_id": "x", "start": 0, "token_ids": [1, 2, 3], "back_id": "b"}
     dist = {"token_ids": [1], "probs": [1.0]}
@@ -285,53 +292,58 @@ def test_junk_trees_are_a_400_naming_the_field_and_lead_keeps_serving() -> None:
         ([{"at": 0, "token_ids": [4] * 17}] * 8, "128 tokens in all", None),
         ([{"at": 0, "token_ids": [4], "parent": 2}], "parent", "branches[0].parent"),
     ]
-    for branches, fragment, param in cases:
-        dists = [dist] * 3 if "dists" in branches[0] else None
-        r = client.post("/duo/draft", json={**base, "dists": dists, "branches": branches})
-        error = r.json()["error"]
-        assert r.status_code == 400 and fragment in error["message"], (branches, r.text)
-        assert param is None or error["param"] == param, (branches, error)
-    invalid = read_samples(client.get("/metrics").text)["duo_draft_posts_invalid_total"]
-    assert invalid == 3  # lead's checks
-    reply = client.post("/v1/chat/completions", json=chat_body("still there?"))
-    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
-    ok = client.post("/duo/draft", json={**base, "branches": [{"at": 0, "token_ids": [4]}]})
-    assert ok.status_code == 200  # a well-formed tree of no live session: stale, not refused
+    with client.websocket_connect("/duo/link") as ws:
+        for branches, fragment, param in cases:
+            dists = [dist] * 3 if "dists" in branches[0] else None
+            error = link_post(ws, {**base, "dists": dists, "branches": branches})
+            assert error and error["status"] == 400 and fragment in error["message"], \
+                (branches, error)
+            assert param is None or error["param"] == param, (branches, error)
+        invalid = read_samples(client.get("/metrics").text)["duo_draft_posts_invalid_total"]
+        assert invalid == 3  # lead's checks
+        reply = client.post("/v1/chat/completions", json=chat_body("still there?"))
+        assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+        # a well-formed tree of no live session: stale, not refused
+        assert link_post(ws, {**base, "branches": [{"at": 0, "token_ids": [4]}]}) is None
 
 
-# --- in process: a back posting trees over HTTP ---
+# --- in process: a back posting trees on the link ---
 
 
-async def tree_back(http: httpx.AsyncClient, twin: FakeModel) -> None:
+async def tree_back(ws: AsyncWebSocketSession, twin: FakeModel) -> None:
     """A scripted back: its main chain is wrong at index 1, its branch there is right.
     It posts again only once lead's tokens reach past its last post, so the step after
     each rejection finds the branch on the board with no new post."""
-    since, reaches = -1, 0
+    await ws.send_text(json.dumps({"type": "hello", "back_id": "tree"}))
+    tokens: dict[str, list[int]] = {}
+    reaches = 0
     while True:
-        state = (await http.get("/duo/state", params={"since": since, "wait": 1,
-                                                      "back": "tree"})).json()
-        since, tokens = state["version"], state["token_ids"]
-        if state["done"] or len(tokens) < reaches:
-            continue
-        truth = twin.greedy_continuation(tokens, 8)
-        main = [truth[0], truth[1] % 90 + 1, *truth[2:6]]
-        branch = {"at": 1, "token_ids": truth[1:8]}
-        r = await http.post("/duo/draft", json={"session_id": state["session_id"],
-                                                "start": len(tokens), "token_ids": main,
-                                                "back_id": "tree", "branches": [branch]})
-        assert r.status_code == 200, r.text
-        reaches = len(tokens) + 8
+        update = json.loads(await ws.receive_text())
+        assert update["type"] == "update", update  # (a refusal: the post was wrong)
+        for news in update["sessions"]:
+            held = tokens.setdefault(news["session_id"], [])
+            held[news["offset"]:] = news["token_ids"]
+            if news["done"] or len(held) < reaches:
+                continue
+            truth = twin.greedy_continuation(held, 8)
+            main = [truth[0], truth[1] % 90 + 1, *truth[2:6]]
+            branch = {"at": 1, "token_ids": truth[1:8]}
+            await ws.send_text(json.dumps({"type": "draft", "draft": {
+                "session_id": news["session_id"], "start": len(held), "token_ids": main,
+                "back_id": "tree", "branches": [branch]}}))
+            reaches = len(held) + 8
 
 
 async def with_tree_back(cost_s: tuple[float, float] = TARGET_COST, **settings: object
                          ) -> tuple[str, dict[str, float], FakeModel]:
     """A reply of a lead over a fake target (`cost_s`, `settings`) with tree_back posting
-    to it over HTTP: its text, lead's /metrics after it, and the target."""
+    to it on the link: its text, lead's /metrics after it, and the target."""
     app, target = new_lead(cost_s, **settings)
-    transport = httpx.ASGITransport(app=app)
     twin = FakeModel(eos_bias=-100.0)  # the target's own greedy continuation
-    async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:
-        back = asyncio.create_task(tree_back(http, twin))
+    async with ASGIWebSocketTransport(app=app) as transport, \
+            httpx.AsyncClient(transport=transport, base_url="http://lead") as http, \
+            aconnect_ws("http://lead/duo/link", http) as ws:
+        back = asyncio.create_task(tree_back(ws, twin))
         try:
             reply = await ask(transport)
         finally:
@@ -342,7 +354,7 @@ async def with_tree_back(cost_s: tuple[float, float] = TARGET_COST, **settings: 
     return text_of(reply), counters, target
 
 
-def test_a_back_posting_trees_over_http_changes_no_output_and_its_branches_are_used() -> None:
+def test_a_back_posting_trees_on_the_link_changes_no_output_and_its_branches_are_used() -> None:
     async def body() -> None:
         alone = await reference()
         text, counters, _ = await with_tree_back(draft_len=4)

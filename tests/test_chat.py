@@ -193,19 +193,21 @@ def _feed_correct_drafts(server: LiveServer, target: FakeModel):  # type: ignore
     """A stand-in back in a thread: posts the target's own continuation as drafts."""
     import threading
 
-    import httpx
+    from tests.test_link import ScriptedLink
 
     stop = threading.Event()
 
     def loop() -> None:
-        version = -1
-        while not stop.is_set():
-            s = httpx.get(f"{server.url}/duo/state", params={"since": version, "wait": 0.5}).json()
-            version = s["version"]
-            if s["session_id"] and not s["done"]:
-                ids = target.greedy_continuation(s["token_ids"], 8)
-                httpx.post(f"{server.url}/duo/draft", json={
-                    "session_id": s["session_id"], "start": s["n_tokens"], "token_ids": ids})
+        link = ScriptedLink(server.url)
+        try:
+            while not stop.is_set():
+                for s in link.news(timeout=0.5):
+                    if not s["done"]:
+                        tokens = link.tokens[s["session_id"]]
+                        link.post(s["session_id"], len(tokens),
+                                  target.greedy_continuation(tokens, 8))
+        finally:
+            link.close()
 
     thread = threading.Thread(target=loop, daemon=True)
     thread.start()

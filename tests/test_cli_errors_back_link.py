@@ -26,7 +26,7 @@ from shared.protocol import DraftPost, Hello
 from tests.conftest import async_wait_until
 from tests.test_worker import info
 
-FULL = "too many links and long-polls open from this address"
+FULL = "too many links open from this address"
 
 
 def full_lead(links: list[int]) -> Starlette:

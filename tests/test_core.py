@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from back.drafter import Drafter, ModelDrafter, NgramDrafter
+from lead.backs.limits import RateLimiter
+from lead.backs.registry import BackRegistry
 from lead.decode.textstream import TextStream
 from lead.drafts.board import Candidate, DraftBoard
-from lead.drafts.limits import RateLimiter
-from lead.drafts.registry import BackRegistry
 from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
 from shared.fake import FakeModel

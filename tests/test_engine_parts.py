@@ -8,6 +8,8 @@ import asyncio
 import numpy as np
 import pytest
 
+from lead.backs.feed import BackFeed, is_news
+from lead.backs.limits import PostLimiter
 from lead.decode.admission import Admission, QueueFull
 from lead.decode.decoder import Decoder, Job, Step
 from lead.decode.metrics import Metrics
@@ -16,8 +18,6 @@ from lead.decode.runs import Run
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
-from lead.drafts.feed import BackFeed, is_news
-from lead.drafts.limits import PostLimiter
 from lead.policy.cost import CostModel
 from shared.fake import EOS, FakeModel, VirtualClock
 from shared.logprobs import TokenLogprob
@@ -93,50 +93,6 @@ def test_which_change_is_news_to_which_back(quiet: bool, idle: bool, wanted: int
     assert is_news(done, quiet, idle, lambda: wanted) is news
 
 
-@pytest.mark.parametrize(("quiet", "idle", "woken"), [
-    (None, False, True), ("s1", False, False), ("s1", True, False), ("s0", True, True)])
-def test_a_long_poll_wakes_on_its_quiet_session_only_for_news(quiet: str | None, idle: bool,
-                                                              woken: bool) -> None:
-    async def body() -> bool:
-        feed = BackFeed(CostModel(max_draft=8, fixed=0), Metrics())  # drafts never wanted
-        feed.start(session([1, 2], sid="s1"))
-        since = feed.version
-        waiting = asyncio.create_task(feed.wait_state(since, 10.0, quiet_session=quiet,
-                                                      idle=idle))
-        feed.notify(["s1"])  # a step of s1 ("s0": the back's quiet session ended before it)
-        # a woken one answers at once: its ceiling only catches a hang
-        await asyncio.wait({waiting}, timeout=10.0 if woken else 0.2)
-        woke = waiting.done()
-        waiting.cancel()
-        return woke
-    assert asyncio.run(body()) is woken
-
-
-def test_a_long_poll_wakes_on_news_that_concerns_it() -> None:
-    async def body() -> None:
-        feed = BackFeed(CostModel(max_draft=8, fixed=0), Metrics())  # drafts never wanted
-        s = session([1, 2])
-        feed.start(s)
-        since = feed.version
-        plain = asyncio.create_task(feed.wait_state(since, 10.0))
-        quiet = asyncio.create_task(feed.wait_state(since, 10.0, quiet_session=s.id))
-        feed.notify([s.id])  # a step: news for a back that drafts, none for the quiet one
-        await asyncio.wait_for(plain, 5)
-        await asyncio.sleep(0)
-        assert not quiet.done()
-        s.finish_reason = "stop"
-        feed.end(s)
-        await asyncio.wait_for(quiet, 5)
-    asyncio.run(body())
-
-
-def test_a_long_poll_times_out_without_news() -> None:
-    async def body() -> None:
-        feed = BackFeed(CostModel(max_draft=8), Metrics())
-        await asyncio.wait_for(feed.wait_state(feed.version, 0.01), 5)
-    asyncio.run(body())
-
-
 def test_posts_reach_the_board_only_for_the_live_session() -> None:
     metrics = Metrics()
     feed = BackFeed(CostModel(max_draft=8, fixed=4), metrics)
@@ -151,7 +107,7 @@ def test_posts_reach_the_board_only_for_the_live_session() -> None:
     assert board is not None
     best = board.best(s.tokens, 8)
     assert best is not None and best.token_ids == [5, 6]
-    state = feed.state(1, "b")
+    state = feed.session_state(feed.followed["s1"], 1, "b")
     assert state.session_id == "s1" and state.token_ids == [2] and state.draft_len == 4
 
 
@@ -159,9 +115,9 @@ def test_only_a_back_that_drafts_makes_a_step_busy() -> None:
     feed = BackFeed(CostModel(max_draft=8, fixed=4), Metrics())
     s = session([1, 2])
     feed.start(s)
-    feed.back_seen("b", sits_out=True)  # its poll said idle: it sits out
+    feed.back_seen("b", sits_out=True)  # its hello said idle: it sits out
     assert feed.backs.active() == 1 and not feed.back_drafting(s)
-    feed.back_seen("b")  # it polls as one that drafts when asked
+    feed.back_seen("b")  # it says it drafts when asked
     assert feed.back_drafting(s)
     feed.back_seen("b", sits_out=True)
     feed.post_draft("s1", 2, [5], None, "b")  # a post: it drafts after all

@@ -12,11 +12,11 @@ from lead.server.app import create_app
 from shared.fake import FakeModel
 from tests.conftest import make_settings
 
-# A small context keeps generated max_tokens cheap; short polls keep /duo/state fast; a
-# save folder serves the slot actions (without one each is llama-server's 501, by design).
+# A small context keeps generated max_tokens cheap; a save folder serves the slot actions
+# (without one each is llama-server's 501, by design).
 slot_files = tempfile.TemporaryDirectory(prefix="lead-fuzz-slots-")
-app = create_app(make_settings(max_poll_s=0.05, max_draft_posts=10_000,
-                               slot_save_path=slot_files.name), FakeModel(n_ctx=256))
+app = create_app(make_settings(max_draft_posts=10_000, slot_save_path=slot_files.name),
+                 FakeModel(n_ctx=256))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

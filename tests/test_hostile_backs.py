@@ -5,7 +5,7 @@
   back does bias it (the check has power).
 - Ranking: the board verifies the draft expected to yield most at its back's own
   acceptance: long junk beside a good back loses after one step and stays lost.
-- Caps per address: board places, registry records, open long-polls; arrivals wake the
+- Caps per address: board places, registry records, open links; arrivals wake the
   live panel at a bounded rate (on an injected clock).
 - The grammar goes to a back once per session, not in every state.
 """
@@ -13,6 +13,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 from collections import Counter
 
 import httpx
@@ -20,23 +22,25 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
 
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
+from lead.backs.feed import BackFeed, attach
+from lead.backs.limits import BACKS_PER_ADDRESS, LINKS_PER_ADDRESS
+from lead.backs.registry import BackRegistry
+from lead.backs.routes import back_router
 from lead.decode.engine import Engine, GenRequest
 from lead.decode.metrics import Metrics
+from lead.decode.runs import Run
 from lead.decode.session import Session
 from lead.decode.verify import verify
 from lead.drafts.board import Candidate, Draft, DraftBoard
-from lead.drafts.feed import BackFeed
-from lead.drafts.limits import BACKS_PER_ADDRESS, POLLS_PER_ADDRESS
-from lead.drafts.registry import BackRegistry
 from lead.policy.acceptance import expected_yield, yield_curve
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
 from lead.server.app import create_app
-from lead.server.backroutes import back_router
 from lead.server.keys import Keys
 from lead.server.prometheus import exposition
 from shared.fake import FakeModel
@@ -45,6 +49,7 @@ from shared.protocol import SamplingParams, SessionState, Update, grammar_id
 from shared.sampling import Dist
 from shared.scrape import read_samples
 from tests.conftest import InProcessLead, async_wait_until, make_settings
+from tests.test_link import link_post
 from tests.test_sampling_exact import (
     PARAMS,
     TRIALS,
@@ -97,21 +102,23 @@ def test_forged_probabilities_bias_sampling_only_from_a_trusted_back(trusted: bo
     assert (metrics.drafts_untrusted > 0) is not trusted
 
 
-def board_of(engine: Engine, session_id: str) -> DraftBoard:
-    board = engine.feed.board_of(session_id)
+def board_of(feed: BackFeed, session_id: str) -> DraftBoard:
+    board = feed.board_of(session_id)
     assert board is not None
     return board
 
 
-def keyed_lead(keys: Keys) -> tuple[TestClient, Engine, Session]:
-    """The back routes alone over a fake target with `keys`, and a live session."""
+def keyed_lead(keys: Keys) -> tuple[TestClient, BackFeed, Session]:
+    """The back routes alone over a fake target with `keys`, its feed, and a live session."""
     engine = Engine(FakeModel(), max_draft=8, draft_len=4)
+    feed = attach(engine)
     app = FastAPI()
-    app.include_router(back_router(engine, LeadPlace("host", frozenset({0}), 1), keys=keys))
+    app.include_router(back_router(engine, feed, LeadPlace("host", frozenset({0}), 1),
+                                   keys=keys))
     session = Session(id="s1", tokens=[1, 2, 3], n_prompt=3,
                       params=SamplingParams(temperature=1.0), rng=np.random.default_rng(0))
-    engine.feed.start(session)
-    return TestClient(app), engine, session
+    feed.start(session)
+    return TestClient(app), feed, session
 
 
 DIST = {"token_ids": [5, 6], "probs": [0.5, 0.5]}
@@ -121,21 +128,22 @@ POST = {"session_id": "s1", "start": 3, "token_ids": [5, 7], "dists": [DIST, DIS
 
 @pytest.mark.parametrize(("key", "kept"), [("api", False), ("back", True), (None, False)])
 def test_dists_count_only_from_a_back_with_the_back_key(key: str | None, kept: bool) -> None:
-    client, engine, session = keyed_lead(Keys(api_key="api", back_key="back"))
+    client, feed, session = keyed_lead(Keys(api_key="api", back_key="back"))
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    r = client.post("/duo/draft", json={**POST, "back_id": "b"}, headers=headers)
-    assert r.status_code == 200, r.text
-    main, branch = board_of(engine, "s1").candidates["b@testclient"]
+    with client.websocket_connect("/duo/link", headers=headers) as ws:
+        assert link_post(ws, {**POST, "back_id": "b"}) is None
+    main, branch = board_of(feed, "s1").candidates["b@testclient"]
     assert (main.dists is not None, branch.dists is not None) == (kept, kept)
-    assert engine.metrics.drafts_untrusted == (0 if kept else 1)
-    text = exposition(engine.metrics, {})
+    assert feed.metrics.drafts_untrusted == (0 if kept else 1)
+    text = exposition(feed.metrics, {})
     assert read_samples(text)["duo_draft_posts_untrusted_total"] == (0 if kept else 1)
 
 
 def test_without_any_key_every_back_is_trusted() -> None:
-    client, engine, _ = keyed_lead(Keys())
-    assert client.post("/duo/draft", json={**POST, "back_id": "b"}).status_code == 200
-    assert board_of(engine, "s1").candidates["b@testclient"][0].dists is not None
+    client, feed, _ = keyed_lead(Keys())
+    with client.websocket_connect("/duo/link") as ws:
+        assert link_post(ws, {**POST, "back_id": "b"}) is None
+    assert board_of(feed, "s1").candidates["b@testclient"][0].dists is not None
 
 
 # --- ranking: expected yield at each back's own acceptance ---
@@ -215,15 +223,17 @@ def test_a_good_back_beside_long_junk_is_verified_and_junk_is_not() -> None:
     prompt = [1, 2, 3]
     reference = FakeModel(eos_bias=-100.0).greedy_continuation(prompt, 80)
     engine = Engine(FakeModel(eos_bias=-100.0), max_draft=8, draft_len=4)
+    feed = attach(engine)
     chosen: list[str | None] = []
     original = engine._offered
 
-    def offered_after_posts(s: Session):  # type: ignore[no-untyped-def]
+    def offered_after_posts(run: Run):  # type: ignore[no-untyped-def]
+        s = run.session
         tokens, at = s.tokens, len(s.tokens) - len(prompt)
         wrong = 1 if reference[at] != 1 else 2
-        engine.feed.post_draft(s.id, len(tokens), reference[at:at + 6], None, "good")
-        engine.feed.post_draft(s.id, len(tokens), [wrong] + [9] * 15, None, "junk")
-        draft = original(s)
+        feed.post_draft(s.id, len(tokens), reference[at:at + 6], None, "good")
+        feed.post_draft(s.id, len(tokens), [wrong] + [9] * 15, None, "junk")
+        draft = original(run)
         chosen.append(draft.back_id if draft else None)
         return draft
 
@@ -272,36 +282,33 @@ def test_made_up_ids_from_one_address_push_out_only_each_other() -> None:
 
 
 def test_a_post_from_a_fifth_back_of_one_address_is_a_429_that_says_why() -> None:
-    client, engine, _ = keyed_lead(Keys())
+    client, _, _ = keyed_lead(Keys())
     body = {"session_id": "s1", "start": 3, "token_ids": [5, 6]}
-    for i in range(BACKS_PER_ADDRESS):
-        assert client.post("/duo/draft", json={**body, "back_id": f"b{i}"}).status_code == 200
-    r = client.post("/duo/draft", json={**body, "back_id": "b-extra"})
-    assert r.status_code == 429 and r.headers["retry-after"] == "1"
-    assert "hold drafts on lead's board" in r.text
-    assert client.post("/duo/draft", json={**body, "back_id": "b0"}).status_code == 200
+    with client.websocket_connect("/duo/link") as ws:
+        for i in range(BACKS_PER_ADDRESS):
+            assert link_post(ws, {**body, "back_id": f"b{i}"}) is None
+        refused = link_post(ws, {**body, "back_id": "b-extra"})
+        assert refused and refused["status"] == 429 and refused["retry_after"] == 1
+        assert "hold drafts on lead's board" in refused["message"]
+        assert link_post(ws, {**body, "back_id": "b0"}) is None
 
 
-def test_long_polls_per_address_are_capped_and_freed() -> None:
-    async def body() -> None:
-        app = create_app(make_settings(calibrate=False), FakeModel())
-        feed = app.state.engine.feed  # type: ignore[attr-defined]
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://lead",
-                                     timeout=None) as http:
-            params = {"since": feed.version, "wait": 30}
-            polls = [asyncio.create_task(http.get("/duo/state", params=params))
-                     for _ in range(POLLS_PER_ADDRESS)]
-            await async_wait_until(lambda: feed.polls.open.get("127.0.0.1") == len(polls),
-                                   what="the polls to wait")
-            refused = await asyncio.wait_for(http.get("/duo/state", params=params), 5)
-            assert refused.status_code == 429 and refused.headers["retry-after"] == "1"
-            assert "long-polls open" in refused.json()["error"]["message"]
-            assert (await http.get("/duo/state")).status_code == 200  # no wait: answered
-            feed.notify()
-            assert all(r.status_code == 200 for r in await asyncio.gather(*polls))
-            assert feed.polls.open == {}
-    asyncio.run(asyncio.wait_for(body(), 30))
+def test_links_per_address_are_capped_and_freed() -> None:
+    app = create_app(make_settings(calibrate=False), FakeModel())
+    feed = app.state.feed  # type: ignore[attr-defined]
+    with TestClient(app) as client:
+        with contextlib.ExitStack() as links:
+            for _ in range(LINKS_PER_ADDRESS):
+                ws = links.enter_context(client.websocket_connect("/duo/link"))
+                assert link_post(ws, {"session_id": "s", "start": 0, "token_ids": [1]}) is None
+            assert feed.links.open == {"testclient": LINKS_PER_ADDRESS}
+            with client.websocket_connect("/duo/link") as extra, \
+                    pytest.raises(WebSocketDisconnect) as closed:
+                extra.receive_text()
+            assert closed.value.code == 1013 and "too many links" in closed.value.reason
+        with client.websocket_connect("/duo/link") as ws:  # the places are free again
+            assert link_post(ws, {"session_id": "s", "start": 0, "token_ids": [1]}) is None
+            assert feed.links.open == {"testclient": 1}
 
 
 def test_arrivals_wake_the_live_panel_at_a_bounded_rate() -> None:
@@ -383,14 +390,16 @@ def test_a_back_gets_the_grammar_once_and_drafts_under_it() -> None:
 
 
 def test_the_grammar_of_a_session_lead_does_not_hold_is_a_404() -> None:
-    client, engine, _ = keyed_lead(Keys())
+    client, feed, _ = keyed_lead(Keys())
     assert client.get("/duo/grammar", params={"session": "s1"}).status_code == 404  # none
     s = Session(id="s2", tokens=[1], n_prompt=1, params=SamplingParams(grammar=GRAMMAR),
                 rng=np.random.default_rng(0))
-    engine.feed.start(s)
+    feed.start(s)
     got = client.get("/duo/grammar", params={"session": "s2"}).json()
     assert got == {"session_id": "s2", "grammar_id": grammar_id(GRAMMAR), "grammar": GRAMMAR}
     assert client.get("/duo/grammar", params={"session": "s1"}).status_code == 404
-    state = client.get("/duo/state").json()
-    assert state["grammar"] is None and state["grammar_id"] == grammar_id(GRAMMAR)
+    with client.websocket_connect("/duo/link") as ws:  # news names it, without its text
+        ws.send_text(json.dumps({"type": "hello"}))
+        news = json.loads(ws.receive_text())["sessions"][-1]
+    assert news["sampling"].get("grammar") is None and news["grammar_id"] == grammar_id(GRAMMAR)
 

@@ -281,8 +281,7 @@ def test_ngram_back_and_model_back_together() -> None:
                                        what="both backs")
                 reply = await ask(transport, text)
                 assert text_of(reply) == alone
-                engine = app.state.engine  # type: ignore[attr-defined]
-                assert engine.feed.backs.active() == 2
+                assert app.state.feed.backs.active() == 2  # type: ignore[attr-defined]
 
             await with_workers(workers, check)
     run(body())
@@ -353,15 +352,15 @@ def test_sampling_back_posts_distributions_and_seeded_requests_repeat() -> None:
         # whole reply (1 run in 20). Give the draft the lead a real one has.
         app, _ = new_lead(cost_s=(0.012, 0.001))
         async with InProcessLead(app) as transport:
-            engine = app.state.engine  # type: ignore[attr-defined]
+            feed = app.state.feed  # type: ignore[attr-defined]
             posted_dists: list[bool] = []
-            original = engine.feed.post_draft
+            original = feed.post_draft
 
             def spy(session_id, start, token_ids, dists, *rest, **kw):  # type: ignore[no-untyped-def]
                 posted_dists.append(dists is not None)
                 return original(session_id, start, token_ids, dists, *rest, **kw)
 
-            engine.feed.post_draft = spy
+            feed.post_draft = spy
 
             async def sampled(seed: int) -> dict:
                 async with httpx.AsyncClient(transport=transport, base_url="http://lead") as http:

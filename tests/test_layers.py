@@ -16,8 +16,6 @@ BESIDE = {"lead.backs": "lead.server"}  # a floor: the one it stands beside
 IMPORTS_BACKS = ("lead.__main__", "lead.server", "lead.backs")
 CORE = ("lead/decode", "lead/drafts", "lead/policy")
 PROJECT = ("lead", "back", "bench", "chat", "device", "scripts", "tests")  # above shared/
-# Imports up a floor that stand until their module moves: each must still be there.
-UPWARD_STILL = {"lead.drafts.feed": {"lead.decode.metrics", "lead.decode.session"}}
 
 
 def imported(path: Path) -> set[str]:
@@ -63,21 +61,11 @@ def wrong_way(module: str, name: str) -> bool:
 
 def upward(root: Path = ROOT) -> set[str]:
     return {f"{m}: {name}" for m, p in modules(("lead",), root).items()
-            for name in imported(p) if wrong_way(m, name)
-            and name not in UPWARD_STILL.get(m, set())}
+            for name in imported(p) if wrong_way(m, name)}
 
 
 def test_no_floor_of_lead_imports_one_above_it() -> None:
     assert not upward(), sorted(upward())
-
-
-def test_each_import_let_up_a_floor_is_still_there() -> None:
-    """An entry of UPWARD_STILL whose import is gone (its module moved) goes too."""
-    found = modules(("lead",))
-    stale = {f"{m}: {sorted(names - imported(found[m]) if m in found else names)}"
-             for m, names in UPWARD_STILL.items()
-             if m not in found or not names <= imported(found[m])}
-    assert not stale, f"remove from UPWARD_STILL: {sorted(stale)}"
 
 
 def test_lead_s_drafting_and_decoding_import_nothing_of_the_backs() -> None:

@@ -11,11 +11,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from lead.apis.streaming import KEEPALIVE, StreamedReply
+from lead.backs.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.decode.engine import Engine
 from lead.decode.metrics import Metrics
 from lead.decode.session import Emission
 from lead.decode.textstream import TextStream
-from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
 from lead.server.sendwatch import StallWatch
 from shared.fake import FakeModel
@@ -39,7 +39,7 @@ def test_one_back_gets_its_rate_and_no_more() -> None:
 
 
 def test_metrics_parse_as_prometheus_text_with_help_and_type_for_every_family() -> None:
-    metrics = Metrics(requests=2, drafted=10, accepted=4, state_polls=7)
+    metrics = Metrics(requests=2, drafted=10, accepted=4, link_updates=7)
     slots = [{"slot": 0, "state": "idle"},
              {"slot": 1, "state": "decoding", "prompt_left": 0, "tokens": 5, "drafted": 3,
               "accepted": 2}]
@@ -49,7 +49,7 @@ def test_metrics_parse_as_prometheus_text_with_help_and_type_for_every_family() 
     assert text.count("# HELP ") == text.count("# TYPE ") == len(families) == \
         len(COUNTERS) + 3 + 1 + len(SLOT_GAUGES)  # rate, tok/s, backs; verify cost; slots
     samples = read_samples(text)
-    assert samples["duo_requests_total"] == 2 and samples["duo_state_polls_total"] == 7
+    assert samples["duo_requests_total"] == 2 and samples["duo_link_updates_total"] == 7
     assert samples["duo_acceptance_rate"] == 0.4 and samples["duo_backs_active"] == 1
     assert samples['duo_verify_cost_seconds{batch="4"}'] == 0.05
     assert samples['duo_slot_busy{slot="0"}'] == 0 and samples['duo_slot_busy{slot="1"}'] == 1

@@ -4,13 +4,17 @@ back drafting for several sessions at once over it (fake models, in one process)
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import queue
 import time
+from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 from fastapi.testclient import TestClient
+from httpx_ws import connect_ws
 from httpx_ws.transport import ASGIWebSocketTransport
 from starlette.websockets import WebSocketDisconnect
 
@@ -19,10 +23,10 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.leadlink import NEWS_S, Link
 from back.worker import Worker
+from lead.backs.feed import BackFeed
+from lead.backs.link import LinkedBack
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
-from lead.drafts.feed import BackFeed
-from lead.drafts.link import LinkedBack
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from shared.fake import FakeModel, VirtualClock
@@ -81,11 +85,10 @@ def test_an_update_says_how_long_lead_s_step_under_way_has_left() -> None:
     feed.notify(["a"])
     update = link.update()
     assert update is not None and update.step_left_s == pytest.approx(0.02)
-    assert feed.state().step_left_s == pytest.approx(0.02)  # a long-poll's state says it too
     now[0] += 0.05  # the step ran over its price: none left, not less than none
     assert feed.step_left() == 0.0
     feed.step_began(None)
-    assert feed.step_left() is None and feed.state().step_left_s is None
+    assert feed.step_left() is None
 
 
 def test_a_back_sitting_out_hears_only_of_sessions_starting_and_ending() -> None:
@@ -144,7 +147,6 @@ def test_one_field_says_why_lead_wants_no_drafts_and_a_hush_is_news_of_every_ses
     hushed = link.update()
     assert hushed is not None and (hushed.sessions[0].draft_len, hushed.sessions[0].stop) == \
         (0, Stop.SLOWED)
-    assert feed.state().stop == Stop.SLOWED  # a long-poll's state says it too
     cost.hushed, cost.fixed = False, 0
     feed.log_hush()
     assert link.update().sessions[0].stop == Stop.UNPAID  # type: ignore[union-attr]
@@ -167,6 +169,20 @@ def test_a_state_from_a_lead_that_predates_stop_reads_its_reason_from_what_it_se
 
 def link_app(**settings: object) -> TestClient:
     return TestClient(create_app(make_settings(calibrate=False, **settings), FakeModel()))
+
+
+def link_post(ws: Any, draft: dict[str, Any] | str) -> dict[str, Any] | None:
+    """Post `draft` (a draft's fields, or a whole message's text) on the link `ws` of a back
+    that said no hello (so no update comes): lead's refusal, or None where it took the post
+    (a binary frame sent after it, always refused, shows it was read)."""
+    ws.send_text(draft if isinstance(draft, str) else
+                 json.dumps({"type": "draft", "draft": draft}))
+    ws.send_bytes(b"read?")
+    answer = json.loads(ws.receive_text())
+    if "binary" in answer["message"]:
+        return None
+    assert "binary" in json.loads(ws.receive_text())["message"]
+    return answer
 
 
 def test_messages_lead_cannot_take_are_refused_naming_why_and_the_link_stays() -> None:
@@ -219,6 +235,42 @@ def test_a_link_without_the_key_is_refused() -> None:
                 as ws:
             ws.send_text(json.dumps({"type": "hello"}))
             assert json.loads(ws.receive_text())["type"] == "update"
+
+
+class ScriptedLink:
+    """A scripted back on lead's link, in the calling thread (a process-tier test's stand-in
+    back): each session's tokens as lead's news tells them, and drafts it posts."""
+
+    def __init__(self, url: str, back_id: str = "t") -> None:
+        self._open = contextlib.ExitStack()
+        http = self._open.enter_context(httpx.Client())
+        self.ws = self._open.enter_context(connect_ws(f"{url}/duo/link", http))
+        self.back_id = back_id
+        self.tokens: dict[str, list[int]] = {}  # session id -> its tokens as told
+        self.ended: list[str] = []  # sessions told done, in order
+        self.ws.send_text(json.dumps({"type": "hello", "back_id": back_id}))
+
+    def news(self, timeout: float) -> list[dict[str, Any]]:
+        """The sessions the next update tells of ([]: none within `timeout` seconds)."""
+        try:
+            update = json.loads(self.ws.receive_text(timeout=timeout))
+        except queue.Empty:
+            return []
+        told = update.get("sessions", [])  # (a refusal: none)
+        for news in told:
+            held = self.tokens.setdefault(news["session_id"], [])
+            held[news["offset"]:] = news["token_ids"]
+            if news["done"]:
+                self.ended.append(news["session_id"])
+        return told
+
+    def post(self, session_id: str, start: int, token_ids: list[int]) -> None:
+        self.ws.send_text(json.dumps({"type": "draft", "draft": {
+            "session_id": session_id, "start": start, "token_ids": token_ids,
+            "back_id": self.back_id}}))
+
+    def close(self) -> None:
+        self._open.close()
 
 
 # --- a back on the link ---

@@ -10,13 +10,14 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from fastapi.testclient import TestClient
 
 from lead.apis import shapes
 from lead.apis.openaireply import sse as _sse
 from lead.apis.streaming import chain
+from lead.backs.registry import BackRecord, BackRegistry
 from lead.decode.metrics import Metrics
 from lead.decode.session import Emission, Session
-from lead.drafts.registry import BackRecord, BackRegistry
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.live import LiveNews, reply_view, snapshot
@@ -109,10 +110,10 @@ def data(event: str) -> dict[str, Any]:
 def test_live_events_wake_on_news_and_end_on_close() -> None:
     async def body() -> None:
         app = create_app(make_settings(calibrate=False), FakeModel())
-        engine = app.state.engine
-        events = live_events(engine, app.state.live, heartbeat_s=30)  # no heartbeat here
+        engine, feed = app.state.engine, app.state.feed
+        events = live_events(engine, app.state.live, feed.backs, heartbeat_s=30)  # no heartbeat
         assert data(await anext(events))["backs"] == []
-        engine.feed.back_seen("b1", "10.1.1.1", "ngram")  # a back arrives: news
+        feed.back_seen("b1", "10.1.1.1", "ngram")  # a back arrives: news
         snap = data(await asyncio.wait_for(anext(events), 5))
         assert [(b["id"], b["kind"]) for b in snap["backs"]] == [("b1", "ngram")]
         app.state.on_exit()  # lead shutting down
@@ -124,12 +125,12 @@ def test_live_events_wake_on_news_and_end_on_close() -> None:
 def test_live_events_heartbeat_and_a_back_falling_silent() -> None:
     async def body() -> None:
         app = create_app(make_settings(calibrate=False), FakeModel())
-        engine = app.state.engine
-        engine.feed.back_seen("b1")
-        events = live_events(engine, app.state.live, heartbeat_s=0.01)
+        engine, feed = app.state.engine, app.state.feed
+        feed.back_seen("b1")
+        events = live_events(engine, app.state.live, feed.backs, heartbeat_s=0.01)
         assert [b["id"] for b in data(await anext(events))["backs"]] == ["b1"]
         assert await anext(events) == ": nothing new\n\n"  # nothing changed
-        engine.feed.backs.records["b1"].last_seen -= 61  # silent past the window
+        feed.backs.records["b1"].last_seen -= 61  # silent past the window
         assert data(await anext(events))["backs"] == []
         engine.shutdown()
     asyncio.run(body())
@@ -210,7 +211,6 @@ def test_page_and_its_files_are_open_and_the_data_is_not() -> None:
 def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
     async def body() -> None:
         app, _ = new_lead()
-        engine = app.state.engine  # type: ignore[attr-defined]
         async with InProcessLead(app) as transport:
             worker = model_worker(transport, back_id="drafter-1")
 
@@ -226,7 +226,7 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
                 assert sum(d["accepted"] for d in drafted) == usage["accepted_tokens"]
                 assert {d["back"] for d in drafted} == {"drafter-1"}
                 assert all("back" not in e["duo"] for e in events if not e["duo"]["accepted"])
-                record = engine.feed.backs.records["drafter-1"]
+                record = app.state.feed.backs.records["drafter-1"]
                 assert (record.drafted, record.accepted) == (usage["drafted_tokens"],
                                                              usage["accepted_tokens"])
                 assert record.address == "127.0.0.1"
@@ -237,15 +237,12 @@ def test_stream_names_the_back_of_accepted_tokens_and_counts_add_up() -> None:
     run(body())
 
 
-def test_state_poll_records_the_backs_drafter_kind() -> None:
-    async def body() -> None:
-        app = create_app(make_settings(calibrate=False), FakeModel())
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app),
-                                     base_url="http://lead") as http:
-            r = await http.get("/duo/state", params={"back": "n1", "kind": "ngram"})
-            assert r.status_code == 200
-        assert app.state.engine.feed.backs.records["n1"].kind == "ngram"
-    asyncio.run(body())
+def test_a_hello_records_the_backs_drafter_kind() -> None:
+    app = create_app(make_settings(calibrate=False), FakeModel())
+    with TestClient(app) as client, client.websocket_connect("/duo/link") as ws:
+        ws.send_text(json.dumps({"type": "hello", "back_id": "n1", "kind": "ngram"}))
+        assert json.loads(ws.receive_text())["type"] == "update"
+    assert app.state.feed.backs.records["n1"].kind == "ngram"
 
 
 def test_every_token_is_an_event_even_before_its_text_is() -> None:

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.server.app import create_app
 from shared.fake import ALPHABET, FakeModel
@@ -190,6 +191,7 @@ async def engine_reply(stop: list[str], reference: list[int] | None = None
                        ) -> tuple[list[int], list[TokenLogprob], str]:
     """A reply straight from the engine; with `reference`, a back posts it as drafts."""
     engine = Engine(FakeModel(eos_bias=-100.0), max_draft=8, draft_len=6)
+    feed = attach(engine)
     request = GenRequest([5, 6, 7], 60, stop=stop, top_logprobs=2)
     entries: list[TokenLogprob] = []
     text = ""
@@ -197,7 +199,7 @@ async def engine_reply(stop: list[str], reference: list[int] | None = None
         entries, text = entries + e.logprobs, text + e.text
         s = engine.session
         if reference and s is not None and not s.done:
-            engine.feed.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
+            feed.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
     session = engine.session
     assert session is not None and (reference is None or session.accepted > 0)
     return session.tokens[3:], entries, text

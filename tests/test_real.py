@@ -44,11 +44,6 @@ def stream_chat(lead: Lead, text: str = CODE_PROMPT, **body: object) -> Iterator
         yield from sse_events(r)
 
 
-def state(lead: Lead, offset: int = 0, since: int = -1, wait: float = 0) -> dict:
-    return httpx.get(f"{lead.url}/duo/state", params={"offset": offset, "since": since,
-                                                       "wait": wait}, timeout=40).json()
-
-
 def back_accepted(back: Back) -> int:
     """The draft tokens lead accepted from `back`, from its session lines; call after
     back.stop() (on SIGTERM it still logs the session it was in)."""
@@ -121,8 +116,6 @@ def test_second_turn_evaluates_only_new_tokens(lead: Lead) -> None:
                               "max_tokens": -5}, "max_tokens"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 3000}]},
      "context"),
-    ("/duo/draft", {"session_id": "x", "start": 0, "token_ids": [10**7]}, "vocabulary"),
-    ("/duo/draft", {"session_id": "x", "start": 0, "token_ids": list(range(40))}, "at most"),
 ])
 def test_real_bad_input_is_4xx_and_lead_keeps_serving(lead: Lead, path: str, body: dict,
                                                       fragment: str) -> None:

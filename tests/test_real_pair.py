@@ -20,7 +20,8 @@ import pytest
 from bench.procs import Back, Lead
 from shared.presets import PRESETS, cache_dir
 from tests.drafting import FORCED
-from tests.test_real import back_accepted, chat, state, stream_chat
+from tests.test_link import ScriptedLink
+from tests.test_real import back_accepted, chat, stream_chat
 
 pytestmark = pytest.mark.real
 
@@ -103,37 +104,41 @@ def junk(token: int) -> int:
 
 
 def _post_drafts_while_generating(lead: Lead, source: list[int], n_prompt: int,
-                                  garbage: bool) -> tuple[dict, dict[int, int]]:
-    """Run a chat request while this test plays back drafts taken from `source`.
+                                  garbage: bool) -> tuple[dict, dict[int, int], list[int]]:
+    """Run a chat request while this test, a back on the link, plays back drafts taken from
+    `source` (none where it is empty).
 
     garbage=True: the first two tokens are right, the last two are junk (a draft that
-    goes wrong half-way). Returns the reply and the junk tokens posted, by position.
+    goes wrong half-way). Returns the reply, the junk tokens posted, by position, and the
+    session's tokens as lead's news told them.
     """
     result: dict = {}
     posted_junk: dict[int, int] = {}
-    worker = threading.Thread(target=lambda: result.update(chat(lead, PROMPT, max_tokens=60)))
-    worker.start()
-    version = -1
-    while worker.is_alive():
-        s = state(lead, since=version, wait=1.0)
-        version = s["version"]
-        if s["done"] or s["n_tokens"] < n_prompt:
-            continue
-        n = s["n_tokens"]
-        ids = list(source[n:n + 4])
-        if garbage:
-            ids[2:] = [junk(t) for t in ids[2:]]
-            posted_junk.update({n + 2 + i: t for i, t in enumerate(ids[2:])})
-        if ids:
-            httpx.post(f"{lead.url}/duo/draft", timeout=10, json={
-                "session_id": s["session_id"], "start": n, "token_ids": ids, "back_id": "t"})
-    worker.join()
-    return result, posted_junk
+    link = ScriptedLink(lead.url)
+    try:
+        worker = threading.Thread(
+            target=lambda: result.update(chat(lead, PROMPT, max_tokens=60)))
+        worker.start()
+        while worker.is_alive() or (not link.ended and link.news(timeout=10.0)):
+            for s in link.news(timeout=1.0):
+                n = len(link.tokens[s["session_id"]])
+                if s["done"] or n < n_prompt:
+                    continue
+                ids = list(source[n:n + 4])
+                if garbage:
+                    ids[2:] = [junk(t) for t in ids[2:]]
+                    posted_junk.update({n + 2 + i: t for i, t in enumerate(ids[2:])})
+                if ids:
+                    link.post(s["session_id"], n, ids)
+        worker.join()
+    finally:
+        link.close()
+    assert link.ended, "lead's news never told the session's end"
+    return result, posted_junk, link.tokens[link.ended[-1]]
 
 
 def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> None:
-    alone = chat(lead, PROMPT, max_tokens=60)
-    source = state(lead)["token_ids"]
+    alone, _, source = _post_drafts_while_generating(lead, [], 0, garbage=False)
     n_prompt = alone["usage"]["prompt_tokens"]
     drafted = accepted = 0
     # Drafts replay an earlier reply; after a batched-vs-single near-tie the paths part and
@@ -141,16 +146,16 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     # the CPU's kernels), replay the helped reply again until 16 tokens have been verified:
     # one near-tie broken the other way in 9 read 8/9, under the 0.9 bar, on a busy machine.
     for _attempt in range(4):
-        helped, _ = _post_drafts_while_generating(lead, source, n_prompt, garbage=False)
+        helped, _, source = _post_drafts_while_generating(lead, source, n_prompt,
+                                                          garbage=False)
         drafted += helped["usage"]["drafted_tokens"]
         accepted += helped["usage"]["accepted_tokens"]
-        source = state(lead)["token_ids"]
         if drafted >= 16:
             break
     assert drafted >= 8, (drafted, accepted)
     assert accepted / drafted > 0.9, (drafted, accepted)
-    bad, posted_junk = _post_drafts_while_generating(lead, source, n_prompt, garbage=True)
-    emitted = state(lead)["token_ids"]
+    bad, posted_junk, emitted = _post_drafts_while_generating(lead, source, n_prompt,
+                                                              garbage=True)
     assert bad["usage"]["drafted_tokens"] > bad["usage"]["accepted_tokens"] > 0, bad["usage"]
     assert posted_junk, "no junk was posted"
     leaked = [p for p, t in posted_junk.items() if p < len(emitted) and emitted[p] == t]

@@ -10,6 +10,7 @@ import ast
 import asyncio
 from pathlib import Path
 
+from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.own import OWN
@@ -139,12 +140,13 @@ def test_drafts_posted_a_token_at_a_time_teach_lead_their_whole_worth() -> None:
 
 async def _reply(engine: Engine, prompt: list[int], n: int, grow: bool,
                  reference: list[int] | None = None) -> list[int]:
+    feed = attach(engine)  # what a back would post to
     async for _ in engine.generate(GenRequest(prompt_ids=list(prompt), max_tokens=n)):
         s = engine.session
         if grow and reference and s is not None and not s.done:
             at = s.n_generated
-            engine.feed.post_draft(s.id, len(s.tokens), reference[at: at + 1 + s.steps % 3],
-                                   None, "back")
+            feed.post_draft(s.id, len(s.tokens), reference[at: at + 1 + s.steps % 3], None,
+                            "back")
     assert engine.session is not None
     return engine.session.tokens[len(prompt):]
 
@@ -156,6 +158,7 @@ def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None
     stop = text[12:15]
     assert text.find(stop) == 12  # the reply stops at token 15, mid-way through the draft
     engine = Engine(FakeModel(), max_draft=8, draft_len=0)
+    feed = attach(engine)
     posted = False
 
     async def run() -> None:
@@ -164,7 +167,7 @@ def test_a_stop_string_ending_the_reply_still_scores_the_watched_offer() -> None
         async for _ in engine.generate(request):
             s = engine.session
             if s is not None and not s.done and s.n_generated == 10 and not posted:
-                engine.feed.post_draft(s.id, len(s.tokens), reference[10:18], None, "back")
+                feed.post_draft(s.id, len(s.tokens), reference[10:18], None, "back")
                 posted = True
 
     asyncio.run(run())

@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from lead.backs.feed import attach
 from lead.decode.decoder import Job
 from lead.decode.engine import PREFILL_STEPS, Engine, GenRequest, QueueFull
 from lead.decode.session import Session
@@ -333,6 +334,7 @@ def test_a_batch_over_slots_gives_each_the_rows_of_its_own_evaluation() -> None:
 
 def test_the_slots_show_what_each_holds_and_whose_drafts_are_on_its_board() -> None:
     engine = engine_over(slotted(slots=2), parallel=2)
+    feed = attach(engine)
     seen: list[list[dict[str, object]]] = []
 
     async def body() -> None:
@@ -340,7 +342,7 @@ def test_the_slots_show_what_each_holds_and_whose_drafts_are_on_its_board() -> N
         async for e in engine.generate(req):
             session = engine.session
             if e.n_tokens and session is not None and not seen:
-                engine.feed.post_draft(session.id, len(session.tokens), [5, 6], None, "b1")
+                feed.post_draft(session.id, len(session.tokens), [5, 6], None, "b1")
                 seen.append(engine.slot_views())
 
     run(body())

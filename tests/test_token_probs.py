@@ -13,6 +13,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lead.apis.tokenprobs import LOWEST, piece_text, probabilities, token_objects
+from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.server.app import create_app
 from shared.fake import ALPHABET, EOS, FakeModel
@@ -136,6 +137,7 @@ async def engine_entries(params: SamplingParams, reference: list[int] | None = N
     as drafts."""
     model = FakeModel(eos_bias=-100.0)
     engine = Engine(model, max_draft=8, draft_len=6)
+    feed = attach(engine)
     if grammar is not None:
         params = params.model_copy(update={"grammar": grammar})
     request = GenRequest([5, 6, 7], 30, params, top_logprobs=4, post_sampling=True,
@@ -145,7 +147,7 @@ async def engine_entries(params: SamplingParams, reference: list[int] | None = N
         entries += e.logprobs
         s = engine.session
         if reference and s is not None and not s.done:
-            engine.feed.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
+            feed.post_draft(s.id, len(s.tokens), reference[s.n_generated:][:7], None, "b")
     s = engine.session
     assert s is not None and (reference is None or s.accepted > 0)
     return s.tokens[3:], entries

@@ -345,7 +345,7 @@ def test_a_lead_not_up_yet_or_behind_a_restarting_proxy_is_retried() -> None:
 def test_a_back_sitting_out_does_not_count_as_drafting_for_lead() -> None:
     # Lead prices its steps apart while a back drafts; a back that sits out slows nothing.
     app = create_app(make_settings(draft_len=4), FakeModel())
-    feed = app.state.engine.feed  # type: ignore[attr-defined]
+    feed = app.state.feed  # type: ignore[attr-defined]
     session = Session(id="s", tokens=PROMPT, n_prompt=3, params=SamplingParams(),
                       rng=np.random.default_rng(0))
 

@@ -9,8 +9,9 @@ being evaluated, so that a long prompt never stalls the others. Sessions join an
 between steps. One step is `_step`: plan, one evaluation, each verdict applied in its Run
 (lead/decode/runs.py: tokens, stop strings, finish, counts, emissions). The loop joins
 Admission (the places and the queue), Decoder (seating, and the step's evaluation and
-verifying, on the model thread), the scoreboard (what every drafter's offers were worth,
-settled once a step: lead/policy/scoreboard.py) and BackFeed (what backs see and post).
+verifying, on the model thread) and the scoreboard (what every drafter's offers were worth,
+settled once a step: lead/policy/scoreboard.py). Each run holds its draft board; what backs
+see of the sessions is told as events (lead/decode/events.py), to which lead/backs listens.
 All session state lives on the event loop; model work runs on one dedicated thread.
 """
 
@@ -26,13 +27,13 @@ from dataclasses import replace
 
 from lead.decode.admission import Admission, Place, QueueFull
 from lead.decode.decoder import Clock, Decoder, Job, Step
+from lead.decode.events import EngineEvents
 from lead.decode.metrics import Metrics
 from lead.decode.plan import Planner
 from lead.decode.runs import Run, slot_view
 from lead.decode.session import Emission, GenRequest, Session, StepResult
 from lead.decode.slotwork import SlotWork, T
-from lead.drafts.board import Candidate, Draft
-from lead.drafts.feed import BackFeed
+from lead.drafts.board import Candidate, Draft, DraftBoard
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
 from shared.model import Model, slots_of
@@ -81,7 +82,8 @@ class Engine:
         # backs changed, and a session ended (with the time it ended).
         self.on_change: Callable[[], None] = lambda: None
         self.on_end: Callable[[Session, float], None] = lambda session, now: None
-        self.feed = BackFeed(self.cost, self.metrics, on_arrival=lambda: self.on_change())
+        self.events = EngineEvents()  # what lead/backs hears of the sessions
+        self.backs_drafting: Callable[[], bool] = lambda: False  # a back drafts when asked
         self.runs: list[Run] = []  # in arrival order: seated, or waiting for a slot
         self.session: Session | None = None  # the session started last (running or not)
         self._loop: asyncio.Task[None] | None = None
@@ -131,10 +133,10 @@ class Engine:
                           tokens=list(req.prompt_ids), n_prompt=len(req.prompt_ids),
                           params=req.params, rng=make_rng(req.params.seed),
                           constraint=req.constraint, t_start=self.clock())
-        run = Run(req, session)
+        run = Run(req, session, DraftBoard(scores=self.cost.scores))
         self.runs.append(run)
         self.session = session
-        self.feed.start(session)
+        self.events.sessions_changed([run])
         self.on_change()
         return run
 
@@ -148,7 +150,7 @@ class Engine:
             self._loop = asyncio.create_task(self._steps())
 
     async def _steps(self) -> None:
-        changed: list[str] = []  # sessions whose news backs have not been sent
+        changed: list[Run] = []  # runs whose news backs have not been sent
         try:
             while self.runs or self.slot_work:
                 if self.slot_work:
@@ -161,10 +163,10 @@ class Engine:
                 # the GIL the model thread needs to begin it.
                 for _ in range(READER_TURNS):
                     await asyncio.sleep(0)
-            self.feed.step_began(None)
-            self.feed.notify(changed)
+            self.events.step_began(None)
+            self.events.sessions_changed(changed)
         except BaseException as exc:
-            self.feed.step_began(None)  # no step under way: backs hear none is
+            self.events.step_began(None)  # no step under way: backs hear none is
             error = exc if isinstance(exc, Exception) else RuntimeError("lead is shutting down")
             for run in list(self.runs):
                 self._end(run, error)
@@ -172,15 +174,15 @@ class Engine:
             if not isinstance(exc, Exception):
                 raise
 
-    async def _step(self, changed: list[str]) -> list[str]:
+    async def _step(self, changed: list[Run]) -> list[Run]:
         """One step of every seated run: plan, one evaluation (each session verified on the
         model thread), each verdict applied in its run, which emits to its reader. The
-        sessions whose tokens it changed (`changed`: the last step's, told to backs now)."""
+        runs whose tokens it changed (`changed`: the last step's, told to backs now)."""
         jobs, offered = self._plan()
         # The last step's news goes out as this one begins, with its price: a back posts
         # its next draft before this step is due to end.
-        self.feed.step_began(self.planner.price(jobs))
-        self.feed.notify(changed)
+        self.events.step_began(self.planner.price(jobs))
+        self.events.sessions_changed(changed)
         if not jobs:
             return []
         step = await self.decoder.step(jobs)
@@ -196,8 +198,7 @@ class Engine:
             self.cost.scores.settle(run.session.id, run.session.tokens)
             if run.session.finish_reason is not None:
                 self._end(run)
-        self.feed.log_hush()
-        return [run.session.id for run in verified]
+        return verified
 
     async def _seat_waiting(self) -> None:
         """Give waiting runs the free slots, in arrival order (one that names its slot waits
@@ -219,7 +220,7 @@ class Engine:
         decoding = [r for r in self.runs if r.decoding]
         chunks = self._chunks([r for r in self.runs if r.slot is not None and r.todo],
                               bool(decoding))
-        offered = {r.session.id: self._offered(r.session) for r in decoding}
+        offered = {r.session.id: self._offered(r) for r in decoding}
         drafts = self.planner.plan([(r.session, offered[r.session.id]) for r in decoding],
                                    [r.req.max_tokens for r in decoding],
                                    len(decoding) + sum(len(c) for _, c in chunks))
@@ -248,12 +249,10 @@ class Engine:
                    run.req.top_logprobs, s.constraint, post_sampling=run.req.post_sampling,
                    mu=s.mu)
 
-    def _offered(self, session: Session) -> Draft | None:
-        """The draft on the session's board expected to yield the most, lead's own kinds'
-        among them; what every drafter offers is watched on the scoreboard."""
-        board = self.feed.board_of(session.id)
-        if board is None:
-            return None
+    def _offered(self, run: Run) -> Draft | None:
+        """The draft on the run's board expected to yield the most, lead's own kinds' among
+        them; what every drafter offers is watched on the scoreboard."""
+        session, board = run.session, run.board
         tokens = session.tokens
         proposals = self.own.propose(session.id, tokens) if self.own is not None else {}
         for kind, p in proposals.items():
@@ -275,7 +274,8 @@ class Engine:
         """The step's seconds to the prices: busy where a back drafted for a session it
         verified; only a step of one session prices the model (a batch of several sessions'
         tokens is not the batch of one sequence that calibration priced)."""
-        busy = any(self.feed.back_drafting(r.session) for r in verified)
+        busy = self.backs_drafting() and any(
+            self.cost.draft_len(first=r.session.n_generated == 0) > 0 for r in verified)
         self.cost.record_step(step.n_tokens, step.seconds, busy,
                               priced=n_jobs == 1 and bool(verified))
 
@@ -300,8 +300,8 @@ class Engine:
         now = self.clock()
         self.metrics.record_session(session, now)
         log.info("%s", self.metrics.session_line(session, now))
-        self.feed.backs.credit(session.drafted_by_back, session.accepted_by_back)
-        self.feed.end(session)
+        run.board.clear()
+        self.events.session_ended(run)
         if self.own is not None:
             self.own.forget(session.id, session.tokens)
         self.on_end(session, now)
@@ -320,11 +320,10 @@ class Engine:
     def slot_views(self) -> list[dict[str, object]]:
         """What each slot holds now (idle, a prompt being evaluated or a reply decoding)."""
         by_slot = {r.slot: r for r in self.runs if r.slot is not None}
-        return [slot_view(i, by_slot.get(i), self.feed.board_of) for i in range(self.n_slots)]
+        return [slot_view(i, by_slot.get(i)) for i in range(self.n_slots)]
 
     def gauges(self) -> dict[str, float]:
         return {"draft_len": self.cost.draft_len(), "verify_len": self.cost.verify_len(),
-                "backs_active": self.feed.backs.active(),
                 "queue_waiting": self.admission.waiting,
                 "slots": self.n_slots, "slots_busy": sum(r.slot is not None for r in self.runs),
                 "prompt_cache_bytes": self.decoder.prompts.bytes,

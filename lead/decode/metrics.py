@@ -23,7 +23,6 @@ class Metrics:
     drafts_stale: int = 0
     drafts_invalid: int = 0
     drafts_untrusted: int = 0  # posts from backs without the back key: their dists dropped
-    state_polls: int = 0  # /duo/state answers: with the posts, a back's load on lead
     link_updates: int = 0  # updates pushed to backs on the link
     steps_after_rejection: int = 0  # verify steps whose previous step (same reply) rejected
     ready_after_rejection: int = 0  # of those, the ones that found a draft on the board

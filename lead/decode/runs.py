@@ -1,14 +1,14 @@
 """One generation as the engine's loop holds it: its request and session, its slot, what is
-left of its prompt to evaluate, what a step's verdict does to it (`apply`: tokens, stop
-strings, finish, counts) and the emissions waiting for its reader; what its slot shows (the
-metrics and the web page's live panel). Event loop only.
+left of its prompt to evaluate, its draft board, what a step's verdict does to it (`apply`:
+tokens, stop strings, finish, counts) and the emissions waiting for its reader; what its
+slot shows (the metrics and the web page's live panel). Event loop only.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
@@ -24,6 +24,7 @@ log = logging.getLogger("lead")
 class Run:
     req: GenRequest
     session: Session
+    board: DraftBoard = field(default_factory=DraftBoard)  # the drafts its session is offered
     text: TextStream = field(init=False)
     slot: int | None = None  # None: waiting for one
     todo: list[int] = field(default_factory=list)  # prompt tokens its slot still lacks
@@ -96,15 +97,13 @@ class Run:
                 return
 
 
-def slot_view(slot: int, run: Run | None, board_of: Callable[[str], DraftBoard | None]
-              ) -> dict[str, object]:
+def slot_view(slot: int, run: Run | None) -> dict[str, object]:
     """What slot `slot` holds: idle, or `run` (a prompt being evaluated or a reply decoding)
-    with its counts and the backs whose drafts are on its board (`board_of` its session)."""
+    with its counts and the backs whose drafts are on its board."""
     if run is None:
         return {"slot": slot, "state": "idle"}
-    s, board = run.session, board_of(run.session.id)
-    backs = sorted({c.back_id for kept in board.candidates.values() for c in kept} - {OWN}) \
-        if board is not None else []
+    s = run.session
+    backs = sorted({c.back_id for kept in run.board.candidates.values() for c in kept} - {OWN})
     return {"slot": slot, "state": "prompt" if run.todo else "decoding",
             "prompt_left": len(run.todo), "tokens": s.n_generated, "drafted": s.drafted,
             "accepted": s.accepted, "own_accepted": s.accepted_by_back.get(OWN, 0),

@@ -22,12 +22,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from lead.drafts.limits import BACKS_PER_ADDRESS
 from lead.drafts.own import OWN
 from lead.policy.acceptance import MAX_ALPHA, expected_yield
 from lead.policy.scoreboard import Offer, Scale, Scoreboard
 from shared.branch import Branch
 from shared.sampling import Dist
+
+BACKS_PER_ADDRESS = 4  # backs' worth of board places, posts and registry records per address
 
 # A back's draft model's q of each token, in bands (their lower ends), each starting from
 # the back's own acceptance: where q says nothing (or a back sends noise) every band stays

@@ -3,7 +3,7 @@
 OpenAI-compatible chat/completions (lead/apis/openairoutes.py; streamed replies delivered
 by lead/apis/streaming.py), the Responses and Messages APIs (lead/apis/agentroutes.py),
 /infill (lead/apis/infill.py), embeddings (lead/apis/embeddings.py), the back protocol
-under /duo (lead/server/backroutes.py), /metrics (lead/server/prometheus.py), /health, and
+under /duo (lead/backs/routes.py), /metrics (lead/server/prometheus.py), /health, and
 a web page at / (lead/server/webroutes.py), all behind one gate (lead/server/gate.py: Host
 check, body size, keys). Tests inject a fake target; production loads GGUF.
 """
@@ -26,8 +26,9 @@ from lead.apis.llamaserver import llama_server_router
 from lead.apis.openairoutes import openai_router
 from lead.apis.prepare import Defaults
 from lead.apis.slotactions import slot_actions_router
+from lead.backs.feed import attach
+from lead.backs.routes import back_router
 from lead.decode.engine import Engine
-from lead.server.backroutes import back_router
 from lead.server.cors import Cors, cors_options
 from lead.server.errors import install_error_handlers
 from lead.server.gate import Gate
@@ -94,6 +95,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     workers = Threads("lead-prepare", PREPARE_THREADS)
     live = LiveNews()  # the web page's live panel, told by the engine of each change
     engine.on_change, engine.on_end = live.bump, live.add_reply
+    feed = attach(engine, on_arrival=live.bump)  # what backs see of the sessions
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -104,9 +106,10 @@ def create_app(settings: LeadSettings, target: Model | None = None,
 
     app = FastAPI(title="duo lead", version="0.1.0", lifespan=lifespan)
     app.state.engine, app.state.settings, app.state.live = engine, settings, live
+    app.state.feed = feed
     # For lead/server/serve.py to call as a signal starts the shutdown: uvicorn drains requests
     # before the lifespan ends, and the page's live stream would never end by itself.
-    app.state.on_exit = lambda: (live.close(), engine.feed.close())
+    app.state.on_exit = live.close
     install_error_handlers(app)
     keys = Keys(settings.api_key, settings.back_key)
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
@@ -124,10 +127,9 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(embeddings_router(engine, workers, _embedder(settings, model, embedder,
                                                                     placement.threads)))
     place = LeadPlace.of(placement, allowed_cpus())
-    app.include_router(back_router(engine, place, settings.max_draft_posts, settings.max_poll_s,
-                                   keys=keys, clock=clock,
-                                   max_message=settings.max_body_kb * 1024))
-    mount_web(app, engine, live, page=settings.webui)
+    app.include_router(back_router(engine, feed, place, settings.max_draft_posts, keys=keys,
+                                   clock=clock, max_message=settings.max_body_kb * 1024))
+    mount_web(app, engine, live, feed.backs, page=settings.webui)
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -138,7 +140,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     if settings.metrics:
         @app.get("/metrics")
         async def metrics() -> Response:
-            text = exposition(engine.metrics, engine.gauges(), engine.cost.prices.cost_s,
+            gauges = {**engine.gauges(), "backs_active": feed.backs.active()}
+            text = exposition(engine.metrics, gauges, engine.cost.prices.cost_s,
                               engine.slot_views())
             return Response(text, media_type=CONTENT_TYPE_LATEST)
 

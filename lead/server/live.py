@@ -10,9 +10,9 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from lead.backs.registry import BackRecord
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
-from lead.drafts.registry import BackRecord
 from lead.policy.cost import CostModel
 from lead.policy.prices import Prices
 from shared.broadcast import Broadcast

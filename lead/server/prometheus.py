@@ -26,7 +26,6 @@ COUNTERS = (  # (Metrics field, exported name: duo_<name>_total, HELP)
     ("drafts_invalid", "draft_posts_invalid", "draft posts refused as malformed"),
     ("drafts_untrusted", "draft_posts_untrusted",
      "draft posts without the back key: their distributions dropped"),
-    ("state_polls", "state_polls", "answers to /duo/state long-polls"),
     ("link_updates", "link_updates", "updates pushed to backs on /duo/link"),
     ("steps_after_rejection", "steps_after_rejection",
      "steps whose previous step in the reply rejected a draft token"),

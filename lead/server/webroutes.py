@@ -18,6 +18,7 @@ from fastapi import APIRouter, FastAPI
 from fastapi.responses import FileResponse, StreamingResponse
 from fastapi.staticfiles import StaticFiles
 
+from lead.backs.registry import BackRegistry
 from lead.decode.engine import Engine
 from lead.server.live import LiveNews, snapshot
 
@@ -29,15 +30,16 @@ PAGE_HEADERS = {"Content-Security-Policy": "default-src 'self'; img-src 'self' d
                 "frame-ancestors 'none'", "Cache-Control": "no-cache"}
 
 
-def mount_web(app: FastAPI, engine: Engine, live: LiveNews, page: bool = True) -> None:
-    """The live stream (`live`: what wakes it, the replies it shows), and the page at /
-    unless `page` is False (--no-webui)."""
+def mount_web(app: FastAPI, engine: Engine, live: LiveNews, backs: BackRegistry,
+              page: bool = True) -> None:
+    """The live stream (`live`: what wakes it, the replies it shows; `backs`: those the
+    panel lists), and the page at / unless `page` is False (--no-webui)."""
     if page:
         app.mount(STATIC_PREFIX.rstrip("/"), StaticFiles(directory=WEB_DIR), name="web")
-    app.include_router(_router(engine, live, page))
+    app.include_router(_router(engine, live, backs, page))
 
 
-def _router(engine: Engine, live: LiveNews, page: bool) -> APIRouter:
+def _router(engine: Engine, live: LiveNews, backs: BackRegistry, page: bool) -> APIRouter:
     router = APIRouter(include_in_schema=False)  # an endless stream is no case for a fuzzer
 
     if page:
@@ -47,21 +49,23 @@ def _router(engine: Engine, live: LiveNews, page: bool) -> APIRouter:
 
     @router.get("/duo/live")
     async def live_stream() -> StreamingResponse:
-        return StreamingResponse(live_events(engine, live), media_type="text/event-stream",
+        return StreamingResponse(live_events(engine, live, backs),
+                                 media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     return router
 
 
-def live_snapshot(engine: Engine, live: LiveNews) -> dict[str, Any]:
+def live_snapshot(engine: Engine, live: LiveNews, backs: BackRegistry) -> dict[str, Any]:
     return snapshot(model=engine.model.name, busy=engine.busy, slots=engine.slot_views(),
                     waiting=engine.admission.waiting,
                     cost=engine.cost, metrics=engine.metrics,
-                    backs=engine.feed.backs.connected(), replies=live.replies,
+                    backs=backs.connected(), replies=live.replies,
                     now=time.monotonic(), version=live.version)
 
 
-async def live_events(engine: Engine, live: LiveNews, heartbeat_s: float = HEARTBEAT_S
+async def live_events(engine: Engine, live: LiveNews, backs: BackRegistry,
+                      heartbeat_s: float = HEARTBEAT_S
                       ) -> AsyncIterator[str]:
     """A snapshot now and after every change; a back falling silent is a change noticed at
     the next heartbeat. Ends when lead shuts down (or, by cancellation, when the client
@@ -69,10 +73,10 @@ async def live_events(engine: Engine, live: LiveNews, heartbeat_s: float = HEART
     shown = None
     while not live.closed:
         version = live.version
-        seen = (version, sorted(engine.feed.backs.connected()))
+        seen = (version, sorted(backs.connected()))
         if seen != shown:
             shown = seen
-            yield f"data: {json.dumps(live_snapshot(engine, live))}\n\n"
+            yield f"data: {json.dumps(live_snapshot(engine, live, backs))}\n\n"
         else:
             yield ": nothing new\n\n"
         await live.wait(version, heartbeat_s)

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from lead.drafts.limits import BACKS_PER_ADDRESS
+from lead.drafts.board import BACKS_PER_ADDRESS
 
-ACTIVE_S = 60.0  # a back heard from this recently is connected (its polls last <= 30 s)
+ACTIVE_S = 60.0  # a back heard from this recently (a hello, a post) is connected
 
 
 @dataclass
@@ -25,7 +25,7 @@ class BackRecord:
     kind: str = ""
     drafted: int = 0
     accepted: int = 0
-    sits_out: bool = False  # its last request was a poll with idle=1: it drafts nothing
+    sits_out: bool = False  # its last hello said idle: it drafts nothing
 
 
 @dataclass
@@ -36,7 +36,7 @@ class BackRegistry:
 
     def seen(self, back_id: str, now: float, address: str = "", kind: str = "",
              sits_out: bool = False) -> bool:
-        """Note a back's request (`sits_out`: a poll saying it drafts nothing for now);
+        """Note a back's message (`sits_out`: a hello saying it drafts nothing for now);
         True if it was not active (new, or back after a silence)."""
         record = self.records.get(back_id)
         arrived = record is None or now - record.last_seen > ACTIVE_S

@@ -1,5 +1,5 @@
 """What one back, or one client address, may send lead: draft posts per second, and how
-many backs' worth; what it may hold open: links and long-polls (pure, on lead's clock).
+many backs' worth; how many links it may hold open (pure, on lead's clock).
 
 A back chooses its own id and could take a new one for every post, so the bounds that
 matter are per address.
@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from lead.drafts.board import BACKS_PER_ADDRESS
 from shared.bounded import Lru
 
-BACKS_PER_ADDRESS = 4  # backs' worth of posts, board places and registry records per address
-POLLS_PER_ADDRESS = 8  # links and long-polls open at once from one address: a few backs' worth
+LINKS_PER_ADDRESS = 8  # links open at once from one address: a few backs' worth
 
 
 @dataclass
@@ -50,16 +50,16 @@ class PostLimiter:
             self.per_address.allow(address, now)
 
 
-class PollSlots:
-    """Long-polls open per client address, POLLS_PER_ADDRESS at most: a back keeps one open,
-    and an address opening many would hold as many of lead's waiters."""
+class LinkSlots:
+    """Links open per client address, LINKS_PER_ADDRESS at most: a back keeps one open,
+    and an address opening many would hold as many of lead's senders."""
 
     def __init__(self) -> None:
         self.open: dict[str, int] = {}
 
     def take(self, address: str) -> bool:
         n = self.open.get(address, 0)
-        if n >= POLLS_PER_ADDRESS:
+        if n >= LINKS_PER_ADDRESS:
             return False
         self.open[address] = n + 1
         return True

@@ -1,12 +1,11 @@
 """The back feed: what backs see of the running sessions, when their news comes, and where
-their drafts go (a draft board per session). Lives on the event loop.
+their drafts go (each run's draft board). Lives on the event loop.
 
-Backs see sessions two ways: a back on the link (lead/drafts/link.py) is sent every session's
-news; a back long-polling GET /duo/state follows one session at a time, the one it is
-shown (`shown`: its own until that ends, else the running session fewest such backs
-follow).
-A session's grammar goes to a back once (`grammar_of`, GET /duo/grammar), not in every
-state: a state names it by `grammar_id`. Only a trusted back's draft probabilities count.
+The feed listens to the engine's events (lead/decode/events.py: `attach`): a step began,
+sessions changed, a session ended. Every back is on the link (lead/backs/link.py), sent
+every session's news. A session's grammar goes to a back once (`grammar_of`, GET
+/duo/grammar), not in every state: a state names it by `grammar_id`. Only a trusted back's
+draft probabilities count.
 """
 
 from __future__ import annotations
@@ -14,34 +13,35 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
+from lead.backs.limits import LinkSlots, RateLimiter
+from lead.backs.registry import BackRegistry
+from lead.decode.engine import Engine
 from lead.decode.metrics import Metrics
+from lead.decode.runs import Run
 from lead.decode.session import Session
 from lead.drafts.board import DraftBoard, post_candidates
-from lead.drafts.limits import PollSlots, RateLimiter
-from lead.drafts.registry import BackRegistry
 from lead.policy.cost import CostModel
-from shared.bounded import Lru, ewma
+from shared.bounded import ewma
 from shared.branch import Branch
 from shared.broadcast import Broadcast
-from shared.protocol import SamplingParams, SessionState, State, Stop, grammar_id
+from shared.protocol import SamplingParams, SessionState, Stop, grammar_id
 from shared.sampling import Dist
 
 log = logging.getLogger("lead")
 ARRIVALS_PER_S = 1.0  # how often backs arriving may wake the live panel's streams
-ENDED_KEPT = 16  # sessions ended lately, kept for backs still following them
-FOCUS_KEPT = 1024  # backs whose followed session is remembered
+ENDED_KEPT = 16  # sessions ended lately, kept for the links' last news of them
 
 
 def is_news(done: bool, quiet: bool, idle: bool, wanted: Callable[[], int]) -> bool:
-    """Whether a change of a session a back knows is news to it, on the link and to a
-    long-poll alike: its end always is; where the back does not draft for it (`quiet`),
-    only drafts wanted (`wanted`: the draft length, asked only where it matters), and
-    nothing while the back sits out (`idle`: news of sessions starting and ending only).
-    So a back that drafts nothing costs lead no message per token."""
+    """Whether a change of a session a back knows is news to it on the link: its end always
+    is; where the back does not draft for it (`quiet`), only drafts wanted (`wanted`: the
+    draft length, asked only where it matters), and nothing while the back sits out (`idle`:
+    news of sessions starting and ending only). So a back that drafts nothing costs lead no
+    message per token."""
     if done:
         return True
     return not idle and (not quiet or wanted() > 0)
@@ -74,13 +74,11 @@ class BackFeed:
         heartbeat); `clock`: when backs are seen (tests give a fake one)."""
         self.cost, self.metrics, self.on_arrival, self.clock = cost, metrics, on_arrival, clock
         self.backs = BackRegistry()
-        self.polls = PollSlots()
+        self.links = LinkSlots()
         self._arrivals = RateLimiter(ARRIVALS_PER_S)
         self.followed: dict[str, FeedEntry] = {}  # running sessions, oldest first
         self.ended: deque[FeedEntry] = deque(maxlen=ENDED_KEPT)
-        self.focus: Lru[str, str] = Lru(FOCUS_KEPT)  # back id -> the session it is shown
         self.news = Broadcast()  # bumped on every change backs are shown
-        self.closing = False  # lead is shutting down: long-polls answer at once
         self.lead_id = uuid.uuid4().hex[:12]  # versions restart with the process; this does not
         self._hushed = False  # as last logged
         self._began: tuple[float, float] | None = None  # (when, price) of the step under way
@@ -90,9 +88,37 @@ class BackFeed:
     def version(self) -> int:
         return self.news.version
 
+    # --- the engine's events (lead/decode/events.py) ---
+    def sessions_changed(self, runs: Sequence[Run]) -> None:
+        """News of these runs: each new one followed from now on."""
+        for run in runs:
+            if run.session.id not in self.followed and not run.session.done:
+                self.followed[run.session.id] = FeedEntry(run.session, run.board)
+        self.notify([run.session.id for run in runs])
+
+    def session_ended(self, run: Run) -> None:
+        self.backs.credit(run.session.drafted_by_back, run.session.accepted_by_back)
+        self.end(run.session)
+
+    def step_began(self, seconds: float | None) -> None:
+        """Lead began a step it prices at `seconds` (None: unpriced, or no step). Lead
+        takes its next draft as it plans the step after, later than the price by what its
+        own work between steps takes: measured here, from one step's start to the next.
+        Whether lead hushes backs is read here too (once a step)."""
+        now = self.clock()
+        if seconds is not None and self._began is not None:
+            at, price = self._began
+            between = now - at - price
+            if 0.0 <= between <= price:  # (not a pause, nor a step far off its price)
+                self._between = ewma(self._between, between, 0.2)
+        self._began = (now, seconds) if seconds is not None else None
+        self.log_hush()
+
     # --- sessions ---
-    def start(self, session: Session) -> None:
-        board = DraftBoard(scores=self.cost.scores)  # every drafter's record, over every session
+    def start(self, session: Session, board: DraftBoard | None = None) -> None:
+        """Follow `session`, its drafts going to `board` (a run's; tests: a fresh one over
+        every drafter's record)."""
+        board = DraftBoard(scores=self.cost.scores) if board is None else board
         self.followed[session.id] = FeedEntry(session, board, self.version)
         self.notify([session.id])
 
@@ -100,7 +126,6 @@ class BackFeed:
         followed = self.followed.pop(session.id, None)
         if followed is None:
             return
-        followed.board.clear()
         self.ended.append(followed)
         self.notify([session.id])
 
@@ -112,22 +137,14 @@ class BackFeed:
         """The draft length backs are asked for now."""
         return self.cost.draft_len(first=session.n_generated == 0)
 
-    def back_drafting(self, session: Session) -> bool:
-        """Whether a back drafts during this step, so that its price counts as busy (a back
+    def drafting(self) -> bool:
+        """Whether a back drafts when asked, so that a step's price counts as busy (a back
         sitting out slows nothing: its steps are quiet ones)."""
-        return self.backs.drafting(now=self.clock()) > 0 and self.draft_len(session) > 0
+        return self.backs.drafting(now=self.clock()) > 0
 
-    def step_began(self, seconds: float | None) -> None:
-        """Lead began a step it prices at `seconds` (None: unpriced, or no step). Lead
-        takes its next draft as it plans the step after, later than the price by what its
-        own work between steps takes: measured here, from one step's start to the next."""
-        now = self.clock()
-        if seconds is not None and self._began is not None:
-            at, price = self._began
-            between = now - at - price
-            if 0.0 <= between <= price:  # (not a pause, nor a step far off its price)
-                self._between = ewma(self._between, between, 0.2)
-        self._began = (now, seconds) if seconds is not None else None
+    def back_drafting(self, session: Session) -> bool:
+        """Whether a back drafts during a step of `session`."""
+        return self.drafting() and self.draft_len(session) > 0
 
     def step_left(self) -> float | None:
         """Seconds until the step under way is due to end (None: no step priced)."""
@@ -162,34 +179,6 @@ class BackFeed:
                             grammar_id=followed.grammar_id,
                             your_accepted=s.accepted_by_back.get(back_id, 0))
 
-    # --- backs following one session (GET /duo/state) ---
-    def shown(self, back_id: str = "") -> FeedEntry | None:
-        """The session a back following one is shown: its own while it runs, else the
-        running one fewest such backs follow (the newest of those); with none running, the
-        last it followed, or the last to end."""
-        sid = self.focus.get(back_id)
-        if sid in self.followed:
-            return self.followed[sid]
-        if self.followed:
-            following = Counter(v for v in self.focus.values() if v in self.followed)
-            chosen = min(reversed(self.followed.values()), key=lambda f: following[f.session.id])
-            if back_id:
-                self.focus[back_id] = chosen.session.id
-            return chosen
-        return (self._ended(sid) if sid else None) or (self.ended[-1] if self.ended else None)
-
-    def state(self, offset: int = 0, back_id: str = "", of_session: str | None = None
-              ) -> State:
-        """The state of the session `back_id` is shown, tokens from `offset` on: an offset
-        into `of_session` (a post's) counts only where that is the session shown."""
-        followed = self.shown(back_id)
-        if followed is None:
-            return State(version=self.version, lead_id=self.lead_id)
-        if of_session is not None and followed.session.id != of_session:
-            offset = 0  # another session: the back holds none of its tokens yet
-        return self.session_state(followed, offset, back_id).as_state(
-            self.version, self.lead_id, step_left_s=self.step_left())
-
     def grammar_of(self, session_id: str) -> tuple[str, str] | None:
         """(grammar id, text) of the session, if it runs and has one."""
         followed = self.followed.get(session_id)
@@ -201,26 +190,6 @@ class BackFeed:
                         wakes_me: Callable[[], bool] = lambda: True) -> None:
         """Return once the version passes `since` with news that `wakes_me`, or at timeout."""
         await self.news.wait(lambda: self.version > since and wakes_me(), timeout)
-
-    async def wait_state(self, since: int, timeout: float, quiet_session: str | None = None,
-                         idle: bool = False, back_id: str = "") -> None:
-        """Long-poll: return once the session the back is shown has news that `wakes` it,
-        or at timeout."""
-        def wakes_me() -> bool:
-            followed = self.shown(back_id)
-            if followed is None:
-                return True
-            s = followed.session
-            return followed.version > since and (  # (another session: new to it)
-                s.id != quiet_session or is_news(s.done, True, idle, lambda: self.draft_len(s)))
-        await self.news.wait(lambda: self.closing or (self.version > since and wakes_me()),
-                             timeout)
-
-    def close(self) -> None:
-        """Lead is shutting down: open long-polls answer now, not at their timeout (a
-        drain would wait up to 30 s for them)."""
-        self.closing = True
-        self.news.bump()
 
     # --- backs and their drafts ---
     def back_seen(self, back_id: str, address: str = "", kind: str = "",
@@ -272,3 +241,13 @@ class BackFeed:
                      self.cost.prices.slowdown)
         else:
             log.info("backs asked again: a probe measures what they cost and give")
+
+
+def attach(engine: Engine, on_arrival: Callable[[], None] = lambda: None,
+           clock: Callable[[], float] = time.monotonic) -> BackFeed:
+    """A feed following `engine`'s sessions, told its events; backs drafting count in its
+    step prices (`on_arrival`, `clock`: BackFeed's)."""
+    feed = BackFeed(engine.cost, engine.metrics, on_arrival, clock)
+    engine.events.subscribe(feed)
+    engine.backs_drafting = feed.drafting
+    return feed

@@ -1,10 +1,10 @@
-"""Draft posts, however they come (POST /duo/draft or the link): bounded, checked, put on the
-session's board; and the link's socket (lead/drafts/link.py holds what it sends).
+"""Draft posts as they come on the link: bounded, checked, put on the session's board; and
+the link's socket (lead/backs/link.py holds what it sends).
 
 A back chooses its own id, so what one address may post is bounded: posts per second
-(PostLimiter) and places on a board. Every refusal names its cause as the HTTP routes
-answer it: a 400 naming the field, a 429 with the seconds to wait. Draft probabilities
-count only from a back with the back key (lead/server/keys.py).
+(PostLimiter) and places on a board. Every refusal (`Refused`) names its cause with an HTTP
+status: a 400 naming the field, a 429 with the seconds to wait. Draft probabilities count
+only from a back with the back key (lead/server/keys.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ from pydantic import TypeAdapter, ValidationError
 
 from lead.apis.renames import field_path, validation_message
 from lead.apis.shapes import FieldRefused
+from lead.backs.feed import BackFeed
+from lead.backs.limits import BACKS_PER_ADDRESS, PostLimiter
+from lead.backs.link import LinkedBack
 from lead.decode.metrics import Metrics
-from lead.drafts.feed import BackFeed
-from lead.drafts.limits import BACKS_PER_ADDRESS, PostLimiter
-from lead.drafts.link import LinkedBack
 from lead.server.keys import Keys
 from shared.branch import Branch
 from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
@@ -62,9 +62,9 @@ async def serve_link(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: 
                      max_message: int) -> None:
     """One back's link, until it closes: its messages taken as they come, news pushed."""
     address = ws.client.host if ws.client else "?"
-    if not feed.polls.take(address):  # accepted first: a close before it is a 403
+    if not feed.links.take(address):  # accepted first: a close before it is a 403
         await ws.accept()
-        await ws.close(1013, "too many links and long-polls open from this address")
+        await ws.close(1013, "too many links open from this address")
         return
     with contextlib.suppress(WebSocketDisconnect, RuntimeError):  # closed (RuntimeError:
         await _serve(ws, feed, posts, metrics, max_message, address)  # mid-send)
@@ -90,7 +90,7 @@ async def _serve(ws: WebSocket, feed: BackFeed, posts: DraftTaker, metrics: Metr
         if pusher is not None:
             pusher.cancel()
             await asyncio.gather(pusher, return_exceptions=True)
-        feed.polls.give(address)
+        feed.links.give(address)
 
 
 async def _text_frame(ws: WebSocket) -> str | None:
@@ -136,8 +136,10 @@ def _handle(text: str, link: LinkedBack, posts: DraftTaker, address: str, author
                        param=getattr(exc, "param", None), retry_after=wait,
                        session_id=message.draft.session_id)
     return None
+
+
 def _in_message(loc: tuple[int | str, ...], kind: str | None) -> tuple[int | str, ...]:
-    """A field's place in the message the back sent, as the HTTP routes name it: past the
+    """A field's place in the message the back sent, as lead's HTTP errors name it: past the
     message's type, and a draft's own name (("draft", "draft", "start") -> ("start",)),
     unless the draft itself is what is missing or no object."""
     inside = loc[1:]

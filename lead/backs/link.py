@@ -2,15 +2,15 @@
 instead of a request per state and per draft. Lead sends a back an `Update` whenever
 sessions it wants news of change (what it wants: `idle`, `quiet`, `ignored` in its
 `Hello`): for each, only the tokens it has not been sent (its sampling settings in the
-first). Its drafts (`Posted`) are checked as POST /duo/draft checks them; a refused one is
-answered with `Refused`, an accepted one with nothing (the next update says what came of it).
+first). Its drafts (`Posted`) are checked (lead/backs/intake.py); a refused one is answered
+with `Refused`, an accepted one with nothing (the next update says what came of it).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from lead.drafts.feed import BackFeed, FeedEntry, is_news
+from lead.backs.feed import BackFeed, FeedEntry, is_news
 from shared.protocol import Hello, SessionState, Update
 
 

@@ -1,0 +1,1 @@
+"""Everything about backs on lead's side: the feed, the link, the registry, limits, routes."""
