@@ -28,6 +28,7 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
 from lead.backs.feed import BackFeed, attach
+from lead.backs.keys import Keys
 from lead.backs.limits import BACKS_PER_ADDRESS, LINKS_PER_ADDRESS
 from lead.backs.registry import BackRegistry
 from lead.backs.routes import back_router
@@ -41,7 +42,6 @@ from lead.policy.acceptance import expected_yield, yield_curve
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
 from lead.server.app import create_app
-from lead.server.keys import Keys
 from lead.server.prometheus import exposition
 from shared.fake import FakeModel
 from shared.placement import LeadPlace

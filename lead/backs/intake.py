@@ -4,7 +4,7 @@ the link's socket (lead/backs/link.py holds what it sends).
 A back chooses its own id, so what one address may post is bounded: posts per second
 (PostLimiter) and places on a board. Every refusal (`Refused`) names its cause with an HTTP
 status: a 400 naming the field, a 429 with the seconds to wait. Draft probabilities count
-only from a back with the back key (lead/server/keys.py).
+only from a back with the back key (lead/backs/keys.py).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from pydantic import TypeAdapter, ValidationError
 from lead.apis.renames import field_path, validation_message
 from lead.apis.shapes import FieldRefused
 from lead.backs.feed import BackFeed
+from lead.backs.keys import Keys
 from lead.backs.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.backs.link import LinkedBack
 from lead.decode.metrics import Metrics
-from lead.server.keys import Keys
 from shared.branch import Branch
 from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
 from shared.sampling import Dist

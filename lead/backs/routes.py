@@ -14,9 +14,9 @@ from fastapi import APIRouter, HTTPException, Query, WebSocket
 
 from lead.backs.feed import BackFeed
 from lead.backs.intake import DraftTaker, serve_link
+from lead.backs.keys import Keys
 from lead.backs.limits import PostLimiter
 from lead.decode.engine import Engine
-from lead.server.keys import Keys
 from shared.placement import LeadPlace
 from shared.protocol import Grammar, Info
 

@@ -27,12 +27,12 @@ from lead.apis.openairoutes import openai_router
 from lead.apis.prepare import Defaults
 from lead.apis.slotactions import slot_actions_router
 from lead.backs.feed import attach
+from lead.backs.keys import Keys
 from lead.backs.routes import back_router
 from lead.decode.engine import Engine
 from lead.server.cors import Cors, cors_options
 from lead.server.errors import install_error_handlers
 from lead.server.gate import Gate
-from lead.server.keys import Keys
 from lead.server.live import LiveNews
 from lead.server.llamaflags import CACHE_TYPES
 from lead.server.prometheus import exposition

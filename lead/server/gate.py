@@ -21,8 +21,8 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from lead.backs.keys import Keys
 from lead.server.errors import error_response
-from lead.server.keys import Keys
 from lead.server.webroutes import STATIC_PREFIX
 
 LOOPBACK_NAMES = ("localhost",)
