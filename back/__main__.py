@@ -31,7 +31,7 @@ def build_worker(settings: BackSettings) -> Worker:
     if settings.drafter == "ngram":
         drafters = [NgramDrafter() for _ in range(settings.slots)]
     else:
-        from shared.llm import load_model
+        from shared.llama.model import load_model
 
         # Its threads are set at the handshake, where the back learns where lead runs.
         model = load_model(settings.model, settings.threads or 1, settings.n_gpu_layers,

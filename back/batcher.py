@@ -18,7 +18,7 @@ from back.follower import Follower
 from back.leadlink import Link
 from back.width import DraftPrices, choose_width
 from shared.modelthread import ModelThread
-from shared.protocol import Stop
+from shared.wire.protocol import Stop
 
 log = logging.getLogger("back")
 T = TypeVar("T")

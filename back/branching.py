@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from shared.branch import Branch
-from shared.protocol import SamplingParams
 from shared.sampling import Dist
+from shared.wire.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

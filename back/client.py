@@ -21,8 +21,8 @@ from httpx_ws import (
 )
 from pydantic import BaseModel, ValidationError
 
-from shared.httpclient import auth_headers, error_message, lead_url
-from shared.protocol import Grammar, Info
+from shared.wire.httpclient import auth_headers, error_message, lead_url
+from shared.wire.protocol import Grammar, Info
 
 M = TypeVar("M", bound=BaseModel)
 

@@ -29,12 +29,12 @@ from back.branching import (
     taken_by_lead,
 )
 from back.track import Grammars
-from shared.constraint import Constraint, best, masked
+from shared.grammar.constraint import Constraint, best, masked
 from shared.model import MAIN, Forking, Model, can_fork, common_prefix, sync_cache
 from shared.ngram import NgramIndex
 from shared.penalties import adjust
-from shared.protocol import SamplingParams
 from shared.sampling import distribution, is_greedy, sample
+from shared.wire.protocol import SamplingParams
 
 MAX_SUPPORT = 64  # a cap on the draft's sampling support keeps posted q small and exact
 GRAMMAR_PICK_S = 1.0  # a grammar taking longer than this on one guess is dropped

@@ -12,8 +12,8 @@ from back.mirror import LeadMirror
 from back.posts import PostBook
 from back.stats import SessionStats
 from back.width import StepClock
-from shared.protocol import DraftPost, State
 from shared.sampling import make_draft_rng
+from shared.wire.protocol import DraftPost, State
 
 TRANSIT_S = 0.0005  # a post's way to lead's board, allowed for before its step ends
 

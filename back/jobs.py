@@ -20,7 +20,7 @@ from back.mirror import LeadMirror
 from back.posts import wire_dist
 from back.stats import Work
 from shared.model import EvaluationAborted, common_prefix
-from shared.protocol import DraftDist, SamplingParams
+from shared.wire.protocol import DraftDist, SamplingParams
 
 
 def leaving(mirror: LeadMirror, path: Sequence[int]) -> Callable[[], bool]:

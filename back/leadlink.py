@@ -18,7 +18,7 @@ from wsproto.utilities import LocalProtocolError
 
 from back.client import BadAnswer, LeadError, LinkClosed
 from back.failures import brief
-from shared.protocol import DraftPost, Hello, Posted, Refused, Update
+from shared.wire.protocol import DraftPost, Hello, Posted, Refused, Update
 
 log = logging.getLogger("back")
 LEAD_MESSAGES: TypeAdapter[Update | Refused] = TypeAdapter(Update | Refused)

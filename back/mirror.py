@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from shared.bounded import Lru
-from shared.protocol import State
+from shared.wire.protocol import State
 
 GRAMMARS_KEPT = 8  # grammar texts held, by id, as many as the drafter keeps parsed
 

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from shared.modelthread import ModelThread
 from shared.placement import LeadPlace, Placement, allowed_cpus, apply, choose_back, host_id
-from shared.protocol import Info
+from shared.wire.protocol import Info
 
 log = logging.getLogger("back")
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from back.branching import Sprout
-from shared.protocol import (
+from shared.sampling import Dist
+from shared.wire.protocol import (
     MAX_BRANCH_TOKENS,
     MAX_BRANCHES,
     MAX_DRAFT_WIRE,
@@ -13,7 +14,6 @@ from shared.protocol import (
     DraftDist,
     DraftPost,
 )
-from shared.sampling import Dist
 
 
 class PostBook:

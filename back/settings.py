@@ -10,9 +10,9 @@ from pydantic_settings import SettingsConfigDict
 from shared.cli import ApiKey
 from shared.context import check_context
 from shared.devicesettings import DeviceChecks
-from shared.httpclient import check_lead
 from shared.placement import parse_cpus
-from shared.protocol import MAX_BRANCHES
+from shared.wire.httpclient import check_lead
+from shared.wire.protocol import MAX_BRANCHES
 
 
 class BackSettings(DeviceChecks):

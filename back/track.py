@@ -7,8 +7,8 @@ import logging
 from collections.abc import Callable, Sequence
 
 from shared.bounded import Lru
-from shared.constraint import Constraint
-from shared.grammar_bounds import check_gbnf
+from shared.grammar.bounds import check_gbnf
+from shared.grammar.constraint import Constraint
 from shared.model import common_prefix
 
 MAX_GRAMMARS = 8  # parsed grammars kept, by text

@@ -31,7 +31,7 @@ from back.stats import History
 from shared.bounded import Lru
 from shared.model import reusing_slot
 from shared.placement import Placement
-from shared.protocol import Hello, Info, Update, grammar_id
+from shared.wire.protocol import Hello, Info, Update, grammar_id
 
 __all__ = ["BackFatal", "Worker"]
 log = logging.getLogger("back")

@@ -218,7 +218,7 @@ def measure_costs(a: argparse.Namespace, ids: list[list[int]], target_path: Path
     """Verify cost per batch size, draft seconds per token, and for each prompt whether
     the draft's greedy token and its runner-up are each token of the target's reply."""
     from bench.peers import verify_costs
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
 
     with configs.pinned(a.lead_cpus):
         target = LlamaModel(target_path, a.loop_threads, a.lead_ngl, 2048)
@@ -246,7 +246,7 @@ def replayed(draft: Model, replies: dict[int, tuple[list[int], list[int]]]
 
 
 def _chat_ids(path: Path, text: str) -> list[int]:
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
 
     m = LlamaModel(path, threads=1, n_ctx=512)
     try:

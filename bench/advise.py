@@ -55,7 +55,7 @@ class Loader:
     n_gpu_layers: int = 0
 
     def __call__(self) -> Any:
-        from shared.llm import LlamaModel
+        from shared.llama.model import LlamaModel
 
         return LlamaModel(self.path, self.threads, self.n_gpu_layers, N_CTX)
 

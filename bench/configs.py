@@ -175,7 +175,7 @@ def _raw_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
 def _sync_runner(a: argparse.Namespace, stack: ExitStack, ids: list[list[int]],
                  path: Path) -> Runner:
     from bench.peers import sync_speculative
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
     from shared.presets import resolve_model
 
     target = LlamaModel(path, a.loop_threads, a.lead_ngl, 2048)

@@ -116,7 +116,7 @@ def measure(target_path: Path, draft_path: Path, chosen: list[dict], tokens: int
     """Prompt kind -> the rank of every target token in the draft's rows (both models
     loaded in this process, one after the other evaluating)."""
     from bench.advise import chat_ids, greedy_reply
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
 
     target = LlamaModel(target_path, threads, 0, N_CTX)
     draft = LlamaModel(draft_path, threads, 0, N_CTX)

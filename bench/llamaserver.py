@@ -20,8 +20,8 @@ import httpx
 
 from bench.procs import LEAD_CTX, Proc, free_port
 from bench.runs import Result
-from shared.httpclient import sse_events
 from shared.hugepages import without_tunable
+from shared.wire.httpclient import sse_events
 
 PLAIN = "peer: llama-server (its defaults)"
 SPEC_DEFAULT = "peer: llama-server --spec-default"

@@ -34,7 +34,7 @@ from bench import prompts as prompt_sets
 from bench.cpuwatch import LoadWatch, caveat
 from bench.llamaserver import PLAIN, SPEC_DEFAULT
 from bench.procs import Lead, SimBack, SimLead
-from shared.httpclient import asse_events
+from shared.wire.httpclient import asse_events
 
 LONG_TOKENS, SHORT_TOKENS = 400, 16
 WARM_UP = "Say hello."  # no bench prompt: none of them is cached by it

@@ -11,7 +11,7 @@ import numpy as np
 from bench.runs import Result
 from lead.decode.verify import verify
 from shared.model import Model, sync_cache
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 GREEDY = SamplingParams()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 
-from shared.scrape import read_samples
+from shared.wire.scrape import read_samples
 
 ROOT = Path(__file__).resolve().parent.parent
 LEAD_CTX = 2048  # the context every lead here runs with (llama-server peers get the same)

@@ -112,7 +112,7 @@ def record(lead: str, out: Path, workload: str = "edit", rounds: int = 1) -> Non
     near-tie), in the order asked."""
     import httpx
 
-    from shared.httpclient import lead_url
+    from shared.wire.httpclient import lead_url
     prompts, kept = bench_prompts.load(workload), []
     most = bench_prompts.EDIT_TOKENS if workload == "edit" else 128
     for n in range(rounds * len(prompts)):

@@ -16,7 +16,7 @@ from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import Lead, Proc, free_port, wait_until
 from bench.prompts import load, spread
 from bench.runs import via_lead
-from shared.rpcwire import Endpoint, RpcError, hello
+from shared.wire.rpc_endpoints import Endpoint, RpcError, hello
 
 
 def rpc_server(threads: int, cpus: str | None) -> tuple[Proc, str]:

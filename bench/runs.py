@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import httpx
 
 from bench.procs import Lead, metrics
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 
 
 @dataclass

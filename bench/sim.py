@@ -16,9 +16,9 @@ import logging
 import sys
 
 from bench.coverage import MEASURED_COVER
+from bench.fake import FakeModel
 from lead.server.settings import LeadSettings
 from shared.cli import setup_logging
-from shared.fake import FakeModel
 
 # The simulated models' logits follow the whole context, not its last few tokens: every
 # prompt ends alike ("assistant: "), and a fake of order 3 gave each the same reply, so

@@ -42,8 +42,8 @@ from bench import configs, report
 from bench.cpuwatch import LoadWatch, caveat
 from bench.procs import ROOT, Back, Lead, metric, wait_until
 from bench.runs import Result
-from shared.httpclient import sse_events
 from shared.placement import PlacementError, allowed_cpus
+from shared.wire.httpclient import sse_events
 
 ALONE, UNDER, BLIND = "lead alone", "duo: back under the grammar", "duo: back blind"
 

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from chat.client import ChatClient, ChatError
 from chat.repl import Conversation, Repl, interactive, piped, read_piped
 from shared.cli import check_api_key
-from shared.httpclient import check_lead
+from shared.wire.httpclient import check_lead
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 from httpx_sse import SSEError
 
-from shared.httpclient import auth_headers, error_message, lead_url, retry_after, sse_events
-from shared.scrape import read_samples
+from shared.wire.httpclient import auth_headers, error_message, lead_url, retry_after, sse_events
+from shared.wire.scrape import read_samples
 
 
 class ChatError(Exception):

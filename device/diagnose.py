@@ -34,7 +34,7 @@ HERE = Path(__file__).parent
 # A bare load and one evaluation; {before} is what the process imports first
 LOAD = """import sys
 {before}
-from shared.llm import load_model
+from shared.llama.model import load_model
 m = load_model(sys.argv[1], n_gpu_layers=int(sys.argv[2]), n_ctx=4096)
 rows = m.evaluate(list(range(1, 33)), 32)
 print("evaluated 32 tokens:", rows.shape, flush=True)

@@ -1,6 +1,6 @@
 """python -m device.measure: what one evaluation of b tokens costs, one model, one placement.
 
-The model is loaded as lead and back load theirs (shared/llm.py: flash attention on where
+The model is loaded as lead and back load theirs (shared/llama/model.py: flash attention on where
 layers are offloaded); a prefix of `--prefix` tokens stands for a prompt, then each batch
 size is evaluated after it, logits for every token (as lead verifies), `--repeats` rounds of
 all sizes after one untimed round (CUDA picks kernels and captures graphs per shape on first
@@ -56,7 +56,7 @@ def timed_round(model, prefix: int, sizes: list[int], tokens: list[int],
 
 
 def measure(a: argparse.Namespace) -> dict:
-    from shared.llm import load_model
+    from shared.llama.model import load_model
 
     t0 = time.monotonic()
     deadline = t0 + a.deadline_s

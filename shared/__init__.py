@@ -1,1 +1,3 @@
-"""What lead, back, chat and bench share: the wire protocol, sampling, the model edge."""
+"""What lead, back, chat and bench share: sampling, the Model interface and small utilities
+here; the llama.cpp edge in llama/, grammars and schema bounds in grammar/, what crosses
+the wire in wire/."""

@@ -13,7 +13,7 @@ class Branch:
     differs from the draft's token there (its next likeliest), the rest are drafted after
     it; `dists`: the distribution each was drawn from, where the drafter gives them.
     Lead's board keeps branches, its verifier checks them beside the draft, a back grows
-    them; the wire carries them as DraftBranch (shared/protocol.py)."""
+    them; the wire carries them as DraftBranch (shared/wire/protocol.py)."""
 
     at: int
     token_ids: tuple[int, ...]

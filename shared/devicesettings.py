@@ -5,7 +5,7 @@ from __future__ import annotations
 from pydantic import field_validator
 from pydantic_settings import BaseSettings
 
-from shared.rpcwire import parse_endpoints, parse_weights
+from shared.wire.rpc_endpoints import parse_endpoints, parse_weights
 
 
 class DeviceChecks(BaseSettings):

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 Restarts = Mapping[int, tuple[tuple[int, ...], ...]]  # head token -> the tails after it
 MAX_BREAKER_BYTES, MAX_TAIL = 40, 20  # llama.cpp's caps on a breaker and its tail

@@ -1,5 +1,5 @@
 """Embeddings as llama-server gives them (pure): what computes them (`Embedder`, over
-llama.cpp in shared/llm_embed.py), and their normalization and base64 form."""
+llama.cpp in shared/llama/embed.py), and their normalization and base64 form."""
 
 from __future__ import annotations
 

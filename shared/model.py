@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
-    from shared.constraint import Constraint
+    from shared.grammar.constraint import Constraint
 
 
 class EvaluationAborted(Exception):
@@ -65,7 +65,7 @@ class Model(Protocol):
         ...
 
     def constraint(self, gbnf: str) -> Constraint:
-        """The start state of a GBNF grammar over this vocabulary (shared/constraint.py);
+        """The start state of a GBNF grammar over this vocabulary (shared/grammar/constraint.py);
         ValueError, with the parser's message, for a grammar that does not parse."""
         ...
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from shared import dry
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 
 def active(params: SamplingParams) -> bool:

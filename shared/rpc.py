@@ -45,7 +45,8 @@ def warning(host: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(RpcSettings, "python -m shared.rpc", DESCRIPTION, argv)
-    from shared import crashtrace, ggml  # loads llama.cpp: after --help and flag errors
+    from shared import crashtrace
+    from shared.llama import ggml  # loads llama.cpp: after --help and flag errors
 
     crashtrace.install()
 

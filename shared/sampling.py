@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from shared import samplers
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 # Candidates examined before falling back to a full sort for top-p: argpartition
 # on 150k logits is ~10x cheaper than argsort, and exact whenever these hold the mass.

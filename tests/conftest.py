@@ -16,12 +16,12 @@ from httpx_ws.transport import ASGIWebSocketTransport
 
 from back.drafter import Drafter, Grown
 from back.jobs import Drafted, DraftJob, extend_many
+from bench.fake import FakeModel
 from bench.procs import wait_until
 from lead.server.app import create_app
 from lead.server.settings import LeadSettings
-from shared.fake import FakeModel
 from shared.model import EvaluationAborted
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 pytest_plugins = ("tests.tiers",)  # unit / process / real: see tests/tiers.py
 

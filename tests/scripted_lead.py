@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from bench.fake import EOS, FakeModel
 from lead.server.app import create_app
 from lead.server.serve import serve
 from lead.server.settings import LeadSettings
 from shared.cli import parse_settings, setup_logging
-from shared.fake import EOS, FakeModel
 
 HERMES_TEMPLATE = "{% for tool in tools %}<tools>{{ tool }}</tools>{% endfor %}<tool_call>"
 NO_RULE = "No rule of the script matched this prompt."

@@ -14,8 +14,8 @@ from typing import Any
 import httpx
 import numpy as np
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import async_wait_until, chat_body, make_settings
 
 SCHEMA = {"response_format": {"type": "json_schema",

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from bench import advice, advise, prompts
+from bench.fake import FakeModel
 from bench.ideal import free_draft_bound, padded
-from shared.fake import FakeModel
 
 SIZES = list(range(1, 10))
 FLAT = {b: 0.030 for b in SIZES}  # a GPU-like target: a batch costs what one token costs

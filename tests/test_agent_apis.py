@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis.generictools import GenericStream, generic_messages, reply_schema
 from lead.server.app import create_app
-from shared.fake import FakeModel
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 from tests.conftest import make_settings
 from tests.test_tools_api import CALL, PieceModel
 

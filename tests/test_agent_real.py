@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 from tests.drafting import FORCED
 from tests.test_real_pair import DRAFT, TARGET, WEATHER_RESULT, _installed
 

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import ALPHABET, FakeModel
 from lead.server.app import create_app
-from shared.fake import ALPHABET, FakeModel
-from shared.httpclient import sse_events as read_events
-from shared.scrape import read_samples
+from shared.wire.httpclient import sse_events as read_events
+from shared.wire.scrape import read_samples
 from tests.conftest import (
     ScriptedModel,
     async_wait_until,

@@ -17,10 +17,11 @@ from back.jobs import Drafted, DraftJob, ahead_for
 from back.mirror import LeadMirror
 from back.posts import PostBook
 from back.worker import Worker
+from bench.fake import ALPHABET, EOS, FakeModel
 from shared.branch import Branch
-from shared.fake import ALPHABET, EOS, FakeModel
 from shared.model import MAIN, EvaluationAborted, common_prefix
-from shared.protocol import (
+from shared.sampling import Dist
+from shared.wire.protocol import (
     MAX_BRANCH_TOKENS,
     MAX_BRANCHES,
     DraftPost,
@@ -29,7 +30,6 @@ from shared.protocol import (
     State,
     Update,
 )
-from shared.sampling import Dist
 from tests.conftest import extend
 
 GREEDY = SamplingParams()

@@ -16,7 +16,7 @@ from back.branching import (
 )
 from back.posts import on_wire
 from shared.branch import Branch
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 LEAD = (1, 2, 3)
 DRAFT = (10, 11, 12, 13)

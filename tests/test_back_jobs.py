@@ -15,8 +15,8 @@ from back.drafter import ModelDrafter, NgramDrafter
 from back.jobs import DraftJob, ahead_for, catch_up, extend_many, leaving
 from back.mirror import LeadMirror
 from back.posts import PostBook
-from shared.fake import EOS, FakeModel
-from shared.protocol import SamplingParams, State
+from bench.fake import EOS, FakeModel
+from shared.wire.protocol import SamplingParams, State
 from tests.conftest import extend
 
 GREEDY = SamplingParams()

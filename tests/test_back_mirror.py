@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from back.mirror import LeadMirror
-from shared.protocol import State, grammar_id
+from shared.wire.protocol import State, grammar_id
 
 
 def live(version: int, tokens: list[int], offset: int = 0, n_tokens: int | None = None,

@@ -13,7 +13,7 @@ from lead.drafts.board import Draft, DraftBoard, Q, post_candidates
 from lead.policy.acceptance import Rate
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import WEIGHT, Offer, Record, Scoreboard
-from shared.protocol import DraftPost
+from shared.wire.protocol import DraftPost
 
 CPU = {1: 1.0, 2: 1.6, 3: 2.2, 4: 2.4, 5: 2.9, 9: 4.9, 17: 7.0}  # a 2-core CPU's batches
 

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import make_settings
 from tests.test_link import link_post
 

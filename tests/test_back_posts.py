@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from back.posts import PostBook
-from shared.protocol import DraftDist
+from shared.wire.protocol import DraftDist
 
 
 def dist(token: int) -> DraftDist:

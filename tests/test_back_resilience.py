@@ -20,8 +20,8 @@ from back.client import BadAnswer, LeadClient, LeadError
 from back.drafter import ModelDrafter
 from back.failures import fatal, outage
 from back.worker import Worker
-from shared.fake import FakeModel
-from shared.protocol import Posted, Refused
+from bench.fake import FakeModel
+from shared.wire.protocol import Posted, Refused
 from tests.conftest import InProcessLead, async_wait_until
 from tests.test_inprocess import ask, new_lead, reference, text_of
 

@@ -8,8 +8,8 @@ from back.follower import TRANSIT_S, Follower
 from back.jobs import Drafted
 from back.mirror import LeadMirror
 from back.stats import History, SessionStats, Work
-from shared.protocol import SamplingParams, State
 from shared.sampling import make_draft_rng
+from shared.wire.protocol import SamplingParams, State
 
 
 def follower(session_id: str = "a", seed: int | None = None) -> Follower:

@@ -7,10 +7,10 @@ import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 
+from bench.fake import FakeModel
 from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.decode.runs import Run
-from shared.fake import FakeModel
 from tests.test_layers import imported
 
 ROOT = Path(__file__).resolve().parent.parent

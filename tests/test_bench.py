@@ -104,7 +104,7 @@ def test_quick_advice_prices_every_placement_and_recommends_one() -> None:
 
 def test_every_edit_is_a_whole_file_the_default_reply_length_covers() -> None:
     from bench import prompts
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
     from shared.presets import resolve_model
 
     target = LlamaModel(resolve_model("qwen2.5-coder-1.5b"), threads=1, n_ctx=512)
@@ -119,7 +119,7 @@ def test_every_edit_is_a_whole_file_the_default_reply_length_covers() -> None:
 
 def test_the_agent_prompt_is_about_7k_tokens_of_the_default_target() -> None:
     from bench import promptbench
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
     from shared.presets import resolve_model
 
     prompt = promptbench.load()

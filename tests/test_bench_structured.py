@@ -21,7 +21,7 @@ from bench.structured import (
     table,
     valid,
 )
-from shared.schema_keywords import unenforced
+from shared.grammar.schema_keywords import unenforced
 
 
 def _results() -> dict[str, list[Reply]]:

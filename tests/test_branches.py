@@ -18,6 +18,7 @@ from httpx_ws.transport import ASGIWebSocketTransport
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.fake import FakeModel
 from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest, Session
 from lead.decode.verify import verify
@@ -25,10 +26,9 @@ from lead.drafts.board import Candidate, DraftBoard, post_candidates
 from lead.server.app import create_app
 from lead.server.prometheus import exposition
 from shared.branch import Branch
-from shared.fake import FakeModel
-from shared.protocol import MAX_BRANCHES, SamplingParams
 from shared.sampling import Dist
-from shared.scrape import read_samples
+from shared.wire.protocol import MAX_BRANCHES, SamplingParams
+from shared.wire.scrape import read_samples
 from tests.conftest import chat_body, make_settings
 from tests.test_inprocess import TARGET_COST, ask, new_lead, reference, run, text_of
 from tests.test_link import link_post

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import LiveServer, make_settings
 
 pytestmark = pytest.mark.process  # chat.py runs in its own process, lead on a real socket

@@ -12,8 +12,8 @@ from back.settings import BackSettings
 from chat.__main__ import parse as chat_parse
 from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
-from shared.httpclient import check_lead
 from shared.placement import allowed_cpus
+from shared.wire.httpclient import check_lead
 
 NOT_ADDRESSES = [":::", "ftp://x:1", "127.0.0.1:99999", "http://127.0.0.1:5600?x=1",
                  "127.0.0.1:5600?x=1", "http://h:1/#f", "http://h:1/duo", "h h:1", ""]

@@ -22,7 +22,7 @@ from back.drafter import NgramDrafter
 from back.failures import brief, outage
 from back.leadlink import Link
 from back.worker import Worker
-from shared.protocol import DraftPost, Hello
+from shared.wire.protocol import DraftPost, Hello
 from tests.conftest import async_wait_until
 from tests.test_worker import info
 

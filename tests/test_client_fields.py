@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis.toolparse import HERMES, ToolStream, could_be_call
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import chat_body, make_settings
 from tests.test_api import sse_events
 

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 
 from back.drafter import Drafter, ModelDrafter, NgramDrafter
+from bench.fake import FakeModel
 from lead.backs.limits import RateLimiter
 from lead.backs.registry import BackRegistry
 from lead.decode.textstream import TextStream
 from lead.drafts.board import Candidate, DraftBoard
 from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
-from shared.fake import FakeModel
-from shared.protocol import SamplingParams
 from shared.sampling import distribution, sample
+from shared.wire.protocol import SamplingParams
 from tests.conftest import grow
 
 # --- draft board ---

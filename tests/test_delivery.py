@@ -15,11 +15,11 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
+from bench.fake import FakeModel
 from bench.procs import wait_until
 from lead.decode.session import Session
 from lead.server.app import create_app
-from shared.fake import FakeModel
-from shared.scrape import read_samples
+from shared.wire.scrape import read_samples
 from tests.conftest import LiveServer, chat_body, make_settings
 
 pytestmark = pytest.mark.process

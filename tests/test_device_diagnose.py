@@ -79,7 +79,7 @@ def test_a_probe_s_flags_replace_the_defaults() -> None:
     shell = command(Probe("x", lead_args=[], shell="ulimit -s unlimited"), args, 5000)
     assert shell[:3] == ["bash", "-c", 'ulimit -s unlimited; exec "$@"'] and "lead" in shell
     bare = command(Probe("x", before="import numpy"), args, 5000)
-    assert bare[-2:] == ["m.gguf", "-1"] and "import numpy\nfrom shared.llm" in bare[2]
+    assert bare[-2:] == ["m.gguf", "-1"] and "import numpy\nfrom shared.llama.model" in bare[2]
 
 
 def test_the_draft_probe_loads_the_draft_on_the_cpu() -> None:

@@ -122,7 +122,7 @@ def test_the_generated_file_lists_the_shapes_tensors_and_tokenizer(tiny) -> None
 
 
 def test_llama_cpp_loads_it_and_its_logits_are_finite(tiny) -> None:
-    from shared.llm import LlamaModel
+    from shared.llama.model import LlamaModel
 
     model = LlamaModel(tiny[1], threads=1, n_ctx=64)
     try:

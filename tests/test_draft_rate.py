@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel, VirtualClock
 from lead.server.app import create_app
-from shared.fake import FakeModel, VirtualClock
 from tests.conftest import make_settings
 from tests.test_link import link_post
 

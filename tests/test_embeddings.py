@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis.embedinput import prompt_ids, prompts
 from lead.apis.shapes import FieldRefused
 from lead.server.app import create_app
 from shared.embedding import base64_floats, normalize
-from shared.fake import FakeModel
-from shared.llm_embed import pooling_type
+from shared.llama.embed import pooling_type
 from tests.conftest import make_settings
 
 

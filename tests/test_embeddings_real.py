@@ -1,4 +1,4 @@
-"""Real-model tier for --embeddings (shared/llm_embed.py through lead/apis/embeddings.py):
+"""Real-model tier for --embeddings (shared/llama/embed.py through lead/apis/embeddings.py):
 SmolLM2-135M's vectors, mean-pooled (its GGUF names no pooling) and per token with
 --pooling none, served in process beside a generation on the same weights."""
 
@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lead.server.app import create_app
-from shared.llm import LlamaModel, load_model
+from shared.llama.model import LlamaModel, load_model
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.real

@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from bench.fake import EOS, FakeModel, VirtualClock
 from lead.backs.feed import BackFeed, is_news
 from lead.backs.limits import PostLimiter
 from lead.decode.admission import Admission, QueueFull
@@ -19,10 +20,9 @@ from lead.decode.session import Emission, GenRequest, Session, StepResult, merge
 from lead.decode.verify import Verdict
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
-from shared.fake import EOS, FakeModel, VirtualClock
 from shared.logprobs import TokenLogprob
 from shared.modelthread import ModelThread
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 from tests.conftest import async_wait_until
 
 

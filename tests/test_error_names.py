@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis.renames import renamed
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import make_settings
 
 USER = {"role": "user", "content": "hi"}

@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from bench.procs import SIM_DRAFT, SIM_TARGET, SimBack, SimLead, wait_until
-from shared.httpclient import sse_events
-from shared.scrape import read_samples
+from shared.wire.httpclient import sse_events
+from shared.wire.scrape import read_samples
 
 pytestmark = pytest.mark.process
 

@@ -8,8 +8,8 @@ import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import make_settings
 
 # A small context keeps generated max_tokens cheap; a save folder serves the slot actions

@@ -21,12 +21,12 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.track import Track
 from back.worker import Worker
+from bench.fake import EOS, FakeGrammar, FakeModel, VirtualClock
 from lead.decode.verify import verify
 from lead.server.app import create_app
-from shared.constraint import Constraint, best
-from shared.fake import EOS, FakeGrammar, FakeModel, VirtualClock
-from shared.httpclient import sse_events
-from shared.protocol import SamplingParams, State
+from shared.grammar.constraint import Constraint, best
+from shared.wire.httpclient import sse_events
+from shared.wire.protocol import SamplingParams, State
 from tests.conftest import InProcessLead, async_wait_until, chat_body, make_settings
 
 GREEDY = SamplingParams()

@@ -1,6 +1,6 @@
 """Grammar and schema bombs against a real lead on SmolLM2 with a real back attached: each
 is a 4xx within a second, lead and the back live on and serve; grammars at the bounds
-(shared/grammar_bounds.py) go through llama.cpp's own parser, in lead and in the back,
+(shared/grammar/bounds.py) go through llama.cpp's own parser, in lead and in the back,
 and work. Before the bounds, the first two here ended lead with a SIGSEGV."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
-from shared import grammar_bounds as gb
-from shared.llm import LlamaModel, load_model
+from shared.grammar import bounds as gb
+from shared.llama.model import LlamaModel, load_model
 from tests.test_grammar_bounds import alternatives, json_schema, nested
 
 pytestmark = pytest.mark.real

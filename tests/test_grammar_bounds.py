@@ -1,5 +1,5 @@
-"""Bounds on grammars and JSON schemas (shared/grammar_bounds.py, shared/schema_bounds.py,
-and the converter's lengths written x{m,n}, shared/llm_grammar.py): each refuses just over
+"""Bounds on grammars and JSON schemas (shared/grammar/bounds.py, shared/grammar/schema_bounds.py,
+and the converter's lengths written x{m,n}, shared/llama/grammar.py): each refuses just over
 its limit and lets its limit through, with a message naming the construct and the limit;
 what sits in literals, classes and comments is not structure; lead answers a 400 naming
 the field before any parser runs, and a back refuses a bomb and drafts blind. Real
@@ -16,13 +16,13 @@ import pytest
 from fastapi.testclient import TestClient
 
 from back.drafter import ModelDrafter
+from bench.fake import FakeModel
 from lead.apis.toolparse import HERMES
 from lead.apis.tools import ToolChoice, call_grammar, check_tools
 from lead.server.app import create_app
-from shared import grammar_bounds as gb
-from shared import schema_bounds as sb
-from shared.fake import FakeModel
-from shared.protocol import SamplingParams
+from shared.grammar import bounds as gb
+from shared.grammar import schema_bounds as sb
+from shared.wire.protocol import SamplingParams
 from tests.conftest import chat_body, grow, make_settings
 
 
@@ -210,11 +210,11 @@ def test_schema_keywords_are_found_where_the_converter_looks_and_nowhere_else() 
     sb.check_schema({"$ref": "#", "items": {"$ref": "#/items"}})  # loops are walked once
 
 
-# --- the converter writes lengths as x{m,n} (shared/llm_grammar.py) ---
+# --- the converter writes lengths as x{m,n} (shared/llama/grammar.py) ---
 
 def test_lengths_are_written_as_repetitions_not_nested_groups() -> None:
     pytest.importorskip("llama_cpp")
-    from shared.llm_grammar import schema_grammar
+    from shared.llama.grammar import schema_grammar
 
     rules = schema_grammar({"type": "object", "required": ["s", "a", "b"], "properties": {
         "s": {"type": "string", "minLength": 1, "maxLength": gb.MAX_REPEAT},
@@ -242,7 +242,7 @@ def test_where_another_keyword_comes_first_the_converter_writes_what_it_wrote(
     pytest.importorskip("llama_cpp")
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from shared.llm_grammar import _JSON_CHAR, _LOOSE_CHAR, schema_grammar
+    from shared.llama.grammar import _JSON_CHAR, _LOOSE_CHAR, schema_grammar
 
     parent = json_schema_to_gbnf(json.dumps(schema)).replace(_LOOSE_CHAR, _JSON_CHAR)
     assert schema_grammar(schema, strict=False) == parent
@@ -250,7 +250,7 @@ def test_where_another_keyword_comes_first_the_converter_writes_what_it_wrote(
 
 def test_a_schema_whose_grammar_is_over_a_bound_is_refused_as_such() -> None:
     pytest.importorskip("llama_cpp")
-    from shared.llm_grammar import schema_grammar
+    from shared.llama.grammar import schema_grammar
 
     values = [f"v{i}" for i in range(gb.MAX_CHOICES)]
     schema_grammar({"enum": values})
@@ -376,7 +376,7 @@ def test_a_back_refuses_a_bomb_in_one_line_and_drafts_blind(
 
 def test_a_back_drops_a_grammar_that_takes_seconds_a_guess_and_drafts_blind(
         caplog: pytest.LogCaptureFixture) -> None:
-    from shared.fake import VirtualClock
+    from bench.fake import VirtualClock
     from tests.test_grammar import SlowGrammarModel
 
     model = SlowGrammarModel(cost_s=0.6)  # two checks a guess at the least: 1.2 s

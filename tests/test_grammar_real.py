@@ -1,7 +1,7 @@
 """Real-model tier for structured output: SmolLM2-135M in real lead and back processes.
 Every json_schema reply parses and validates against its schema, with a back drafting
 under the grammar and without one; llama.cpp's grammar machinery seen through
-shared/llm.py."""
+shared/llama/model.py."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
-from shared.constraint import best
-from shared.httpclient import sse_events
-from shared.llm import LlamaModel, load_model
-from shared.schema_keywords import unenforced
+from shared.grammar.constraint import best
+from shared.grammar.schema_keywords import unenforced
+from shared.llama.model import LlamaModel, load_model
+from shared.wire.httpclient import sse_events
 from tests.drafting import FORCED, roles
 
 pytestmark = pytest.mark.real
@@ -201,7 +201,7 @@ def test_a_schema_the_converter_refuses_is_named_as_each_api_wrote_it(lead: Lead
     assert lead.alive()
 
 
-# --- shared/llm.py's grammar states on the model itself ---
+# --- shared/llama/model.py's grammar states on the model itself ---
 
 @pytest.fixture(scope="module")
 def model() -> LlamaModel:

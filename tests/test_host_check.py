@@ -12,10 +12,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
+from bench.fake import FakeModel
 from lead.server import serve as lead_serve
 from lead.server.app import create_app
 from lead.server.gate import exposure_warning, names_loopback
-from shared.fake import FakeModel
 from tests.conftest import LiveServer, make_settings
 from tests.test_api import is_error_body
 

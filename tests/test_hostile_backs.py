@@ -27,6 +27,7 @@ from starlette.websockets import WebSocketDisconnect
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
+from bench.fake import FakeModel
 from lead.backs.feed import BackFeed, attach
 from lead.backs.keys import Keys
 from lead.backs.limits import BACKS_PER_ADDRESS, LINKS_PER_ADDRESS
@@ -43,11 +44,10 @@ from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
 from lead.server.app import create_app
 from lead.server.prometheus import exposition
-from shared.fake import FakeModel
 from shared.placement import LeadPlace
-from shared.protocol import SamplingParams, SessionState, Update, grammar_id
 from shared.sampling import Dist
-from shared.scrape import read_samples
+from shared.wire.protocol import SamplingParams, SessionState, Update, grammar_id
+from shared.wire.scrape import read_samples
 from tests.conftest import InProcessLead, async_wait_until, make_settings
 from tests.test_link import link_post
 from tests.test_sampling_exact import (

@@ -8,10 +8,10 @@ from collections.abc import Callable
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
+from bench.fake import FakeModel, VirtualClock
 from lead.server.app import create_app
-from shared.fake import FakeModel, VirtualClock
 from shared.placement import Placement
-from shared.protocol import SessionState, Stop, Update
+from shared.wire.protocol import SessionState, Stop, Update
 from tests.conftest import InProcessLead, async_wait_until, make_settings
 from tests.test_inprocess import ask, model_worker, new_lead, run, with_workers
 

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel, VirtualClock
 from lead.server.app import create_app
-from shared.fake import FakeModel, VirtualClock
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 from tests.conftest import make_settings
 
 

@@ -11,8 +11,8 @@ import pytest
 from back.client import LeadClient
 from back.drafter import ModelDrafter, NgramDrafter
 from back.worker import BackFatal, Worker
+from bench.fake import FakeModel, VirtualClock
 from lead.server.app import create_app
-from shared.fake import FakeModel, VirtualClock
 from tests.conftest import InProcessLead, async_wait_until, make_settings
 
 TARGET_COST = (0.003, 0.0005)  # seconds per call, per token: slow enough to overlap with backs

@@ -81,7 +81,7 @@ def test_shared_imports_nothing_of_the_project_above_it() -> None:
 
 
 def test_the_back_imports_nothing_of_lead() -> None:
-    """The back speaks to lead over the wire alone (shared/protocol.py)."""
+    """The back speaks to lead over the wire alone (shared/wire/protocol.py)."""
     wrong = {f"{m}: {name}" for m, p in modules(("back",)).items()
              for name in imported(p) if name.split(".")[0] == "lead"}
     assert not wrong, sorted(wrong)

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bench.fake import FakeModel
 from lead.apis.streaming import KEEPALIVE, StreamedReply
 from lead.backs.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.decode.engine import Engine
@@ -18,8 +19,7 @@ from lead.decode.session import Emission
 from lead.decode.textstream import TextStream
 from lead.server.prometheus import COUNTERS, GAUGES, SLOT_GAUGES, exposition
 from lead.server.sendwatch import StallWatch
-from shared.fake import FakeModel
-from shared.scrape import read_samples
+from shared.wire.scrape import read_samples
 from tests.conftest import async_wait_until
 
 

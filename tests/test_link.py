@@ -23,14 +23,14 @@ from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.leadlink import NEWS_S, Link
 from back.worker import Worker
+from bench.fake import FakeModel, VirtualClock
 from lead.backs.feed import BackFeed
 from lead.backs.link import LinkedBack
 from lead.decode.metrics import Metrics
 from lead.decode.session import Session
 from lead.policy.cost import CostModel
 from lead.server.app import create_app
-from shared.fake import FakeModel, VirtualClock
-from shared.protocol import Hello, SamplingParams, SessionState, State, Stop, Update
+from shared.wire.protocol import Hello, SamplingParams, SessionState, State, Stop, Update
 from tests.conftest import async_wait_until, make_settings
 from tests.test_inprocess import text_of, with_workers
 

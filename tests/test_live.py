@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis import shapes
 from lead.apis.openaireply import sse as _sse
 from lead.apis.streaming import chain
@@ -22,9 +23,8 @@ from lead.policy.cost import CostModel
 from lead.server.app import create_app
 from lead.server.live import LiveNews, reply_view, snapshot
 from lead.server.webroutes import live_events
-from shared.fake import FakeModel
-from shared.httpclient import sse_events
-from shared.protocol import SamplingParams
+from shared.wire.httpclient import sse_events
+from shared.wire.protocol import SamplingParams
 from tests.conftest import InProcessLead, async_wait_until, event_stream, make_settings
 from tests.test_inprocess import model_worker, new_lead, run, with_workers
 

@@ -16,8 +16,8 @@ import pytest
 
 from shared import dry, samplers
 from shared.penalties import adjust
-from shared.protocol import DRY_BREAKERS, SamplingParams
 from shared.sampling import distribution, mirostat_mu
+from shared.wire.protocol import DRY_BREAKERS, SamplingParams
 
 N_VOCAB = 200
 
@@ -247,7 +247,7 @@ def test_restart_sequences_are_llama_cpp_s_overlapping_token_sequences() -> None
 def test_dry_s_breakers_over_a_real_vocabulary_are_llama_cpp_s(allowed: int) -> None:
     """llama-server's default breakers, as SmolLM2's tokens: lead's (shared/dry.py, from the
     tokens' text) and llama.cpp's (llama_sampler_init_dry with the vocabulary) agree."""
-    from shared.llm import load_model
+    from shared.llama.model import load_model
 
     model = load_model("smollm2-135m", threads=1, n_ctx=512)
     history = model.tokenize("Name: Ann \"x\" *a*\nAge: 3\nName: Ann \"x\" *a*\nAge: 3\n"

@@ -10,9 +10,9 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis import fields, llamasampling
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import InProcessLead, async_wait_until, chat_body, make_settings
 from tests.test_inprocess import model_worker, new_lead, with_workers
 

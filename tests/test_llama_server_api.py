@@ -9,9 +9,9 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import ALPHABET, SPLIT_UTF8, FakeModel
 from lead.apis.llamaserver import piece
 from lead.server.app import create_app
-from shared.fake import ALPHABET, SPLIT_UTF8, FakeModel
 from tests.conftest import chat_body, make_settings
 
 

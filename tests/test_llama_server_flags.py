@@ -10,11 +10,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from bench.procs import ROOT, free_port, wait_until
 from lead.server.app import create_app
 from lead.server.settings import LeadSettings
 from shared.cli import build_parser, parse_settings
-from shared.fake import FakeModel
 from shared.presets import PRESETS, cache_dir
 from tests.conftest import chat_body, make_settings
 
@@ -140,7 +140,7 @@ def test_ngl_all_leaves_cpus_to_backs_only_where_a_device_takes_the_layers(
         monkeypatch: pytest.MonkeyPatch, devices: list, rpc: str | None,
         one_cpu: bool) -> None:
     from lead.server.app import lead_placement
-    from shared import ggml
+    from shared.llama import ggml
 
     monkeypatch.setattr(ggml, "devices", lambda: devices)
     placement = lead_placement(parse("-ngl", "all", *(["--rpc", rpc] if rpc else [])))

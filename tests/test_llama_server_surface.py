@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
 from shared.chat_template import ChatTemplate
-from shared.fake import FakeModel
-from shared.llm_chat import BuiltinTemplate
+from shared.llama.chat import BuiltinTemplate
 from tests.conftest import chat_body, make_settings
 
 QWEN3_LIKE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"

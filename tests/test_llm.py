@@ -1,11 +1,11 @@
-"""Real-model tier for shared/llm.py: what the back relies on when it aborts a draft."""
+"""Real-model tier for shared/llama/model.py: what the back relies on when it aborts a draft."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from shared.llm import LlamaModel, load_model
+from shared.llama.model import LlamaModel, load_model
 from shared.model import MAIN, EvaluationAborted
 
 pytestmark = pytest.mark.real

@@ -1,4 +1,4 @@
-"""shared/llm_load.py: one context made once with its final parameters, no GPU device for a
+"""shared/llama/load.py: one context made once with its final parameters, no GPU device for a
 model with no layers offloaded, llama.cpp's log routed (unit); then a real load (SmolLM2)
 with slots and branches that makes exactly one context."""
 
@@ -10,8 +10,8 @@ import llama_cpp
 import numpy as np
 import pytest
 
-from shared import llm_load
-from shared.llm_load import ALL_LAYERS, ContextShape, LogRoute, context_params, model_params
+from shared.llama import load as llm_load
+from shared.llama.load import ALL_LAYERS, ContextShape, LogRoute, context_params, model_params
 
 
 def test_a_model_with_no_layers_offloaded_gets_no_gpu_device() -> None:
@@ -68,7 +68,7 @@ def test_a_line_the_hook_takes_is_not_printed(capfd: pytest.CaptureFixture[str],
 
 @pytest.mark.real
 def test_slots_and_branches_are_one_context_made_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared.llm import load_model
+    from shared.llama.model import load_model
 
     made: list[object] = []
     real = llama_cpp.llama_init_from_model
@@ -94,7 +94,7 @@ def test_slots_and_branches_are_one_context_made_once(monkeypatch: pytest.Monkey
 
 @pytest.mark.real
 def test_a_small_context_reads_its_batch_back() -> None:
-    from shared.llm import load_model
+    from shared.llama.model import load_model
 
     model = load_model("smollm2-135m", threads=1, n_ctx=128)
     try:
@@ -114,7 +114,7 @@ def test_a_small_context_reads_its_batch_back() -> None:
 def test_ggmls_fused_kernels_are_off_on_lavapipe_alone(
         monkeypatch: pytest.MonkeyPatch, found: list[tuple[str, int, str]],
         spared: bool) -> None:
-    from shared import ggml
+    from shared.llama import ggml
 
     monkeypatch.setattr(ggml, "devices", lambda: found)
     monkeypatch.delenv(llm_load.NO_FUSION, raising=False)
@@ -123,7 +123,7 @@ def test_ggmls_fused_kernels_are_off_on_lavapipe_alone(
 
 
 def test_a_users_own_fusion_choice_is_kept_on_lavapipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    from shared import ggml
+    from shared.llama import ggml
 
     monkeypatch.setattr(ggml, "devices", lambda: [("Vulkan0", 1, "llvmpipe (LLVM 15)")])
     monkeypatch.setenv(llm_load.NO_FUSION, "0")

@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import ALPHABET, FakeModel
 from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.server.app import create_app
-from shared.fake import ALPHABET, FakeModel
 from shared.logprobs import TokenLogprob, log_softmax, token_logprob
 from shared.penalties import adjust
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 from tests.conftest import InProcessLead, ScriptedModel, async_wait_until, chat_body, make_settings
 from tests.test_api import ask as ask_scripted
 from tests.test_api import scripted_client, sse_events

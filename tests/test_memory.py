@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from bench.fake import FakeModel, VirtualClock
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
 from lead.drafts.board import Candidate, DraftBoard
@@ -17,7 +18,6 @@ from lead.drafts.edits import FOLLOWING
 from lead.drafts.memory import Memory, Recalled
 from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.scoreboard import Offer, Scoreboard
-from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST
 
 

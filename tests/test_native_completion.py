@@ -9,8 +9,8 @@ import json
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from tests.conftest import make_settings
 
 

@@ -9,6 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from bench.fake import FakeModel, VirtualClock
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest
 from lead.drafts.board import Candidate, DraftBoard
@@ -17,7 +18,6 @@ from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.acceptance import Bands, Rate, expected_yield
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
-from shared.fake import FakeModel, VirtualClock
 from shared.ngram import KEPT, LONGEST, NgramIndex
 
 # --- the index ---

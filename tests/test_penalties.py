@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.fake import FakeModel
 from lead.decode.verify import verify
-from shared.fake import FakeModel
 from shared.penalties import adjust, adjust_rows
-from shared.protocol import SamplingParams
 from shared.sampling import distribution, greedy, is_greedy, make_rng, sample
+from shared.wire.protocol import SamplingParams
 from tests.conftest import InProcessLead, async_wait_until
 from tests.test_inprocess import model_worker, new_lead, text_of, with_workers
 

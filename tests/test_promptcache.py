@@ -13,12 +13,12 @@ import pytest
 from back.client import LeadClient
 from back.drafter import ModelDrafter
 from back.worker import Worker
+from bench.fake import FakeModel
 from lead.decode.promptcache import PromptCache, Saved
 from lead.decode.session import Session
 from lead.decode.slots import Seat, choose_seat
-from shared.fake import FakeModel
 from shared.model import reusing_slot
-from shared.protocol import SamplingParams, SessionState, Update
+from shared.wire.protocol import SamplingParams, SessionState, Update
 from tests.test_slots import engine_over, prompts, reply, run, slotted
 
 SYSTEM = [1 + j % 9 for j in range(20)]

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, metric, wait_until
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 from tests.drafting import FORCED, HELD_PROMPT, roles
 
 pytestmark = pytest.mark.real

@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis import fields
 from lead.server.app import create_app
 from shared.chat_template import ChatTemplate, continued
-from shared.fake import FakeModel
 from tests.conftest import chat_body, make_settings
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
@@ -184,7 +184,7 @@ def test_penalties_and_bias_in_range_are_served(client: TestClient) -> None:
 
 class StrictTemplate(FakeModel):
     """A chat template as strict as many in GGUF files: system, user and assistant only,
-    user and assistant in turn. It raises ValueError, as shared/llm.py's templates do."""
+    user and assistant in turn. It raises ValueError, as shared/llama/model.py's templates do."""
 
     def format_chat(self, messages: list[dict[str, Any]],
                     tools: list[dict[str, Any]] | None = None, **switches: Any) -> str:

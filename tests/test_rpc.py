@@ -12,8 +12,8 @@ import httpx
 import pytest
 
 from bench.procs import Back, Lead, Proc, free_port, metric, wait_until
-from shared.httpclient import sse_events
-from shared.rpcwire import Endpoint, RpcError, hello
+from shared.wire.httpclient import sse_events
+from shared.wire.rpc_endpoints import Endpoint, RpcError, hello
 from tests.drafting import FORCED
 
 pytestmark = pytest.mark.real
@@ -24,7 +24,7 @@ ABORTED = "llama.cpp aborted: Remote RPC server crashed or returned malformed re
 
 
 def rpc_supported() -> bool:
-    from shared import ggml
+    from shared.llama import ggml
 
     return ggml.rpc_supported()
 

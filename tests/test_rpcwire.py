@@ -13,7 +13,7 @@ import pytest
 from back.settings import BackSettings
 from lead.server.settings import LeadSettings
 from shared.cli import parse_settings
-from shared.rpcwire import (
+from shared.wire.rpc_endpoints import (
     CAPS_SIZE,
     HELLO,
     Endpoint,

@@ -15,12 +15,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.fake import FakeModel, VirtualClock
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest, Session
 from lead.decode.verify import verify
-from shared.fake import FakeModel, VirtualClock
 from shared.penalties import adjust
-from shared.protocol import SamplingParams
 from shared.sampling import (
     distribution,
     drops_best,
@@ -31,6 +30,7 @@ from shared.sampling import (
     sample,
     xtc_draws,
 )
+from shared.wire.protocol import SamplingParams
 
 TARGET = FakeModel(eos_bias=-100.0)
 LOOP = [12, 13, 14, *TARGET.greedy_continuation([12, 13, 14], 9)]

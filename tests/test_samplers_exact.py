@@ -13,8 +13,8 @@ import pytest
 
 import lead.decode.verify as verifier
 from lead.decode.verify import verify
-from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, mirostat_mu
+from shared.wire.protocol import SamplingParams
 from tests.test_sampling_exact import DRAFTS, TRIALS, V, chi_square_ok, draft_three, target_logits
 
 SETTINGS = {

@@ -21,13 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 
+from bench.fake import FakeGrammar
 from lead.decode.verify import Verdict, verify
 from lead.drafts.board import Candidate, DraftBoard, post_candidates
 from shared.branch import Branch
-from shared.fake import FakeGrammar
 from shared.penalties import adjust
-from shared.protocol import SamplingParams
 from shared.sampling import Dist, distribution, make_draft_rng, make_rng, sample
+from shared.wire.protocol import SamplingParams
 
 V = 6  # tokens 0-3 can be emitted by the target; 4-5 only by the disjoint draft
 PARAMS = SamplingParams(temperature=1.0)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.schema_pattern import for_grammar
+from shared.grammar.schema_pattern import for_grammar
 
 
 @pytest.mark.parametrize(("pattern", "written"), [

@@ -1,5 +1,5 @@
 """Schemas the converter would turn into a grammar for the wrong values are refused with
-the keyword's path (shared/schema_shapes.py): empty lists, allOf that is not objects'
+the keyword's path (shared/grammar/schema_shapes.py): empty lists, allOf that is not objects'
 properties merged; an allOf the converter passes over is unenforced (strict refuses it)."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.server.app import create_app
-from shared.fake import FakeModel
-from shared.schema_keywords import unenforced
-from shared.schema_shapes import check_shapes, wrapped
+from shared.grammar.schema_keywords import unenforced
+from shared.grammar.schema_shapes import check_shapes, wrapped
 from tests.conftest import make_settings
 
 OBJ_A = {"type": "object", "properties": {"a": {"type": "integer"}}}

@@ -10,13 +10,13 @@ import ast
 import asyncio
 from pathlib import Path
 
+from bench.fake import FakeModel
 from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.own import OWN
 from lead.policy.acceptance import draft_outcome
 from lead.policy.scoreboard import Offer, Scoreboard, Watch
-from shared.fake import FakeModel
 
 ROOT = Path(__file__).resolve().parent.parent
 Outcome = tuple[int, bool, bool]

@@ -14,13 +14,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel, VirtualClock
 from lead.apis.slotactions import valid_filename
 from lead.decode.engine import Engine
 from lead.decode.session import GenRequest
 from lead.decode.slotwork import save_file
 from lead.server.app import create_app
 from shared import slotfile
-from shared.fake import FakeModel, VirtualClock
 from tests.conftest import async_wait_until, chat_body, make_settings
 
 PROMPT = "what is the capital of france?"

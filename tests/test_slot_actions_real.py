@@ -1,5 +1,5 @@
 """Real-model tier for llama-server's slot actions (lead/apis/slotactions.py through
-shared/llm_state.py's llama.cpp sequence state files): SmolLM2-135M's slot saved, erased,
+shared/llama/state.py's llama.cpp sequence state files): SmolLM2-135M's slot saved, erased,
 restored into another slot and into a fresh model (as after a restart), the next request
 there evaluating only the prompt's last token and replying as before; a file rewritten
 with the plain token list older llama-servers wrote restores too."""
@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 
 from lead.server.app import create_app
 from shared import slotfile
-from shared.llm import LlamaModel, load_model
+from shared.llama.model import LlamaModel, load_model
 from tests.conftest import make_settings
 
 pytestmark = pytest.mark.real

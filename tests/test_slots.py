@@ -10,6 +10,7 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from bench.fake import FakeModel, VirtualClock
 from lead.backs.feed import attach
 from lead.decode.decoder import Job
 from lead.decode.engine import PREFILL_STEPS, Engine, GenRequest, QueueFull
@@ -17,10 +18,9 @@ from lead.decode.session import Session
 from lead.decode.slots import Seat, choose_seat
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
-from shared.fake import FakeModel, VirtualClock
 from shared.model import Part
-from shared.protocol import SamplingParams
 from shared.sampling import make_draft_rng, make_rng, sample
+from shared.wire.protocol import SamplingParams
 from tests.conftest import async_wait_until
 from tests.test_sampling_exact import Z_0_1_PERCENT, V, chi_square_ok, target_logits
 

@@ -12,15 +12,15 @@ import math
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import ALPHABET, EOS, FakeModel
 from lead.apis.tokenprobs import LOWEST, piece_text, probabilities, token_objects
 from lead.backs.feed import attach
 from lead.decode.engine import Engine, GenRequest
 from lead.server.app import create_app
-from shared.fake import ALPHABET, EOS, FakeModel
 from shared.logprobs import TokenLogprob
 from shared.penalties import adjust
-from shared.protocol import SamplingParams
 from shared.sampling import distribution
+from shared.wire.protocol import SamplingParams
 from tests.conftest import make_settings
 from tests.test_api import scripted_client
 

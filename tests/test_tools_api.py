@@ -14,7 +14,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from lead.server.app import create_app
-from shared.httpclient import sse_events
+from shared.wire.httpclient import sse_events
 from tests.conftest import ScriptedModel, chat_body, make_settings
 
 HERMES_TEMPLATE = "{% for tool in tools %}<tools>{{ tool }}</tools>{% endfor %}<tool_call>"

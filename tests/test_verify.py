@@ -6,9 +6,9 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from bench.fake import FakeModel
 from lead.decode.verify import verify
-from shared.fake import FakeModel
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 GREEDY = SamplingParams()
 

@@ -30,7 +30,7 @@ PYTHON = Path(os.environ.get("DUO_VULKAN_PY", ROOT / ".venv-vulkan" / "bin" / "p
 # ggml-vulkan skips a CPU-type device (lavapipe) unless it is named
 VISIBLE = {"GGML_VK_VISIBLE_DEVICES": os.environ.get("GGML_VK_VISIBLE_DEVICES", "0"),
            "DUO_LLAMA_LOG": "1"}  # llama.cpp's log: which devices each model uses
-DEVICES = ("import json; from shared import ggml; ggml._load_all(); "
+DEVICES = ("import json; from shared.llama import ggml; ggml._load_all(); "
            "print(json.dumps(ggml.devices()))")
 REPLY = 48  # tokens: enough for a kill and a rejoin on lavapipe's pace
 

@@ -4,7 +4,7 @@ import httpx
 import pytest
 from httpx_sse import SSEError
 
-from shared.httpclient import error_message, lead_url, retry_after, sse_events
+from shared.wire.httpclient import error_message, lead_url, retry_after, sse_events
 from tests.conftest import event_stream
 
 

@@ -23,11 +23,12 @@ from back.client import LeadClient
 from back.drafter import Grown, ModelDrafter, NgramDrafter
 from back.mirror import GRAMMARS_KEPT
 from back.worker import BackFatal, Worker
+from bench.fake import FakeModel
 from lead.decode.session import Session
 from lead.server.app import create_app
-from shared.fake import FakeModel
 from shared.placement import Placement
-from shared.protocol import (
+from shared.sampling import make_draft_rng
+from shared.wire.protocol import (
     DraftPost,
     Grammar,
     Info,
@@ -37,7 +38,6 @@ from shared.protocol import (
     Update,
     grammar_id,
 )
-from shared.sampling import make_draft_rng
 from tests.conftest import InProcessLead, async_wait_until, make_settings
 
 SEED_A, SEED_B = 11, 22

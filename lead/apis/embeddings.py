@@ -5,7 +5,7 @@ vector an input, or with --pooling none one unnormalized vector a token.
 
 The inputs are read and tokenized on a worker thread (lead/apis/embedinput.py); each is
 embedded on the engine's model thread, between its steps, in a context of its own
-(shared/llm_embed.py), so generations go on as they would. Without --embeddings every
+(shared/llama/embed.py), so generations go on as they would. Without --embeddings every
 path answers llama-server's 501.
 """
 
@@ -112,6 +112,6 @@ def oai_reply(rows: list[np.ndarray], ids: list[list[int]], model: str,
 
 def load_embedder(model: Model, pooling: str | None, batch: int, threads: int) -> Embedder:
     """llama.cpp's embeddings of the loaded model; `batch`: the most tokens of one input."""
-    from shared.llm_embed import LlamaEmbedder  # the llama.cpp edge, imported only when needed
+    from shared.llama.embed import LlamaEmbedder  # the llama.cpp edge, imported only when needed
 
     return LlamaEmbedder(model, pooling, batch, threads)

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from shared.protocol import DRY_BREAKERS, Count, DryBreakers, DryLastN, Share, Strength
+from shared.wire.protocol import DRY_BREAKERS, Count, DryBreakers, DryLastN, Share, Strength
 
 DRY_BASE = 1.75  # llama-server's; a dry_base below 1 gets it, as there
 

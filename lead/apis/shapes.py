@@ -19,7 +19,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validat
 from lead.apis import fields
 from lead.apis.llamasampling import LlamaSamplers
 from shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
-from shared.protocol import LogitBias, OpenAIPenalty, RepeatLastN, RepeatPenalty, SamplingParams
+from shared.wire.protocol import (
+    LogitBias,
+    OpenAIPenalty,
+    RepeatLastN,
+    RepeatPenalty,
+    SamplingParams,
+)
 
 TokenBytes = Callable[[int], bytes]
 

@@ -3,10 +3,10 @@
 that tool_choice forces is given as a grammar too.
 
 json_object is a JSON object (OpenAI's meaning; the schema {"type": "object"}); a
-json_schema is converted as llama.cpp's server converts it (shared/llm.py), and a schema
+json_schema is converted as llama.cpp's server converts it (shared/llama/model.py), and a schema
 with a keyword the grammar cannot enforce (minimum, ...) is refused unless `strict` is
 false, so that a reply always validates. A grammar or schema over a bound that keeps
-llama.cpp from crashing or stalling (shared/grammar_bounds.py, shared/schema_bounds.py)
+llama.cpp from crashing or stalling (shared/grammar/bounds.py, shared/grammar/schema_bounds.py)
 is refused before any parser sees it. The grammar text goes to backs with the sampling
 settings; the state made here is lead's own.
 """
@@ -14,8 +14,8 @@ settings; the state made here is lead's own.
 from __future__ import annotations
 
 from lead.apis.shapes import CommonRequest, FieldRefused, ResponseFormat
-from shared.constraint import Constraint
-from shared.grammar_bounds import check_gbnf
+from shared.grammar.bounds import check_gbnf
+from shared.grammar.constraint import Constraint
 from shared.model import Model
 
 JSON_OBJECT = {"type": "object"}

@@ -26,7 +26,7 @@ from lead.apis.toolparse import (
     ToolStream,
     parse_reply,
 )
-from shared.schema_bounds import within_bounds
+from shared.grammar.schema_bounds import within_bounds
 
 _NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for a function's name
 

@@ -28,8 +28,8 @@ from lead.policy.cost import CostModel
 from shared.bounded import ewma
 from shared.branch import Branch
 from shared.broadcast import Broadcast
-from shared.protocol import SamplingParams, SessionState, Stop, grammar_id
 from shared.sampling import Dist
+from shared.wire.protocol import SamplingParams, SessionState, Stop, grammar_id
 
 log = logging.getLogger("lead")
 ARRIVALS_PER_S = 1.0  # how often backs arriving may wake the live panel's streams

@@ -25,8 +25,8 @@ from lead.backs.limits import BACKS_PER_ADDRESS, PostLimiter
 from lead.backs.link import LinkedBack
 from lead.decode.metrics import Metrics
 from shared.branch import Branch
-from shared.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
 from shared.sampling import Dist
+from shared.wire.protocol import BackMessage, DraftBranch, DraftDist, DraftPost, Hello, Refused
 
 HEARTBEAT_S = 10.0  # an update, empty if need be, at least this often: a dead link shows
 MESSAGES = TypeAdapter(BackMessage)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lead.backs.feed import BackFeed, FeedEntry, is_news
-from shared.protocol import Hello, SessionState, Update
+from shared.wire.protocol import Hello, SessionState, Update
 
 
 @dataclass

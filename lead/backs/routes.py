@@ -18,7 +18,7 @@ from lead.backs.keys import Keys
 from lead.backs.limits import PostLimiter
 from lead.decode.engine import Engine
 from shared.placement import LeadPlace
-from shared.protocol import Grammar, Info
+from shared.wire.protocol import Grammar, Info
 
 
 def back_router(engine: Engine, feed: BackFeed, place: LeadPlace,

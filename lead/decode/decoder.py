@@ -23,11 +23,11 @@ from lead.decode.slots import Seat, choose_seat
 from lead.decode.verify import Verdict, row_dist, verify
 from lead.drafts.board import Draft
 from lead.policy.cost import CostModel
-from shared.constraint import Constraint
+from shared.grammar.constraint import Constraint
 from shared.logprobs import TokenLogprob, sampled_logprob, token_logprob
 from shared.model import Model, Part, Slotted
 from shared.modelthread import ModelThread
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 log = logging.getLogger("lead")
 Clock = Callable[[], float]

@@ -38,8 +38,8 @@ from lead.drafts.own import OWN, OwnDrafts
 from lead.policy.cost import CostModel
 from shared.model import Model, slots_of
 from shared.modelthread import ModelThread
-from shared.protocol import MAX_DRAFT_WIRE
 from shared.sampling import make_rng
+from shared.wire.protocol import MAX_DRAFT_WIRE
 
 __all__ = ["Emission", "Engine", "GenRequest", "QueueFull", "Session"]
 log = logging.getLogger("lead")

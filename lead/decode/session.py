@@ -10,9 +10,9 @@ import numpy as np
 
 from lead.decode.textstream import TextStream
 from lead.decode.verify import Verdict
-from shared.constraint import Constraint
+from shared.grammar.constraint import Constraint
 from shared.logprobs import TokenLogprob
-from shared.protocol import SamplingParams
+from shared.wire.protocol import SamplingParams
 
 
 @dataclass

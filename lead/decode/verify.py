@@ -15,7 +15,7 @@ Penalties, logit bias and DRY (shared/penalties.py) adjust each row first, with 
 history that row follows: the context and draft[:i]. What decoding alone carries from
 token to token goes along the draft the same way (_Walk): mirostat's mu after draft[:i],
 and the draws in their order (XTC's uniform, then the token's), so that drafts never
-change what the samplers emit. A grammar (shared/constraint.py) then masks
+change what the samplers emit. A grammar (shared/grammar/constraint.py) then masks
 row i with its state after draft[:i], so a draft token it refuses has p = 0 and is never
 accepted. p is that adjusted, masked distribution, so each emitted token is what
 decoding without drafts would have drawn. Logprobs are read from the rows before the mask.
@@ -28,9 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from shared.constraint import Constraint, best, masked
+from shared.grammar.constraint import Constraint, best, masked
 from shared.penalties import adjust_rows
-from shared.protocol import SamplingParams
 from shared.sampling import (
     Dist,
     distribution,
@@ -40,6 +39,7 @@ from shared.sampling import (
     sample,
     xtc_draws,
 )
+from shared.wire.protocol import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from lead.policy.acceptance import yield_curve
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
 from lead.policy.scoreboard import Scoreboard
-from shared.protocol import Stop
+from shared.wire.protocol import Stop
 
 
 @dataclass
@@ -152,7 +152,7 @@ class CostModel:
 
     def asked(self, first: bool = False) -> tuple[int, str | None]:
         """What backs are asked for now: `draft_len` tokens, and where that is 0, why
-        (shared/protocol.py's Stop; None where they are asked for drafts)."""
+        (shared/wire/protocol.py's Stop; None where they are asked for drafts)."""
         n = self.draft_len(first)
         return n, None if n else Stop.SLOWED if self.hush else Stop.UNPAID
 

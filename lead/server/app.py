@@ -58,7 +58,7 @@ def lead_placement(settings: LeadSettings, target: Model | None = None) -> Place
 
 
 def _has_accelerator() -> bool:
-    from shared import ggml  # the llama.cpp edge, imported only when needed
+    from shared.llama import ggml  # the llama.cpp edge, imported only when needed
 
     return any(kind not in (ggml.DEVICE_TYPE_CPU, ggml.DEVICE_TYPE_ACCEL)
                for _, kind, _ in ggml.devices())
@@ -149,8 +149,8 @@ def create_app(settings: LeadSettings, target: Model | None = None,
 
 
 def _load_target(settings: LeadSettings, threads: int) -> Model:
-    from shared.llm import load_model  # the llama.cpp edge, imported only when needed
-    from shared.llm_load import Tuning
+    from shared.llama.load import Tuning
+    from shared.llama.model import load_model  # the llama.cpp edge, imported only when needed
 
     if settings.offline:
         require_cached(settings.model)

@@ -2,8 +2,8 @@
 
 A `Constraint` is one state of a grammar (GBNF, as llama.cpp parses it) after some of a
 reply's tokens; it never changes: `advanced` returns a new state. The model makes the
-start state (`Model.constraint`: shared/llm.py over llama.cpp's grammar sampler,
-shared/fake.py over a trie). A state where the grammar is complete allows only end of
+start state (`Model.constraint`: shared/llama/model.py over llama.cpp's grammar sampler,
+bench/fake.py over a trie). A state where the grammar is complete allows only end of
 generation, as llama.cpp's sampler does, so a constrained reply ends with an EOS.
 
 Order on a row of logits, alike in lead's verifier and a back's drafter: penalties and

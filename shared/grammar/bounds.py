@@ -1,5 +1,5 @@
 """Bounds on GBNF grammars, checked before llama.cpp's grammar parser sees them (pure:
-lead, backs and the fakes share it; JSON schemas' are in shared/schema_bounds.py).
+lead, backs and the fakes share it; JSON schemas' are in shared/grammar/schema_bounds.py).
 
 llama.cpp's parser recurses once per nested group, and its left-recursion check once per
 rule that begins the next, with no limit: too deep and the process dies of a stack

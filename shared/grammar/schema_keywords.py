@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-# What llama-cpp-python's JSON schema converter (shared/llm.py) enforces, and what changes
+# What llama-cpp-python's JSON schema converter (shared/llama/model.py) enforces, and what changes
 # no reply; a schema with any other keyword (minimum, uniqueItems, not, ...) could be met
 # by a reply that fails it.
 ENFORCED = frozenset({

@@ -1,6 +1,6 @@
 """The one module that talks to llama-cpp-python (lead and back both use it), with its
-loading in shared/llm_load.py, its KV cache half in shared/llm_seqs.py and its grammar
-half in shared/llm_grammar.py.
+loading in shared/llama/load.py, its KV cache half in shared/llama/seqs.py and its grammar
+half in shared/llama/grammar.py.
 
 LlamaModel drives its one context directly through the C API: one batch per
 call, logits requested only for the rows that are needed (no logits_all), and
@@ -26,9 +26,9 @@ import llama_cpp
 from shared.chat_template import ChatTemplate
 from shared.context import choose as choose_context
 from shared.context import gib, kv_bytes_per_token, physical_memory
-from shared.llm_chat import BuiltinTemplate
-from shared.llm_grammar import GrammarState, captured, schema_grammar
-from shared.llm_load import (
+from shared.llama.chat import BuiltinTemplate
+from shared.llama.grammar import GrammarState, captured, schema_grammar
+from shared.llama.load import (
     ContextShape,
     LogRoute,
     Tuning,
@@ -38,8 +38,8 @@ from shared.llm_load import (
     new_context,
     tokenize,
 )
-from shared.llm_seqs import Batches, Sequences, SlotView, aborting
-from shared.llm_state import SlotStates
+from shared.llama.seqs import Batches, Sequences, SlotView, aborting
+from shared.llama.state import SlotStates
 from shared.model import flash_attention
 from shared.presets import resolve_model
 
@@ -51,7 +51,7 @@ _DEFAULT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.cont
 
 class LlamaModel(Sequences, Batches, SlotStates):
     """A GGUF model in llama.cpp: its vocabulary and text, and a KV cache of `slots`
-    generations with `branches` branch sequences each (shared/llm_seqs.py). As a Model it is
+    generations with `branches` branch sequences each (shared/llama/seqs.py). As a Model it is
     slot 0; `slot(i)` is slot i."""
 
     def __init__(self, path: Path, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 0,
@@ -231,8 +231,8 @@ def load_model(spec: str, threads: int = 0, n_gpu_layers: int = 0, n_ctx: int = 
     `branches`: sequences to draft branches on, beside each slot's main one; `slots`:
     generations held at once, `n_ctx` tokens each; `flash_attn`: on, off,
     or auto: on where layers are offloaded or `slots` > 1 (shared.model.flash_attention)."""
-    from shared import ggml
-    from shared.rpcwire import parse_weights
+    from shared.llama import ggml
+    from shared.wire.rpc_endpoints import parse_weights
 
     path = resolve_model(spec)
     servers = ggml.attach_rpc(rpc)

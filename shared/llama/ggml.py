@@ -2,7 +2,7 @@
 
 The library llama-cpp-python ships exports them once llama.cpp is built with GGML_RPC=ON;
 they are reached the way llama.cpp's own `--rpc` and `rpc-server` reach them, through the
-RPC backend registry's proc addresses. Only shared.llm, shared.llm_load and shared.rpc
+RPC backend registry's proc addresses. Only shared.llama.model, shared.llama.load and shared.rpc
 import this module.
 """
 
@@ -137,7 +137,7 @@ def attach_rpc(spec: str | None) -> list[str]:
     """Register --rpc servers before a model loads: its GPU layers then go to them."""
     if not spec:
         return []
-    from shared.rpcwire import RpcError, hello, parse_endpoints
+    from shared.wire.rpc_endpoints import RpcError, hello, parse_endpoints
 
     if not rpc_supported():
         raise ModelError(f"--rpc: this llama-cpp-python has no RPC backend; {REBUILD}")

@@ -86,7 +86,8 @@ class SamplingParams(BaseModel):
     # On the wire it is the state's `grammar`, beside `sampling`: a back that predates it
     # ignores it there, where in `sampling` (extra fields forbidden) it would refuse it.
     grammar: str | None = Field(None, exclude=True, description="GBNF the reply follows: "
-                                "each row is masked after the penalties (shared/constraint.py)")
+                                "each row is masked after the penalties "
+                                "(shared/grammar/constraint.py)")
 
 
 LEAD_ID = Field("", description="this lead process's id: a new one means lead restarted")

@@ -1,4 +1,4 @@
-"""Embeddings of a loaded LlamaModel (shared/llm.py), as llama-server computes them: a
+"""Embeddings of a loaded LlamaModel (shared/llama/model.py), as llama-server computes them: a
 context of their own over the same weights, made with `embeddings` and a pooling type, so
 that an embedding never touches the generation context's KV cache or its batch.
 
@@ -16,8 +16,8 @@ from typing import Any
 import llama_cpp
 import numpy as np
 
-from shared.llm import LlamaModel
-from shared.llm_load import ContextShape, context_params
+from shared.llama.load import ContextShape, context_params
+from shared.llama.model import LlamaModel
 from shared.model import Model
 from shared.presets import ModelError
 

@@ -15,7 +15,7 @@ from shared.slotfile import UNREADABLE, most_words, packed, unpacked
 
 class SlotStates:
     """save_slot / load_slot (host memory) and save_slot_file / load_slot_file (llama-server's
-    slot files) over a LlamaModel's roles (shared/llm_seqs.py lays them out)."""
+    slot files) over a LlamaModel's roles (shared/llama/seqs.py lays them out)."""
 
     n_slots: int
     n_branches: int
@@ -25,7 +25,7 @@ class SlotStates:
     _lists: list[list[int]]
     _ids: list[int]
 
-    if TYPE_CHECKING:  # Batches' (shared/llm_seqs.py)
+    if TYPE_CHECKING:  # Batches' (shared/llama/seqs.py)
         def _copy(self, source: int, target: int, n: int) -> None: ...
 
         def _forget_from(self, role: int, n: int) -> None: ...

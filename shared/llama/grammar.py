@@ -1,5 +1,5 @@
-"""llama.cpp's grammar sampler as a Constraint (shared/constraint.py), and JSON schemas
-to GBNF. Part of the llama.cpp edge (shared/llm.py, which routes llama.cpp's log here
+"""llama.cpp's grammar sampler as a Constraint (shared/grammar/constraint.py), and JSON schemas
+to GBNF. Part of the llama.cpp edge (shared/llama/model.py, which routes llama.cpp's log here
 while a grammar parses); nothing else imports llama_cpp for grammars."""
 
 from __future__ import annotations
@@ -25,11 +25,11 @@ from llama_cpp.llama_grammar import (
     SchemaConverter,
 )
 
-from shared.grammar_bounds import check_gbnf
-from shared.schema_bounds import check_schema
-from shared.schema_keywords import ENFORCED, unenforced
-from shared.schema_pattern import for_grammar
-from shared.schema_shapes import check_shapes, wrapped
+from shared.grammar.bounds import check_gbnf
+from shared.grammar.schema_bounds import check_schema
+from shared.grammar.schema_keywords import ENFORCED, unenforced
+from shared.grammar.schema_pattern import for_grammar
+from shared.grammar.schema_shapes import check_shapes, wrapped
 
 captured = threading.local()  # .lines: where this thread's llama.cpp log goes, if set
 
@@ -67,7 +67,7 @@ class _Grammar:
 
 
 class GrammarState:
-    """A Constraint (shared/constraint.py) over llama.cpp's grammar sampler: apply masks,
+    """A Constraint (shared/grammar/constraint.py) over llama.cpp's grammar sampler: apply masks,
     accept advances, clone copies. Its sampler is freed with it."""
 
     def __init__(self, sampler: llama_cpp.llama_sampler_p, grammar: _Grammar) -> None:
@@ -150,7 +150,7 @@ def _parse_error(printed: str, logged: list[str]) -> str:
 def schema_grammar(schema: dict[str, Any], strict: bool = True) -> str:
     """GBNF for JSON valid against `schema` (llama-cpp-python's converter, as llama.cpp's
     server's, lengths written as llama.cpp's own converter writes them); ValueError for a
-    schema over a bound (shared/schema_bounds.py) or it cannot convert, or, if `strict`,
+    schema over a bound (shared/grammar/schema_bounds.py) or it cannot convert, or, if `strict`,
     one with a keyword it would not enforce."""
     if not isinstance(schema, dict):
         raise ValueError("a JSON schema is an object")
@@ -208,7 +208,7 @@ class _FlatConverter(SchemaConverter):
         return str(super().visit(schema, name))
 
     def _visit_pattern(self, pattern: str, name: str) -> str:
-        """The parent's, over the pattern's escapes rewritten (shared/schema_pattern.py)."""
+        """The parent's, over the pattern's escapes rewritten (shared/grammar/schema_pattern.py)."""
         return str(super()._visit_pattern(for_grammar(pattern), name))
 
     def _format_literal(self, literal: str) -> str:

@@ -1,6 +1,6 @@
 """Bounds on JSON schemas, checked before llama-cpp-python's converter sees them (pure:
 lead and the fakes share it). Its output is then checked as any grammar is
-(shared/grammar_bounds.py); these name the schema's keyword instead, and keep the
+(shared/grammar/bounds.py); these name the schema's keyword instead, and keep the
 converter itself (recursive Python, on lead's event loop) to a bounded input.
 
 A string's min/maxLength and an array's min/maxItems are written x{m,n} (shared/
@@ -17,7 +17,7 @@ import json
 import re
 from typing import Any
 
-from shared.grammar_bounds import MAX_REPEAT
+from shared.grammar.bounds import MAX_REPEAT
 
 MAX_SCHEMA_BYTES = 128 * 1024  # its grammar is about twice as large: MAX_GBNF_BYTES
 MAX_SCHEMA_DEPTH = 64  # objects and arrays in objects and arrays

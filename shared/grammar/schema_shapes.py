@@ -7,7 +7,7 @@
   nothing else, so `allOf: [{"type": "string"}, {"type": "integer"}]` came out as `{ }`,
   and a member that is a `$ref` to an enum as an empty object. One member beside
   annotations (pydantic's wrapper of a `$ref` with a description) is that member
-  (shared/llm_grammar.py); several must each be an object schema (or a $ref to one, or an
+  (shared/llama/grammar.py); several must each be an object schema (or a $ref to one, or an
   anyOf of such: its properties optional), as the converter merges them.
 """
 
@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from shared.schema_bounds import referred, subschemas
-from shared.schema_keywords import ANNOTATIONS
+from shared.grammar.schema_bounds import referred, subschemas
+from shared.grammar.schema_keywords import ANNOTATIONS
 
 Resolve = Callable[[Any], Any]  # a local $ref's target (None where it has none)
 _LISTS = ("enum", "anyOf", "oneOf", "type")

@@ -21,10 +21,10 @@ from typing import Any
 import numpy as np
 
 from shared import slotfile
-from shared.grammar_bounds import check_gbnf
+from shared.grammar.bounds import check_gbnf
+from shared.grammar.schema_bounds import check_schema
+from shared.grammar.schema_shapes import check_shapes
 from shared.model import MAIN, EvaluationAborted, Part
-from shared.schema_bounds import check_schema
-from shared.schema_shapes import check_shapes
 
 ALPHABET = " abcdefghijklmnopqrstuvwxyz.,!?\n0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZ:;()-'"
 SPLIT_UTF8 = [b"\xc3", b"\xa9"]  # the two bytes of "é", as two tokens
@@ -330,12 +330,12 @@ class FakeModel:
 
     # --- grammars ---
     def constraint(self, gbnf: str) -> FakeGrammar:
-        check_gbnf(gbnf)  # as shared/llm_grammar.py does, before the parser
+        check_gbnf(gbnf)  # as shared/llama/grammar.py does, before the parser
         return FakeGrammar.parse(gbnf, self.tokenize, self.n_vocab)
 
     def schema_grammar(self, schema: dict[str, Any], strict: bool = True) -> str:
         """A stand-in for JSON (the alphabet has no braces): `name:value` per property;
-        ValueError for a schema over a bound (shared/schema_bounds.py), where `type` is
+        ValueError for a schema over a bound (shared/grammar/schema_bounds.py), where `type` is
         no JSON type, or (if `strict`) for `minimum`."""
         if isinstance(schema, dict):
             check_schema(schema)

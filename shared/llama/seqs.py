@@ -1,4 +1,4 @@
-"""The KV cache half of the llama.cpp edge (shared/llm.py holds the context, text and
+"""The KV cache half of the llama.cpp edge (shared/llama/model.py holds the context, text and
 loading): the sequences a LlamaModel's unified cache holds, and batches over them.
 
 A model loaded with `slots=S, branches=B` holds S slots, each a main sequence and B branch
@@ -22,13 +22,13 @@ import numpy as np
 
 from shared.model import MAIN, EvaluationAborted, Part
 
-log = logging.getLogger("shared.llm")
+log = logging.getLogger("shared.llama.model")
 Entry = tuple[int, int, tuple[int, ...], bool]  # token, position, roles, wants its logits
 
 
 class Sequences:
     """One slot of a LlamaModel's cache, as a Forking model (`_own`: the model, by its
-    Batches side: this module imports nothing of shared/llm.py)."""
+    Batches side: this module imports nothing of shared/llama/model.py)."""
 
     _own: Batches
     _base: int  # the role of this slot's main sequence

@@ -1,5 +1,5 @@
 """A model and its one context, made through llama.cpp's C API with their final parameters
-(shared/llm.py builds on them; nothing else here touches llama.cpp's loading).
+(shared/llama/model.py builds on them; nothing else here touches llama.cpp's loading).
 
 One context, made once: slots x (1 + branches) sequences in one unified KV cache of the
 chosen size, its batch read back from the context. (llama_cpp.Llama makes a context of
@@ -25,7 +25,7 @@ import llama_cpp
 
 from shared.presets import ModelError
 
-log = logging.getLogger("shared.llm")
+log = logging.getLogger("shared.llama.model")
 
 ALL_LAYERS = 0x7FFFFFFF  # llama.cpp caps it at the model's layer count
 LOG_ENV = "DUO_LLAMA_LOG"  # 1: llama.cpp's whole log on stderr (else warnings and errors)
@@ -168,7 +168,7 @@ def spare_lavapipe() -> bool:
     mat-vec + add crashes Debian 12's lavapipe (Mesa 22.3) on its queue thread, with no
     duo code involved and no validation error (docs/gpu.md). Read by ggml-vulkan when it
     creates the device, at the first model load. True where it was turned off here."""
-    from shared import ggml
+    from shared.llama import ggml
 
     lavapipe = [name for name, _, about in ggml.devices()
                 if name.startswith("Vulkan") and about.startswith(SOFTWARE_VULKAN)]
@@ -181,7 +181,7 @@ def spare_lavapipe() -> bool:
 
 
 class LogRoute:
-    """Where llama.cpp's log lines go: `hook` (set by shared/llm.py) may take a line;
+    """Where llama.cpp's log lines go: `hook` (set by shared/llama/model.py) may take a line;
     otherwise warnings and errors, and everything under DUO_LLAMA_LOG=1, go to stderr."""
 
     hook: Callable[[int, str], bool] | None = None
