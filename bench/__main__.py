@@ -345,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
             data = promptbench.run(a, progress)
         else:
             data = run_sim(a) if a.sim else run_models(a)
-    except (ModelError, AdviseError, ProcExited, OutError, promptbench.Refused) as exc:
+    except (ModelError, AdviseError, ProcExited, OutError, promptbench.RequestFailed) as exc:
         sys.exit(f"python -m bench: error: {exc}")
     (promptbench.show if a.workload == promptbench.WORKLOAD else show)(a, data, out)
 

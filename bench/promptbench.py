@@ -42,7 +42,7 @@ CONTEXT_LINES = (r"vocabulary, context (\d+);", r"n_ctx_slot = (\d+)")  # lead, 
 Server = Lead | llamaserver.LlamaServer
 
 
-class Refused(RuntimeError):
+class RequestFailed(RuntimeError):
     """A server answered the request with an error (its body says why)."""
 
 
@@ -78,7 +78,7 @@ def ask(url: str, server: str, phase: str, round_: int, body: dict) -> Turn:
     t0 = time.perf_counter()
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=1800) as r:
         if r.status_code != 200:
-            raise Refused(f"{server} answered {r.status_code}: {r.read()[:300].decode()}")
+            raise RequestFailed(f"{server} answered {r.status_code}: {r.read()[:300].decode()}")
         return turn_of(server, phase, round_, llamaserver.stamped(r), t0)
 
 

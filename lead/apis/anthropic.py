@@ -60,7 +60,7 @@ def refusal(body: MessagesRequest) -> shapes.FieldRefused | None:
     """The 400 for the first field whose absence of service would change the reply."""
     try:
         fields.judge(fields.MESSAGES, body.model_extra or {}, "/v1/messages")
-    except fields.Refused as exc:
+    except fields.Unserved as exc:
         return shapes.FieldRefused(exc.param, f"{exc.param}: {exc.rule.why}")
     return None
 

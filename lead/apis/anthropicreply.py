@@ -25,7 +25,7 @@ def stop_reason(session: Session, called: bool) -> str:
     return "stop_sequence" if session.stop_sequence is not None else "end_turn"
 
 
-def usage(s: Session) -> dict[str, int]:
+def anthropic_usage(s: Session) -> dict[str, int]:
     """Anthropic's convention: `input_tokens` are those not read from the cache (clients
     add the three to know the prompt's size)."""
     return {**prompt_usage(s), "output_tokens": s.n_generated,
@@ -52,7 +52,7 @@ class MessageShape:
                 "content": content,
                 "stop_reason": stop_reason(session, called) if session else None,
                 "stop_sequence": session.stop_sequence if session else None,
-                "usage": usage(session) if session else {"input_tokens": 0,
+                "usage": anthropic_usage(session) if session else {"input_tokens": 0,
                                                          "output_tokens": 0}}
 
     def whole(self, emissions: list[Emission], prepared: Prepared) -> dict[str, Any]:
@@ -145,6 +145,6 @@ class BlockWriter:
     def closing(self, session: Session, called: bool) -> list[str]:
         delta = {"stop_reason": stop_reason(session, called),
                  "stop_sequence": session.stop_sequence}
-        used = usage(session)
+        used = anthropic_usage(session)
         return [*self._close(), self.event("message_delta", delta=delta, usage=used),
                 self.event("message_stop")]

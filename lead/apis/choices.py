@@ -25,7 +25,7 @@ def choice_requests(req: GenRequest, n: int) -> list[GenRequest]:
             for i in range(n)]
 
 
-async def merged(gens: Sequence[AsyncGenerator[Emission, None]]
+async def interleaved(gens: Sequence[AsyncGenerator[Emission, None]]
                  ) -> AsyncGenerator[Emission, None]:
     """Each generation's emissions as they come, tagged with its index (`choice`). Closing
     this closes them all: their generations end."""

@@ -128,7 +128,7 @@ COMPLETIONS = {
 }
 
 
-class Refused(ValueError):
+class Unserved(ValueError):
     """A field refused: `param`, and the rule that refuses it."""
 
     def __init__(self, param: str, value: Any, rule: Rule) -> None:
@@ -137,7 +137,7 @@ class Refused(ValueError):
 
 
 def judge(table: dict[str, Rule], given: dict[str, Any], api: str, where: str = "") -> None:
-    """Raise Refused for the first field of `given` (the fields a request model did not
+    """Raise Unserved for the first field of `given` (the fields a request model did not
     declare) the table refuses; log those no table names. A field set to null counts as
     absent: many clients send their unset options so."""
     unknown = []
@@ -148,7 +148,7 @@ def judge(table: dict[str, Rule], given: dict[str, Any], api: str, where: str = 
         if rule is None:
             unknown.append(where + name)
         elif rule.harmless is None or not rule.harmless(value):
-            raise Refused(where + name, value, rule)
+            raise Unserved(where + name, value, rule)
     if unknown:
         log.warning("%s: ignored fields no API of lead's knows: %s", api, ", ".join(unknown))
 

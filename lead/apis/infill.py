@@ -131,7 +131,7 @@ def infill_request(body: InfillRequest) -> shapes.CompletionRequest:
     field that would change the completion unseen."""
     try:
         fields.judge(fields.INFILL, body.model_extra or {}, "/infill")
-    except fields.Refused as exc:
+    except fields.Unserved as exc:
         raise shapes.FieldRefused(exc.param, f"{exc.param}: {exc.rule.why}") from None
     for i, name in enumerate(body.samplers or []):
         if name not in SAMPLERS:

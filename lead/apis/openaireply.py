@@ -56,7 +56,7 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
         for part in deltas[i].finish():
             yield event(i, None, part)
         sessions[i] = e.session
-        last = {"usage": usage(*sessions.values())} if len(sessions) == n else {}
+        last = {"usage": sessions_usage(*sessions.values())} if len(sessions) == n else {}
         yield event(i, None, finish=deltas[i].finish_reason(e.session.finish_reason), **last)
     assert len(sessions) == n, "each choice's last emission carries its session"
     yield "data: [DONE]\n\n"
@@ -64,7 +64,7 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
 
 
 
-def usage(*sessions: Session) -> dict[str, Any]:
+def sessions_usage(*sessions: Session) -> dict[str, Any]:
     """A reply's usage: its prompt once, every choice's tokens."""
     first = sessions[0]
     return shapes.usage(first.n_prompt, sum(s.n_generated for s in sessions),

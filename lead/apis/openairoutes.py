@@ -15,8 +15,8 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, Response
 
 from lead.apis import shapes, toolreply
-from lead.apis.choices import choice_requests, merged
-from lead.apis.openaireply import sse, usage
+from lead.apis.choices import choice_requests, interleaved
+from lead.apis.openaireply import sessions_usage, sse
 from lead.apis.prepare import Defaults, Prepared, prepare_chat, prepare_completion
 from lead.apis.streaming import StreamedReply, unless_gone
 from lead.decode.admission import Place, QueueFull
@@ -131,7 +131,7 @@ def _whole(model: str, rid: str, shape: shapes.ReplyShape, verbose: bool,
         choices.append(toolreply.with_parts(choice, prepared.parts(text)) if chat else choice)
         sessions.append(session)
     body = {**shapes.envelope(shape.kind, rid, model), "choices": choices,
-            "usage": usage(*sessions)}
+            "usage": sessions_usage(*sessions)}
     if verbose:  # llama-server's debugging aid: what the model was given
         body["__verbose"] = {"prompt": prepared.prompt,
                              "prompt_tokens": len(prepared.req.prompt_ids)}
@@ -171,7 +171,7 @@ def _generation(engine: Engine, prepared: Prepared, places: list[Place]) -> Gene
     turn in its places when first read."""
     gens = [engine.generate(req, place) for req, place in
             zip(choice_requests(prepared.req, len(places)), places, strict=True)]
-    return gens[0] if len(gens) == 1 else merged(gens)
+    return gens[0] if len(gens) == 1 else interleaved(gens)
 
 
 async def _all(gen: Generation) -> list[Emission]:

@@ -73,12 +73,12 @@ def chat_prompt(model: Model, body: shapes.ChatRequest) -> tuple[ToolPlan, str]:
 
 def prepare_completion(model: Model, defaults: Defaults,
                        body: shapes.CompletionRequest) -> Prepared:
-    prompt_ids = infill_ids(model, body.prompt, body.suffix) if body.suffix else \
+    prompt_ids = fim_ids(model, body.prompt, body.suffix) if body.suffix else \
         model.tokenize(body.prompt, special=False, add_bos=True)
     return Prepared(gen_request(model, defaults, body, prompt_ids, None))
 
 
-def infill_ids(model: Model, prefix: str, suffix: str) -> list[int]:
+def fim_ids(model: Model, prefix: str, suffix: str) -> list[int]:
     """Fill in the middle, as the model was trained for it (prefix, suffix, middle:
     llama.cpp's order): the reply is what goes between `prefix` and `suffix`."""
     if model.fim_tokens is None:

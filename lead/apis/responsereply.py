@@ -35,7 +35,7 @@ class ResponseShape:
                 "tool_choice": body.tool_choice or "auto", "tools": body.tools or [],
                 "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
                 "metadata": (body.model_extra or {}).get("metadata") or {},
-                "usage": usage(session) if session is not None else None}
+                "usage": responses_usage(session) if session is not None else None}
 
     def whole(self, emissions: list[Emission], prepared: Prepared) -> dict[str, Any]:
         session = emissions[-1].session
@@ -96,7 +96,7 @@ def status_of(session: Session) -> str:
     return "incomplete" if session.finish_reason == "length" else "completed"
 
 
-def usage(s: Session) -> dict[str, Any]:
+def responses_usage(s: Session) -> dict[str, Any]:
     return {"input_tokens": s.n_prompt, "output_tokens": s.n_generated,
             "total_tokens": s.n_prompt + s.n_generated,
             "input_tokens_details": {"cached_tokens": s.n_cached},

@@ -55,7 +55,7 @@ def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
     """The 400 for the first field whose absence of service would change the reply."""
     try:
         fields.judge(fields.RESPONSES, body.model_extra or {}, "/v1/responses")
-    except fields.Refused as exc:
+    except fields.Unserved as exc:
         return shapes.openai_refusal(exc)
     fmt = (body.text or {}).get("format")
     if fmt is not None and not isinstance(fmt, dict):

@@ -233,7 +233,7 @@ def check_served(body: CommonRequest) -> None:
     try:
         fields.judge(fields.CHAT if chat else fields.COMPLETIONS, body.model_extra or {},
                      "/v1/chat/completions" if chat else "/v1/completions")
-    except fields.Refused as exc:
+    except fields.Unserved as exc:
         raise openai_refusal(exc) from None
     for i, message in enumerate(getattr(body, "messages", [])):
         parts = message.content if isinstance(message.content, list) else []
@@ -245,7 +245,7 @@ def check_served(body: CommonRequest) -> None:
                                           "only.", "unsupported_value")
 
 
-def openai_refusal(exc: fields.Refused) -> FieldRefused:
+def openai_refusal(exc: fields.Unserved) -> FieldRefused:
     """OpenAI's own words for a parameter or a value a model does not support."""
     if exc.rule.harmless is not None:
         return FieldRefused(exc.param, f"Unsupported value: '{exc.param}' does not support "
