@@ -2,7 +2,7 @@
 
 A branch replaces the draft's guess at a *site* (a position past lead's tokens) with the
 draft's runner-up there, its *root*, and grows guesses after it on a branch sequence of
-the draft model. Sites are taken by the draft's own odds that lead rejects the draft
+the draft model. Sites are taken by the draft's own probability that lead rejects the draft
 there first: every guess before reached and accepted, this one not. When lead emits a
 branch's root, the back adopts the branch as its draft instead of evaluating it again.
 """
@@ -71,27 +71,27 @@ class Growing:
         self.picks.append(pick)
 
 
-def rejection_odds(picks: Mapping[int, Pick], local: Sequence[int], first: int
+def rejection_probs(picks: Mapping[int, Pick], local: Sequence[int], first: int
                    ) -> dict[int, float]:
-    """Per draft position from `first` on: the draft's odds that lead rejects it there
+    """Per draft position from `first` on: the draft's probability that lead rejects it there
     first, where a runner-up could stand in (the guess's own probability, as if the
     target agreed with the draft's distribution)."""
-    reach, odds = 1.0, {}
+    reach, p_reject = 1.0, {}
     for pos in range(first, len(local)):
         pick = picks.get(pos)
         if pick is None or pick.token != local[pos]:
             break  # not this drafter's guess (lead's token, or redrafted)
         if pick.runner_up is not None:
-            odds[pos] = reach * (1.0 - pick.prob)
+            p_reject[pos] = reach * (1.0 - pick.prob)
         reach *= pick.prob
-    return odds
+    return p_reject
 
 
 def branch_sites(picks: Mapping[int, Pick], local: Sequence[int], first: int,
                  limit: int) -> list[int]:
     """The `limit` positions likeliest to be where lead rejects the draft, likeliest first."""
-    odds = rejection_odds(picks, local, first)
-    return sorted(odds, key=lambda p: -odds[p])[:max(limit, 0)]
+    p_reject = rejection_probs(picks, local, first)
+    return sorted(p_reject, key=lambda p: -p_reject[p])[:max(limit, 0)]
 
 
 def assign(sites: Sequence[int], growing: Mapping[int, Growing], n_slots: int

@@ -25,7 +25,7 @@ from back.branching import (
     Sprout,
     assign,
     branch_sites,
-    rejection_odds,
+    rejection_probs,
     taken_by_lead,
 )
 from back.track import Grammars
@@ -267,9 +267,9 @@ class ModelDrafter(Drafter):
     @property
     def branches(self) -> tuple[Sprout, ...]:
         """The branches grown past their root, likeliest first."""
-        odds = rejection_odds(self._picks, self.local, self._n_lead)
+        p_reject = rejection_probs(self._picks, self.local, self._n_lead)
         grown = [g for g in self._growing.values() if len(g.tokens) > 1]
-        return tuple(g.snapshot() for g in sorted(grown, key=lambda g: -odds.get(g.pos, 0.0)))
+        return tuple(g.snapshot() for g in sorted(grown, key=lambda g: -p_reject.get(g.pos, 0.0)))
 
     def _open(self, width: int, params: SamplingParams) -> None:
         """Branch slots for the `width` likeliest sites (what sits elsewhere is dropped)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from lead.policy.acceptance import MAX_ALPHA, expected_yield
+from lead.policy.acceptance import MAX_ALPHA, expected_accepted
 
 Cost = Callable[[int], float]  # seconds to verify a batch of b tokens
 
@@ -50,7 +50,7 @@ def padded(costs: dict[int, float]) -> Cost:
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Tokens per verify step when each draft token is accepted with probability alpha."""
-    return 1.0 + expected_yield([min(alpha, MAX_ALPHA)] * k)
+    return 1.0 + expected_accepted([min(alpha, MAX_ALPHA)] * k)
 
 
 def free_draft_bound(cost: Cost, alpha: float, max_draft: int) -> tuple[float, int]:
@@ -170,11 +170,11 @@ def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft
         for k in range(1, max_draft + 1)])
 
 
-def best_length(cost: Cost, odds: Sequence[float]) -> int:
+def best_length(cost: Cost, p_accept: Sequence[float]) -> int:
     """The length of a draft whose tokens are right with `odds` (each given the ones before
     it) that emits the most tokens a second (0: plain decoding pays best)."""
     best, chosen, reach, expected = 1.0 / cost(1), 0, 1.0, 1.0
-    for k, p in enumerate(odds, 1):
+    for k, p in enumerate(p_accept, 1):
         reach *= p
         expected += reach
         if expected / cost(k + 1) > best:
@@ -182,7 +182,7 @@ def best_length(cost: Cost, odds: Sequence[float]) -> int:
     return chosen
 
 
-def per_token_ideal(cost: Cost, agrees: Sequence[bool], odds: Sequence[float], draft_s: float,
+def per_token_ideal(cost: Cost, agrees: Sequence[bool], p_accept: Sequence[float], draft_s: float,
                     max_draft: int, covers: Sequence[bool] | None = None) -> float:
     """replayed_ideal with acceptance per token: each step verifies as much of the ready
     draft as pays for its own tokens' odds (`odds[j]`: that the draft's token at reply
@@ -192,10 +192,10 @@ def per_token_ideal(cost: Cost, agrees: Sequence[bool], odds: Sequence[float], d
     covered = (lambda at: bool(covers[at])) if covers else _never
     return cost(1) * len(agrees) / simulate(
         cost, replayed(agrees), draft_s, max_draft, len(agrees), covered=covered, primed=True,
-        length=lambda n, k: best_length(cost, odds[n:n + k]))
+        length=lambda n, k: best_length(cost, p_accept[n:n + k]))
 
 
-def band_odds(agrees: Sequence[Sequence[bool]], probs: Sequence[Sequence[float]],
+def band_p_accept(agrees: Sequence[Sequence[bool]], probs: Sequence[Sequence[float]],
               bands: Sequence[float]) -> list[list[float]]:
     """Per reply and position, the share of all replies' draft tokens right in the band of
     the draft's probability of that token (its lower end in `bands`): odds as lead learns

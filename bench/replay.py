@@ -74,7 +74,7 @@ def replay(prompt: Sequence[int], reply: Sequence[int], own: OwnDrafts, cost: Co
         draft = _offered(board, own, cost, sid, tokens)
         right = sum(agreement(draft.token_ids, reply[i:])) if draft else 0
         k = min(right, LONGEST) if oracle else \
-            cost.allocate([list(draft.odds or []) if draft else []], 1)[0]
+            cost.allocate([list(draft.p_accept or []) if draft else []], 1)[0]
         accepted = min(k, right)
         emitted = min(accepted + 1, len(reply) - i)
         time, steps, wasted = time + price(k + 1), steps + 1, wasted + k - accepted

@@ -291,17 +291,17 @@ def _replayed_branches(data: dict, alone: list[Result], speedup: float) -> dict:
 
 def _per_token(data: dict, alone: list[Result]) -> float:
     """The replayed ideal with branches, each step's length chosen by its tokens' odds."""
-    from bench.ideal import band_odds, padded, per_token_ideal
+    from bench.ideal import band_p_accept, padded, per_token_ideal
     from lead.drafts.board import Q
     from lead.server.settings import LeadSettings
 
     prompts = sorted(data["agreement"])
-    odds = dict(zip(prompts, band_odds([data["agreement"][p] for p in prompts],
+    p_accept = dict(zip(prompts, band_p_accept([data["agreement"][p] for p in prompts],
                                        [data["draft_q"][p] for p in prompts],
                                        [low for low, _ in Q.priors]),
                     strict=True))
     return pooled_ideal(alone, lambda p: per_token_ideal(
-        padded(data["costs"]), data["agreement"].get(p, []), odds.get(p, []), data["draft_s"],
+        padded(data["costs"]), data["agreement"].get(p, []), p_accept.get(p, []), data["draft_s"],
         LeadSettings().max_draft, data["covers"].get(p)))
 
 

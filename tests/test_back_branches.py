@@ -146,16 +146,16 @@ def grown(width: int, calls: int, sampling: SamplingParams = GREEDY, depth: int 
     return drafter, extend(drafter, job(sampling, width, depth, calls, ahead))
 
 
-def rejection_odds(local: tuple[int, ...]) -> dict[int, float]:
+def rejection_probs(local: tuple[int, ...]) -> dict[int, float]:
     """Position -> the chance, by the draft's own (greedy) probabilities, that lead reaches
     it and rejects the draft's guess there."""
-    model, reach, odds = draft_model(), 1.0, {}
+    model, reach, p_reject = draft_model(), 1.0, {}
     for pos in range(len(PROMPT), len(local)):
         row = model.logits_for(local[:pos]).astype(np.float64)
         p = np.exp(row - row.max())
         prob = float(p[local[pos]] / p.sum())
-        odds[pos], reach = reach * (1 - prob), reach * prob
-    return odds
+        p_reject[pos], reach = reach * (1 - prob), reach * prob
+    return p_reject
 
 
 def test_greedy_branches_are_the_runner_up_then_the_drafts_own_continuation() -> None:
@@ -167,9 +167,9 @@ def test_greedy_branches_are_the_runner_up_then_the_drafts_own_continuation() ->
     # catching up (two calls), then one call per guess after the first (ready at once)
     assert len(model.calls) == 2 + 7
     assert len(made.branches) == 3
-    odds = rejection_odds(made.local)
+    p_reject = rejection_probs(made.local)
     assert sorted(b.branch.at for b in made.branches) == sorted(
-        sorted(odds, key=lambda p: -odds[p])[:3])
+        sorted(p_reject, key=lambda p: -p_reject[p])[:3])
     reference = draft_model()
     for b in (sprout.branch for sprout in made.branches):
         context = list(made.local[:b.at])

@@ -11,7 +11,7 @@ from back.branching import (
     Sprout,
     assign,
     branch_sites,
-    rejection_odds,
+    rejection_probs,
     taken_by_lead,
 )
 from back.posts import on_wire
@@ -29,19 +29,19 @@ def picks(*probs: float) -> dict[int, Pick]:
     return {len(LEAD) + i: Pick(DRAFT[i], None, DRAFT[i] + 50, p) for i, p in enumerate(probs)}
 
 
-def test_rejection_odds_are_reaching_a_guess_times_missing_it() -> None:
-    odds = rejection_odds(picks(0.5, 0.9, 0.2, 1.0), LOCAL, len(LEAD))
-    assert odds == pytest.approx({3: 0.5, 4: 0.5 * 0.1, 5: 0.5 * 0.9 * 0.8, 6: 0.0})
+def test_rejection_probs_are_reaching_a_guess_times_missing_it() -> None:
+    p_reject = rejection_probs(picks(0.5, 0.9, 0.2, 1.0), LOCAL, len(LEAD))
+    assert p_reject == pytest.approx({3: 0.5, 4: 0.5 * 0.1, 5: 0.5 * 0.9 * 0.8, 6: 0.0})
     assert branch_sites(picks(0.5, 0.9, 0.2, 1.0), LOCAL, len(LEAD), 2) == [3, 5]
 
 
-def test_odds_stop_at_a_guess_that_is_not_this_drafter_s() -> None:
+def test_p_accept_stop_at_a_guess_that_is_not_this_drafter_s() -> None:
     mixed = picks(0.5, 0.5, 0.5, 0.5)
     mixed[5] = Pick(99, None, 60, 0.5)  # redrafted since: local holds another token there
-    assert set(rejection_odds(mixed, LOCAL, len(LEAD))) == {3, 4}
+    assert set(rejection_probs(mixed, LOCAL, len(LEAD))) == {3, 4}
     no_runner_up = picks(0.5, 0.5)
     no_runner_up[3] = Pick(DRAFT[0], None, None, 0.5)
-    assert set(rejection_odds(no_runner_up, LOCAL, len(LEAD))) == {4}
+    assert set(rejection_probs(no_runner_up, LOCAL, len(LEAD))) == {4}
 
 
 def growing(pos: int, tokens: list[int]) -> Growing:

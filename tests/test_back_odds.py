@@ -34,14 +34,14 @@ def offered(scores: Scoreboard, key: str, probs: Sequence[float], tail: Sequence
     scores.settle("s", list(emitted), final=True)
 
 
-def test_odds_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> None:
+def test_p_accept_start_from_the_backs_acceptance_and_move_with_each_band_of_q() -> None:
     scores = scores_at(0.7, "b", "other")
-    assert scores.known_odds("b", [0.05, 0.999], Q) == pytest.approx((0.7, 0.7))
+    assert scores.known_p_accept("b", [0.05, 0.999], Q) == pytest.approx((0.7, 0.7))
     for _ in range(20):  # sure tokens right, unsure ones wrong
         offered(scores, "b", [0.999, 0.999, 0.2], tail=[5, 6, 7], emitted=[5, 6, 9])
-    sure, unsure = scores.known_odds("b", [0.995, 0.1], Q)
+    sure, unsure = scores.known_p_accept("b", [0.995, 0.1], Q)
     assert sure > 0.9 and unsure < 0.2
-    assert scores.known_odds("other", [0.995], Q) == pytest.approx((0.7,))  # another back
+    assert scores.known_p_accept("other", [0.995], Q) == pytest.approx((0.7,))  # another back
 
 
 def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
@@ -52,7 +52,7 @@ def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
     assert (bands[0.3].right, bands[0.3].wrong) == pytest.approx((0.0, 1.0))
     assert (bands[0.6].right, bands[0.6].wrong) == (0.0, 0.0)  # after the miss: not observed
     assert bands.band(0.999) == 0.99 and bands.band(0.0) == 0.0 and bands.band(0.94) == 0.85
-    assert scores.known_odds("b", [0.4], Q) == \
+    assert scores.known_p_accept("b", [0.4], Q) == \
         pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
 
 
@@ -93,12 +93,12 @@ def test_lead_verifies_a_models_draft_as_far_as_its_confidence_pays() -> None:
     board.post([1, 2, 3], *post_candidates("b", 3, [4, 5, 6, 7, 8, 9], None,
                                            address="10.0.0.2", probs=sure_then_unsure))
     draft = board.best([1, 2, 3], limit=8)
-    assert draft is not None and draft.odds is not None
+    assert draft is not None and draft.p_accept is not None
     model = priced()
-    assert model.allocate([draft.odds]) == [3]
+    assert model.allocate([draft.p_accept]) == [3]
     assert board.best([1, 2, 3], limit=4).token_ids == [4, 5, 6, 7]  # type: ignore[union-attr]
     untaught = board_with(sure_then_unsure).best([1, 2, 3], limit=8)
-    assert untaught is not None and len(set(untaught.odds or ())) == 1  # the back's alpha
+    assert untaught is not None and len(set(untaught.p_accept or ())) == 1  # the back's alpha
 
 
 def test_what_a_backs_q_is_worth_is_learned_and_a_liar_loses() -> None:
@@ -117,8 +117,8 @@ def test_what_a_backs_q_is_worth_is_learned_and_a_liar_loses() -> None:
         tokens = [*tokens, n + 1, n + 2, n + 3, n + 4]  # lead accepted the right ones
         board.scores.settle("s", tokens)
     assert chosen.back_id == "honest"
-    liar = board.scores.known_odds("liar", [0.999], Q)[0]
-    honest = board.scores.known_odds("honest", [0.999], Q)[0]
+    liar = board.scores.known_p_accept("liar", [0.999], Q)[0]
+    honest = board.scores.known_p_accept("honest", [0.999], Q)[0]
     assert liar < 0.3 < 0.9 < honest
 
 

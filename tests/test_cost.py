@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from lead.policy.acceptance import Rate, expected_yield
+from lead.policy.acceptance import Rate, expected_accepted
 from lead.policy.cost import CostModel
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
@@ -111,11 +111,11 @@ def test_acceptance_estimates_a_replys_first_token_apart() -> None:
 
 def test_acceptance_expects_a_geometric_number_of_tokens() -> None:
     record = Record(rest=Rate((50.0, 50.0)), first=Rate((1.0, 99.0)))  # 0.5, first 0.01
-    assert expected_yield(record.odds(0)) == 0.0
-    assert expected_yield(record.odds(2)) == pytest.approx(0.5 + 0.25)
-    assert expected_yield(record.odds(2, first=True)) == pytest.approx(0.01 * 1.5)
+    assert expected_accepted(record.p_accept(0)) == 0.0
+    assert expected_accepted(record.p_accept(2)) == pytest.approx(0.5 + 0.25)
+    assert expected_accepted(record.p_accept(2, first=True)) == pytest.approx(0.01 * 1.5)
     sure = Record(rest=Rate((1.0, 0.0)))  # alpha 1: capped, not a division by zero
-    assert expected_yield(sure.odds(4)) == pytest.approx(4.0, abs=0.01)
+    assert expected_accepted(sure.p_accept(4)) == pytest.approx(4.0, abs=0.01)
 
 
 # --- probe schedule ---

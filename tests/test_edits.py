@@ -108,7 +108,7 @@ def test_a_short_anchor_that_turns_out_wrong_keeps_where_the_reply_left_the_copy
     assert f.left is None and f.src == 20 + CONFIRM + 1 and f.trial is None
 
 
-def test_the_copy_followed_is_priced_by_odds_of_its_own_learned_from_its_outcomes() -> None:
+def test_the_copy_followed_is_priced_by_p_accept_of_its_own_learned_from_its_outcomes() -> None:
     body = source_with_name()
     own, scores, key = OwnDrafts(longest=8), Scoreboard(), f"{OWN}:ngram"
     assert isinstance(own.kinds["ngram"], SessionCopies)
@@ -118,9 +118,9 @@ def test_the_copy_followed_is_priced_by_odds_of_its_own_learned_from_its_outcome
     tokens = [*prompt, *body[:20]]
     followed = own.propose("s", tokens)["ngram"]  # 20 tokens: a copy under way
     assert followed.scale is FOLLOWED and followed.known[0] == 20
-    before = scores.known_odds(key, (20,), FOLLOWED)[0]
+    before = scores.known_p_accept(key, (20,), FOLLOWED)[0]
     scores.offered("s", tokens, False, {key: Offer(followed.token_ids, followed.known,
                                                    FOLLOWED, back=False)})
     scores.settle("s", [*prompt, *body[:30]], final=True)  # lead emitted the 8 drafted
-    assert scores.known_odds(key, (20,), FOLLOWED)[0] > before
-    assert scores.known_odds(key, (5,), MATCHED)[0] == pytest.approx(dict(MATCHED.priors)[3])
+    assert scores.known_p_accept(key, (20,), FOLLOWED)[0] > before
+    assert scores.known_p_accept(key, (5,), MATCHED)[0] == pytest.approx(dict(MATCHED.priors)[3])

@@ -39,7 +39,7 @@ from lead.decode.runs import Run
 from lead.decode.session import Session
 from lead.decode.verify import verify
 from lead.drafts.board import Candidate, Draft, DraftBoard
-from lead.policy.acceptance import expected_yield, yield_curve
+from lead.policy.acceptance import accepted_curve, expected_accepted
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
 from lead.server.app import create_app
@@ -149,12 +149,12 @@ def test_without_any_key_every_back_is_trusted() -> None:
 # --- ranking: expected yield at each back's own acceptance ---
 
 
-def test_expected_yield_is_the_geometric_sum() -> None:
-    assert expected_yield([0.5, 0.5]) == pytest.approx(0.75)
-    assert expected_yield([0.0] * 8) == 0.0 and expected_yield([]) == 0.0
-    assert expected_yield([0.9]) == pytest.approx(0.9)
-    assert yield_curve([0.5, 0.5, 0.5]) == pytest.approx([0.0, 0.5, 0.75, 0.875])
-    assert yield_curve([0.2, 1.0, 0.5]) == pytest.approx([0.0, 0.2, 0.4, 0.5])  # per token
+def test_expected_accepted_is_the_geometric_sum() -> None:
+    assert expected_accepted([0.5, 0.5]) == pytest.approx(0.75)
+    assert expected_accepted([0.0] * 8) == 0.0 and expected_accepted([]) == 0.0
+    assert expected_accepted([0.9]) == pytest.approx(0.9)
+    assert accepted_curve([0.5, 0.5, 0.5]) == pytest.approx([0.0, 0.5, 0.75, 0.875])
+    assert accepted_curve([0.2, 1.0, 0.5]) == pytest.approx([0.0, 0.2, 0.4, 0.5])  # per token
 
 
 def test_junk_loses_after_one_step_and_a_new_good_back_wins_at_once() -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from bench.ideal import (
     async_ideal,
-    band_odds,
+    band_p_accept,
     best_length,
     branch_ideal,
     expected_tokens,
@@ -176,7 +176,7 @@ def test_the_best_length_stops_before_a_token_unlikely_to_be_right() -> None:
     assert best_length(flat, []) == 0
 
 
-def test_odds_per_token_gain_where_they_tell_right_tokens_from_wrong() -> None:
+def test_p_accept_per_token_gain_where_they_tell_right_tokens_from_wrong() -> None:
     # A fifth of the draft's tokens are wrong, at random; a token more costs 30 % of a
     # step. Odds that know the wrong ones stop each step before them: better than any
     # fixed K. Odds that say nothing (the same for all) are a fixed K.
@@ -190,8 +190,8 @@ def test_odds_per_token_gain_where_they_tell_right_tokens_from_wrong() -> None:
     assert blind == pytest.approx(fixed, rel=0.01)  # (it alone stops at the reply's end)
 
 
-def test_band_odds_are_the_share_right_in_each_band_of_q() -> None:
+def test_band_p_accept_are_the_share_right_in_each_band_of_q() -> None:
     agrees = [[True, False, True], [True]]
     probs = [[0.9, 0.95, 0.2], [0.97]]
-    assert band_odds(agrees, probs, (0.0, 0.5, 0.95)) == [[1.0, 0.5, 1.0], [0.5]]
+    assert band_p_accept(agrees, probs, (0.0, 0.5, 0.95)) == [[1.0, 0.5, 1.0], [0.5]]
 

@@ -95,7 +95,7 @@ def copied(own: OwnDrafts, session_id: str, tokens: list[int]) -> tuple[int, ...
     return tuple(best.token_ids) if best is not None else None
 
 
-def test_own_drafts_copy_a_finished_session_and_learn_its_odds_apart() -> None:
+def test_own_drafts_copy_a_finished_session_and_learn_its_p_accept_apart() -> None:
     own, scores = OwnDrafts(longest=4, memory=1000), Scoreboard()
     prompt, reply = [5, 6, 7, 8, 9], [20, 21, 22, 23, 24]
     assert own.propose("s1", prompt) == {}
@@ -108,8 +108,8 @@ def test_own_drafts_copy_a_finished_session_and_learn_its_odds_apart() -> None:
         proposal.token_ids, proposal.known, proposal.scale, back=False)})
     scores.settle("s2", [*prompt, 20, 21, 30])  # two right, then a miss
     assert f"{OWN}:ngram" not in scores.records  # the other kind's record: untouched
-    learned = scores.known_odds(f"{OWN}:memory", proposal.known, proposal.scale)
-    assert learned != scores.known_odds(f"{OWN}:ngram", proposal.known, proposal.scale)
+    learned = scores.known_p_accept(f"{OWN}:memory", proposal.known, proposal.scale)
+    assert learned != scores.known_p_accept(f"{OWN}:ngram", proposal.known, proposal.scale)
 
 
 def test_the_sessions_own_copy_wins_unless_a_remembered_one_agrees_longer() -> None:
@@ -146,7 +146,7 @@ def test_a_reply_asked_again_is_followed_on_past_a_token_where_it_parted() -> No
     first = recalled.draft("new", prompt, 64)  # the whole prompt agrees: a copy followed
     assert first is not None and first.token_ids == tuple(reply[:64])
     assert first.scale is FOLLOWED  # priced as one
-    assert Scoreboard().known_odds("k", first.known[:1], FOLLOWED)[0] == \
+    assert Scoreboard().known_p_accept("k", first.known[:1], FOLLOWED)[0] == \
         pytest.approx(FOLLOWING[24])
     copies = [recalled.copy("new", prompt + again[:i], 64)[0] for i in range(1, 44)]
     for i in (41, 42, 43):  # from the token after the one that parted, on

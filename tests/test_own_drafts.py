@@ -15,7 +15,7 @@ from lead.decode.session import GenRequest
 from lead.drafts.board import Candidate, DraftBoard
 from lead.drafts.copier import MATCHED
 from lead.drafts.own import OWN, OwnDrafts
-from lead.policy.acceptance import Bands, Rate, expected_yield
+from lead.policy.acceptance import Bands, Rate, expected_accepted
 from lead.policy.cost import CostModel
 from lead.policy.scoreboard import Offer, Scoreboard
 from shared.ngram import KEPT, LONGEST, NgramIndex
@@ -85,14 +85,14 @@ def counts(rate: Rate) -> tuple[float, float]:
     return rate.right, rate.wrong
 
 
-def test_odds_start_from_the_prior_of_their_band_and_learn_within_it() -> None:
-    odds = fresh()
-    assert odds[3].value == odds[5].value == pytest.approx(PRIOR[3])
-    assert odds[1].value == pytest.approx(PRIOR[3])  # shorter than the shortest band
-    assert odds[100].value == pytest.approx(PRIOR[48])
+def test_p_accept_start_from_the_prior_of_their_band_and_learn_within_it() -> None:
+    p_accept = fresh()
+    assert p_accept[3].value == p_accept[5].value == pytest.approx(PRIOR[3])
+    assert p_accept[1].value == pytest.approx(PRIOR[3])  # shorter than the shortest band
+    assert p_accept[100].value == pytest.approx(PRIOR[48])
     for _ in range(200):
-        odds[30].record(True, False)
-    assert odds[24].value > 0.98 and odds[12].value == pytest.approx(PRIOR[12])
+        p_accept[30].record(True, False)
+    assert p_accept[24].value > 0.98 and p_accept[12].value == pytest.approx(PRIOR[12])
 
 
 def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
@@ -102,20 +102,20 @@ def test_own_drafts_learn_from_what_lead_emitted_until_the_first_miss() -> None:
     prompt = [8, 1, 2, 3, 4, 5, 6, 9, 8, 1, 2, 3]  # the end matches 4 tokens back at 1..3
     proposal = own.propose("s1", prompt)["ngram"]
     assert proposal.token_ids == (4, 5, 6, 9) and proposal.known == (4, 5, 6, 7)
-    assert scores.known_odds(key, proposal.known, proposal.scale) == \
+    assert scores.known_p_accept(key, proposal.known, proposal.scale) == \
         tuple(fresh()[4 + i].value for i in range(4))
     scores.offered("s1", prompt, False, {key: Offer(proposal.token_ids, proposal.known,
                                                     proposal.scale, back=False)})
     scores.settle("s1", [*prompt, 4, 5, 7])  # two right (matches of 4, 5), then one wrong (6)
-    odds = scores.record_of(key).bands[MATCHED.name]
+    p_accept = scores.record_of(key).bands[MATCHED.name]
     d = 0.995
-    assert counts(odds[3]) == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
+    assert counts(p_accept[3]) == pytest.approx((PRIOR[3] * 4 * d * d + d + 1,
                                                  (1 - PRIOR[3]) * 4 * d * d))
-    assert counts(odds[6]) == pytest.approx((PRIOR[6] * 4 * d, (1 - PRIOR[6]) * 4 * d + 1))
+    assert counts(p_accept[6]) == pytest.approx((PRIOR[6] * 4 * d, (1 - PRIOR[6]) * 4 * d + 1))
     assert scores.alpha(key) < scores.alpha("a back not yet seen")  # two right, a miss
-    before = [counts(rate) for rate in odds.rates.values()]
+    before = [counts(rate) for rate in p_accept.rates.values()]
     scores.settle("s2", [*prompt, 4, 5, 7])  # another session: nothing watched there
-    assert [counts(rate) for rate in odds.rates.values()] == before
+    assert [counts(rate) for rate in p_accept.rates.values()] == before
 
 
 # --- the length that pays, per token ---
@@ -152,17 +152,17 @@ def test_a_forced_length_holds_for_own_drafts_too() -> None:
     assert model.allocate([[0.1] * 10])[0] == 3 and model.allocate([[0.9] * 2])[0] == 2
 
 
-def test_the_board_ranks_own_drafts_by_their_odds_against_backs_by_their_acceptance() -> None:
+def test_the_board_ranks_own_drafts_by_their_p_accept_against_backs_by_their_acceptance() -> None:
     board = DraftBoard()
     tokens = [1, 2, 3]
     board.post(tokens, Candidate("b", 3, (4, 5, 6, 7), address="10.0.0.2"))  # alpha 0.8 prior
-    board.post(tokens, Candidate(OWN, 3, (4, 5, 9) + (0,) * 30, odds=(0.3,) * 33))
+    board.post(tokens, Candidate(OWN, 3, (4, 5, 9) + (0,) * 30, p_accept=(0.3,) * 33))
     best = board.best(tokens, 8)
-    assert best is not None and best.back_id == "b" and best.odds is None
-    board.post(tokens, Candidate(OWN, 3, tuple(range(40)), odds=(0.97,) * 40))
+    assert best is not None and best.back_id == "b" and best.p_accept is None
+    board.post(tokens, Candidate(OWN, 3, tuple(range(40)), p_accept=(0.97,) * 40))
     best = board.best(tokens, 8)
     assert best is not None and best.back_id == OWN and len(best.token_ids) == 40  # not 8
-    assert expected_yield([0.5, 0.5]) == pytest.approx(0.75)
+    assert expected_accepted([0.5, 0.5]) == pytest.approx(0.75)
 
 
 # --- the engine: an edit echoed back ---

@@ -49,12 +49,12 @@ def prices(shape: list[float]) -> CostModel:
 
 def test_one_session_allocates_as_its_own_draft_length() -> None:
     cost = prices([1.05 + 0.05 * i for i in range(15)])  # a GPU: a token more is 5 %
-    odds = [0.9] * 8
+    p_accept = [0.9] * 8
     rates = [(1 + sum(0.9 ** i for i in range(1, k + 1))) / cost.prices.busy_s(k + 1)
              for k in range(9)]  # tokens per second verifying k
     best = max(rates)
     fewest = next(k for k, rate in enumerate(rates) if rate >= 0.99 * best)
-    assert fewest > 0 and cost.allocate([odds]) == [fewest]
+    assert fewest > 0 and cost.allocate([p_accept]) == [fewest]
 
 
 def test_tokens_go_to_the_session_whose_next_is_likeliest() -> None:
@@ -65,7 +65,7 @@ def test_tokens_go_to_the_session_whose_next_is_likeliest() -> None:
     assert cost.allocate([unsure, sure]) == [unsure_k, sure_k]  # by odds, not by order
 
 
-def test_where_drafts_cost_what_they_yield_no_session_gets_any() -> None:
+def test_where_drafts_cost_what_they_gain_no_session_gets_any() -> None:
     cost = prices([float(b) for b in range(2, 17)])  # a CPU core: b tokens cost b times one
     assert cost.allocate([[0.8] * 8, [0.8] * 8]) == [0, 0]
 

@@ -31,21 +31,22 @@ class Planner:
         reply (a step emits its accepted tokens and one more)."""
         rooms = [min(self.n_ctx - len(s.tokens), most - s.n_generated - 1)
                  for (s, _), most in zip(offers, max_tokens, strict=True)]
-        odds = [self._odds(s, d, max(room, 0)) for (s, d), room in zip(offers, rooms, strict=True)]
-        lengths = self.cost.allocate(odds, base)
+        p_accept = [self._p_accept(s, d, max(room, 0))
+                    for (s, d), room in zip(offers, rooms, strict=True)]
+        lengths = self.cost.allocate(p_accept, base)
         return [_cut(d, k) if d is not None and k else None
                 for (_, d), k in zip(offers, lengths, strict=True)]
 
-    def _odds(self, session: Session, offered: Draft | None, room: int) -> list[float]:
-        """Per token of the offered draft (as far as there is room), the odds lead accepts
+    def _p_accept(self, session: Session, offered: Draft | None, room: int) -> list[float]:
+        """Per token of the offered draft (as far as there is room), the probability lead accepts
         it: as the board learned it (per band of what its drafter knows of each), else
         from its drafter's record on the scoreboard."""
         if offered is None:
             return []
-        if offered.odds:
-            return list(offered.odds[:room])
+        if offered.p_accept:
+            return list(offered.p_accept[:room])
         n = min(len(offered.token_ids), room, self.cost.max_draft)
-        return self.cost.scores.record_of(offered.drafter).odds(n, session.n_generated == 0)
+        return self.cost.scores.record_of(offered.drafter).p_accept(n, session.n_generated == 0)
 
 
 def _cut(offered: Draft, usable: int) -> Draft:

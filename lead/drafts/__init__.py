@@ -1,1 +1,1 @@
-"""Drafts and the backs that post them: boards, what backs see, the link, own drafts, odds."""
+"""Drafts: the boards backs and lead's own kinds post on, lead's own drafts."""

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from lead.drafts.own import OWN
-from lead.policy.acceptance import MAX_ALPHA, expected_yield
+from lead.policy.acceptance import MAX_ALPHA, expected_accepted
 from lead.policy.scoreboard import Offer, Scale, Scoreboard
 from shared.branch import Branch
 from shared.sampling import Dist
@@ -50,7 +50,7 @@ class Candidate:
     dists: tuple[Dist, ...] | None = None
     root: int | None = None  # a branch: the index of its root in token_ids; None: a main chain
     address: str = ""  # where it was posted from ("": by lead's own code)
-    odds: tuple[float, ...] | None = None  # per token, that lead accepts it (as learned)
+    p_accept: tuple[float, ...] | None = None  # per token, that lead accepts it (as learned)
     known: tuple[float, ...] | None = None  # per token, what its drafter knows of it
     scale: Scale = Q  # on which `known` is read (a back's: its draft model's q)
     kind: str = ""  # which of lead's own kinds posted it ("": a back)
@@ -78,7 +78,7 @@ class Draft:
     token_ids: list[int]
     dists: list[Dist] | None
     branch: bool = False  # it came from a branch: lead emitted the branch's root
-    odds: list[float] | None = None  # per token, that lead accepts it given the ones before
+    p_accept: list[float] | None = None  # per token, that lead accepts it given the ones before
     drafter: str = ""  # its drafter as the scoreboard knows it (Candidate.poster)
 
     @property
@@ -115,9 +115,9 @@ def useful_tail(tokens: Sequence[int], candidate: Candidate, limit: int) -> Draf
     skip = len(tokens) - candidate.start
     ids = list(candidate.token_ids[skip:skip + limit])
     dists = list(candidate.dists[skip:skip + len(ids)]) if candidate.dists else None
-    odds = list(candidate.odds[skip:skip + len(ids)]) if candidate.odds else None
-    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None, odds=odds,
-                 drafter=candidate.poster)
+    p_accept = list(candidate.p_accept[skip:skip + len(ids)]) if candidate.p_accept else None
+    return Draft(candidate.back_id, ids, dists, branch=candidate.root is not None,
+                 p_accept=p_accept, drafter=candidate.poster)
 
 
 @dataclass
@@ -174,24 +174,27 @@ class DraftBoard:
 
     def _ready(self, tokens: Sequence[int]) -> list[Candidate]:
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
-        return [self._with_odds(c) for kept in self.candidates.values() for c in kept
+        return [self._with_p_accept(c) for kept in self.candidates.values() for c in kept
                 if len(tokens) >= c.opens]
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
-        """Drafts, `limit` tokens at most (lead's own: as long as they run), at the odds
-        learned per band of what their drafter knows of each token, else at its acceptance."""
-        if c.odds is not None:
-            yielded = expected_yield(c.odds[n - c.start:][:None if c.back_id == OWN else limit])
+        """Drafts, `limit` tokens at most (lead's own: as long as they run), at the
+        acceptance probabilities learned per band of what their drafter knows of each token,
+        else at its acceptance."""
+        if c.p_accept is not None:
+            own = c.back_id == OWN  # lead's own: as long as they run
+            expected = expected_accepted(c.p_accept[n - c.start:][:None if own else limit])
         else:
             alpha = min(self.scores.alpha(c.poster), MAX_ALPHA)
-            yielded = expected_yield([alpha] * min(c.end - n, limit))
-        return yielded, c.end, c.root is None
+            expected = expected_accepted([alpha] * min(c.end - n, limit))
+        return expected, c.end, c.root is None
 
-    def _with_odds(self, c: Candidate) -> Candidate:
-        """`c` with odds per token, learned per band of what its drafter knows of each."""
-        if c.odds is not None or c.known is None:
+    def _with_p_accept(self, c: Candidate) -> Candidate:
+        """`c` with acceptance probabilities per token, learned per band of what its drafter
+        knows of each."""
+        if c.p_accept is not None or c.known is None:
             return c
-        return replace(c, odds=self.scores.known_odds(c.poster, c.known, c.scale))
+        return replace(c, p_accept=self.scores.known_p_accept(c.poster, c.known, c.scale))
 
     def _drop_stale(self, tokens: Sequence[int]) -> None:
         live = {back: [c for c in kept if consistent(tokens, c)]

@@ -1,7 +1,8 @@
 """What every kind of lead's own drafter shares (pure): a copy under way followed past each
 change, a copy proposed with what it knows of each token: the length of the match it
 follows (or the tokens agreed since a followed copy (re)started), on whose bands the
-scoreboard learns each kind's odds from what lead emitted (lead/policy/scoreboard.py)."""
+scoreboard learns each kind's acceptance probabilities from what lead emitted
+(lead/policy/scoreboard.py)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,10 @@ from lead.drafts.edits import ANCHOR, FOLLOWING, Follow, followed, moved
 from lead.policy.scoreboard import Scale
 from shared.ngram import Match
 
-# Bands of match lengths (their lower ends) and the odds lead starts from in each: short
-# matches in prose draft wrong tokens that cost a batch each (docs/cost-model.md); decayed
-# by 0.995 per outcome in a band, so they follow a change of work within a few hundred.
+# Bands of match lengths (their lower ends) and the acceptance probability lead starts from
+# in each: short matches in prose draft wrong tokens that cost a batch each
+# (docs/cost-model.md); decayed by 0.995 per outcome in a band, so they follow a change of
+# work within a few hundred.
 MATCHED = Scale("matched", ((3, 0.2), (6, 0.35), (12, 0.55), (24, 0.75), (48, 0.85)), 0.995)
 FOLLOWED = Scale("followed", tuple(FOLLOWING.items()), 0.995)  # a followed copy's
 

@@ -3,11 +3,11 @@ by name, each copying what followed a match of the sequence's end from somewhere
 (`ngram`: the session's prompt and reply, shared/ngram.py; `memory`: finished sessions,
 lead/drafts/memory.py). Each kind's proposal goes on the board beside backs' drafts, under
 the kind's name, and competes with them as a back does: the scoreboard learns each kind's
-odds per band of the match a draft was copied after, its i-th token's from one i tokens
-longer (a copy after 40 tokens of echoed code is nearly always right, one after 3 tokens of
-prose seldom), from every proposal, verified or not, so that a band that does not pay is
-still measured; the cost model verifies as far as pays. A new kind is a `Copier` with its
-`lookup` (and `start`, `end`), and its name in KINDS.
+acceptance probabilities per band of the match a draft was copied after, its i-th token's
+from one i tokens longer (a copy after 40 tokens of echoed code is nearly always right, one
+after 3 tokens of prose seldom), from every proposal, verified or not, so that a band that
+does not pay is still measured; the cost model verifies as far as pays. A new kind is a
+`Copier` with its `lookup` (and `start`, `end`), and its name in KINDS.
 """
 
 from __future__ import annotations

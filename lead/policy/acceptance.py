@@ -1,8 +1,8 @@
 """How often drafts are right, and what that yields: the one estimator every acceptance
-figure lead keeps is an instance of (`Rate`; `Bands` of them where the odds depend on what a
-drafter knows of a token), the one comparison of a draft with what lead emitted (made on
-the scoreboard alone: lead/policy/scoreboard.py), and the one expected-yield function every
-length decision uses.
+figure lead keeps is an instance of (`Rate`; `Bands` of them where the probability depends
+on what a drafter knows of a token), the one comparison of a draft with what lead emitted
+(made on the scoreboard alone: lead/policy/scoreboard.py), and the one function of the
+tokens a draft is expected to get accepted that every length decision uses.
 
 Reasoning and measurements: docs/cost-model.md.
 """
@@ -17,15 +17,15 @@ from itertools import accumulate
 MAX_ALPHA = 0.999  # the expected-tokens series is finite only below 1
 
 
-def yield_curve(odds: Sequence[float]) -> list[float]:
+def accepted_curve(p_accept: Sequence[float]) -> list[float]:
     """Draft tokens a step verifying the first k of a draft is expected to accept, for
-    k = 0 .. len(odds), token i right with odds[i] given the ones before it."""
-    return [0.0, *accumulate(accumulate(odds, lambda reach, p: reach * p))]
+    k = 0 .. len(p_accept), token i right with p_accept[i] given the ones before it."""
+    return [0.0, *accumulate(accumulate(p_accept, lambda reach, p: reach * p))]
 
 
-def expected_yield(odds: Sequence[float]) -> float:
-    """Draft tokens a step verifying all of `odds`' draft is expected to accept."""
-    return yield_curve(odds)[-1]
+def expected_accepted(p_accept: Sequence[float]) -> float:
+    """Draft tokens a step verifying all of `p_accept`' draft is expected to accept."""
+    return accepted_curve(p_accept)[-1]
 
 
 def agreement(draft_ids: Sequence[int], emitted: Sequence[int]) -> list[bool]:
@@ -72,8 +72,8 @@ class Rate:
         return self.given(self.prior)
 
     def given(self, prior: tuple[float, float]) -> float:
-        """The estimate over another prior (one that moves: a band's odds start from its
-        drafter's acceptance)."""
+        """The estimate over another prior (one that moves: a band's probability starts from
+        its drafter's acceptance)."""
         decayed = _ratio(prior, self.right, self.wrong)
         if not self.window:
             return decayed

@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from lead.policy.acceptance import yield_curve
+from lead.policy.acceptance import accepted_curve
 from lead.policy.prices import Prices
 from lead.policy.probes import AfterProbe, ProbeSchedule
 from lead.policy.scoreboard import Scoreboard
@@ -92,46 +92,46 @@ class CostModel:
             return 0
         # tokens per second verifying k draft tokens (k=0: plain decoding, back quiet); alpha
         # read once, as this runs at every step
-        expected = [1.0 + y for y in yield_curve(self.scores.leader.odds(upper, first))]
+        expected = [1.0 + y for y in accepted_curve(self.scores.leader.p_accept(upper, first))]
         seconds = [self.prices.plain(), *(self.prices.busy_s(k + 1) for k in range(1, upper + 1))]
         rates = [e / max(s, 1e-9) for e, s in zip(expected, seconds, strict=True)]
         best = max(range(1, upper + 1), key=rates.__getitem__)
         return best if rates[best] >= self.margin * rates[0] else 0
 
-    def allocate(self, odds: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
+    def allocate(self, p_accept: Sequence[Sequence[float]], base: int | None = None) -> list[int]:
         """Draft tokens to verify per session in one batch, session i's tokens accepted with
-        odds[i] (each given the ones before it; at most what it offers), maximising the
+        p_accept[i] (each given the ones before it; at most what it offers), maximising the
         geometric mean of the sessions' rates (expected tokens over the batch's price): one
         session's long draft makes every session's step dearer, so it is verified only where
         it raises its own rate more than it lowers the others'. The fewest tokens within 1 %
         of the best; none where that beats plain decoding by less than `margin`. `base`:
         tokens the batch holds besides drafts (one per session, and any prompt)."""
         if self.fixed is not None:
-            return [min(self.fixed, len(o)) for o in odds]
-        base = len(odds) if base is None else base
-        picks, scores = self._greedy(odds, base, max(0, self.prices.largest - base))
+            return [min(self.fixed, len(o)) for o in p_accept]
+        base = len(p_accept) if base is None else base
+        picks, scores = self._greedy(p_accept, base, max(0, self.prices.largest - base))
         best = max(scores)
         t = next(t for t, score in enumerate(scores) if score >= best + math.log(0.99))
         if scores[t] < scores[0] + math.log(self.margin):
             t = 0
-        return [picks[:t].count(i) for i in range(len(odds))]
+        return [picks[:t].count(i) for i in range(len(p_accept))]
 
-    def _greedy(self, odds: Sequence[Sequence[float]], base: int, most: int
+    def _greedy(self, p_accept: Sequence[Sequence[float]], base: int, most: int
                 ) -> tuple[list[int], list[float]]:
         """Draft tokens added one at a time, each to the session whose expected tokens it
         raises by the largest factor (`picks`: whose), and after each the mean log of the
         sessions' rates (scores[0]: no drafts, quiet)."""
-        n = max(len(odds), 1)
-        reach, expected, taken = [1.0] * len(odds), [1.0] * len(odds), [0] * len(odds)
+        n = max(len(p_accept), 1)
+        reach, expected, taken = [1.0] * len(p_accept), [1.0] * len(p_accept), [0] * len(p_accept)
         plain = max(self.prices.plain() * self.prices.relative(base), 1e-9)
         scores = [-math.log(plain)]
         picks: list[int] = []
         while len(picks) < most:
-            open_ = [i for i in range(len(odds)) if taken[i] < len(odds[i])]
+            open_ = [i for i in range(len(p_accept)) if taken[i] < len(p_accept[i])]
             if not open_:
                 break
-            i = max(open_, key=lambda j: reach[j] * odds[j][taken[j]] / expected[j])
-            reach[i] *= odds[i][taken[i]]
+            i = max(open_, key=lambda j: reach[j] * p_accept[j][taken[j]] / expected[j])
+            reach[i] *= p_accept[i][taken[i]]
             taken[i] += 1
             expected[i] += reach[i]
             picks.append(i)

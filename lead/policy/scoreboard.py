@@ -10,7 +10,7 @@ token at a time) until lead's tokens settle it: a miss, `limit` matches, or the 
 end; so a whole draft counts as one outcome, however many steps lead took to emit it.
 
 Where a drafter says what it knows of each token (a back its draft model's q, a copy the
-length of the match it follows), the odds are learned per band of that knowledge
+length of the match it follows), the acceptance probabilities are learned per band of that knowledge
 (`Scale`): one that claims q = 1 for junk teaches lead what its 1 is worth.
 """
 
@@ -37,8 +37,9 @@ RECENT_BACKS = 4  # backs heard lately, the best of which the cost model prices 
 @dataclass(frozen=True)
 class Scale:
     """Bands of what a drafter knows of a token (each band's lower end), each with the
-    odds it starts from, worth WEIGHT outcomes (None: its drafter's own acceptance, so
-    where the knowledge says nothing every band stays near it); `decay` per outcome."""
+    acceptance probability it starts from, worth WEIGHT outcomes (None: its drafter's own
+    acceptance, so where the knowledge says nothing every band stays near it); `decay` per
+    outcome."""
 
     name: str
     priors: tuple[tuple[float, float | None], ...]
@@ -49,7 +50,7 @@ class Scale:
                       Rate((0.0, 0.0), self.decay, right=p * WEIGHT, wrong=(1 - p) * WEIGHT)
                       for low, p in self.priors})
 
-    def odds(self, bands: Bands, known: float, alpha: float) -> float:
+    def p_accept(self, bands: Bands, known: float, alpha: float) -> float:
         prior = dict(self.priors)[bands.band(known)]
         over = (WEIGHT * alpha, WEIGHT * (1 - alpha)) if prior is None else (0.0, 0.0)
         return bands[known].given(over)
@@ -97,7 +98,7 @@ class Record:
         self.rest.record(matches, int(missed))
         return True
 
-    def odds(self, n: int, first: bool = False) -> list[float]:
+    def p_accept(self, n: int, first: bool = False) -> list[float]:
         """Odds of a draft of n tokens known only by its drafter's acceptance: each right
         with alpha given the ones before it (its first, at a reply's first step, with the
         first-token estimate)."""
@@ -149,12 +150,12 @@ class Scoreboard:
     def alpha(self, key: str) -> float:
         return self.record_of(key).alpha
 
-    def known_odds(self, key: str, known: Sequence[float], scale: Scale) -> tuple[float, ...]:
+    def known_p_accept(self, key: str, known: Sequence[float], scale: Scale) -> tuple[float, ...]:
         """Per token of a draft whose drafter knows `known` of its tokens on `scale`: the
-        odds that lead accepts it, given the ones before it."""
+        probability that lead accepts it, given the ones before it."""
         record = self.record_of(key)
         bands, alpha = record.bands.get(scale.name) or scale.bands(), record.alpha
-        return tuple(scale.odds(bands, k, alpha) for k in known)
+        return tuple(scale.p_accept(bands, k, alpha) for k in known)
 
     @property
     def leader(self) -> Record:
