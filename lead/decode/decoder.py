@@ -94,21 +94,28 @@ class Decoder:
         if tree and _marginal(best) < TREE_MARGINAL:
             log.info("a token more costs %.0f %% of a batch: pricing trees of up to %d tokens",
                      100 * _marginal(best), tree[-1])
-            best |= self._price(tree, passes)
-        self.cost.prices.calibrate(best | self._price(long, passes))
+            best = fastest(best, self._price(tree, passes))
+        self.cost.prices.calibrate(fastest(best, self._price(long, passes)))
         log.info("%s", self.cost.describe())
 
     def _price(self, sizes: list[int], passes: int) -> dict[int, float]:
-        """The fastest of `passes` evaluations of each batch size, in seconds."""
+        """The fastest of `passes` evaluations of each batch size, in seconds; one token is
+        timed again before each size, as every price is read over it: a hiccup while it
+        alone was timed made every batch look cheap, and drafts that do not pay verified."""
         best: dict[int, float] = {}
         for _ in range(passes):
             for b in sizes:
-                self.model.truncate(0)
-                t0 = self.clock()
-                self.model.evaluate([0] * b, b)
-                best[b] = min(best.get(b, 1e9), self.clock() - t0)
+                for size in sorted({1, b}):
+                    best[size] = min(best.get(size, 1e9), self._time(size))
         self.model.truncate(0)
         return best
+
+    def _time(self, size: int) -> float:
+        """Seconds one evaluation of `size` tokens takes, on an empty cache."""
+        self.model.truncate(0)
+        t0 = self.clock()
+        self.model.evaluate([0] * size, size)
+        return self.clock() - t0
 
     async def seat(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
         """Seat `prompt` in one of the `free` slots, holding what it can of the prompt
@@ -237,6 +244,11 @@ def calibrated_sizes(max_draft: int, trees: bool) -> tuple[list[int], list[int]]
     chain = min(max_draft + 1, CALIBRATE_MAX_BATCH)
     top = min(chain + max_draft, CALIBRATE_MAX_BATCH) if trees else chain
     return list(range(1, chain + 1)), list(range(chain + 1, top + 1))
+
+
+def fastest(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """Two sets of prices in one, the faster of each size priced in both."""
+    return {size: min(a.get(size, 1e9), b.get(size, 1e9)) for size in a | b}
 
 
 def _marginal(seconds: dict[int, float]) -> float:
