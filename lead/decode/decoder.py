@@ -84,20 +84,27 @@ class Decoder:
         long = [b for b in LONG_SIZES if chain[-1] < b <= min(longest + 1, self.model.n_ctx)]
         log.info("pricing verify batches of 1-%d tokens", (long or chain)[-1])
         self.model.evaluate([0], 1)  # the first evaluation allocates; it is not timed
-        self.cost.prices.calibrate(self._price(chain, passes) | self._price(long, passes))
+        self.cost.prices.calibrate(fastest(self._price(chain, passes), self._price(long, passes)))
         log.info("%s", self.cost.describe())
 
     def _price(self, sizes: list[int], passes: int) -> dict[int, float]:
-        """The fastest of `passes` evaluations of each batch size, in seconds."""
+        """The fastest of `passes` evaluations of each batch size, in seconds; one token is
+        timed again before each size, as every price is read over it: a hiccup while it
+        alone was timed made every batch look cheap, and drafts that do not pay verified."""
         best: dict[int, float] = {}
         for _ in range(passes):
             for b in sizes:
-                self.model.truncate(0)
-                t0 = self.clock()
-                self.model.evaluate([0] * b, b)
-                best[b] = min(best.get(b, 1e9), self.clock() - t0)
+                for size in sorted({1, b}):
+                    best[size] = min(best.get(size, 1e9), self._time(size))
         self.model.truncate(0)
         return best
+
+    def _time(self, size: int) -> float:
+        """Seconds one evaluation of `size` tokens takes, on an empty cache."""
+        self.model.truncate(0)
+        t0 = self.clock()
+        self.model.evaluate([0] * size, size)
+        return self.clock() - t0
 
     async def seat(self, prompt: Sequence[int], free: Sequence[int]) -> tuple[int, int]:
         """Seat `prompt` in one of the `free` slots, holding what it can of the prompt
@@ -195,3 +202,8 @@ def _logprobs(verdict: Verdict, job: Job) -> list[TokenLogprob]:
 def calibrated_sizes(max_draft: int) -> list[int]:
     """Batch sizes to price: every one a chain may take."""
     return list(range(1, min(max_draft + 1, CALIBRATE_MAX_BATCH) + 1))
+
+
+def fastest(a: dict[int, float], b: dict[int, float]) -> dict[int, float]:
+    """Two sets of prices in one, the faster of each size priced in both."""
+    return {size: min(a.get(size, 1e9), b.get(size, 1e9)) for size in a | b}

@@ -34,10 +34,14 @@ class Prices:
         self.fixed = True
 
     def calibrate(self, seconds: dict[int, float]) -> None:
-        """Quiet seconds per batch size, measured before serving (must include b=1)."""
-        self.shape = {b: s / seconds[1] for b, s in sorted(seconds.items())}
+        """Quiet seconds per batch size, measured before serving (must include b=1). No
+        batch costs less than one token: where one looked dearer than a larger batch, the
+        machine was busy while it was timed, and the fastest size prices one token."""
+        one = min(seconds.values())
+        self.shape = {b: s / one for b, s in sorted(seconds.items())}
+        self.shape[1] = 1.0
         if self.plain_s is None:
-            self.plain_s = seconds[1]
+            self.plain_s = one
 
     def record(self, batch_size: int, seconds: float, busy: bool = False) -> None:
         """A step of `batch_size` tokens took `seconds`; `busy`: while a back drafted."""
