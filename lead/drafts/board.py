@@ -166,16 +166,18 @@ class DraftBoard:
     def offers(self, tokens: Sequence[int]) -> dict[str, Offer]:
         """Per drafter, the useful tail of its ready candidate reaching furthest: what it
         offers at the step that extends `tokens` (the scoreboard watches it)."""
-        n, ready = len(tokens), self._ready(tokens)
+        n, ready = len(tokens), self._ready(tokens, priced=False)
         furthest = {c.poster: c for c in sorted(ready, key=lambda c: (c.end, c.root is None))}
         return {key: Offer(c.token_ids[n - c.start:],
                            c.known[n - c.start:] if c.known else None, c.scale,
                            back=c.back_id != OWN) for key, c in furthest.items()}
 
-    def _ready(self, tokens: Sequence[int]) -> list[Candidate]:
+    def _ready(self, tokens: Sequence[int], priced: bool = True) -> list[Candidate]:
+        """The candidates ready at `tokens`; `priced`: with their acceptance probabilities
+        (an offer carries what its drafter knows, not what it is worth)."""
         self._drop_stale(tokens)  # what is left is consistent: ready once a root is emitted
-        return [self._with_p_accept(c) for kept in self.candidates.values() for c in kept
-                if len(tokens) >= c.opens]
+        ready = [c for kept in self.candidates.values() for c in kept if len(tokens) >= c.opens]
+        return [self._with_p_accept(c) for c in ready] if priced else ready
 
     def _rank(self, n: int, c: Candidate, limit: int) -> tuple[float, int, bool]:
         """Drafts, `limit` tokens at most (lead's own: as long as they run), at the

@@ -9,6 +9,7 @@ Reasoning and measurements: docs/cost-model.md.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,9 +95,13 @@ class Bands:
 
     def __init__(self, rates: Mapping[float, Rate]) -> None:
         self.rates, self.lowest = dict(rates), min(rates)
+        self._lows = sorted(self.rates)  # (looked up per draft token at every step)
 
     def band(self, x: float) -> float:
-        return max(b for b in self.rates if b <= max(x, self.lowest))
+        y = max(x, self.lowest)
+        if y != y:  # NaN: no band, as max() of nothing says
+            raise ValueError(f"no band for {x}")
+        return self._lows[bisect_right(self._lows, y) - 1]
 
     def __getitem__(self, x: float) -> Rate:
         return self.rates[self.band(x)]

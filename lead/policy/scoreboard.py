@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from lead.policy.acceptance import MAX_ALPHA, Bands, Rate, agreement, draft_outcome
 from shared.bounded import Lru
@@ -51,9 +52,17 @@ class Scale:
                       for low, p in self.priors})
 
     def p_accept(self, bands: Bands, known: float, alpha: float) -> float:
-        prior = dict(self.priors)[bands.band(known)]
+        return self.p_band(bands, bands.band(known), alpha)
+
+    def p_band(self, bands: Bands, band: float, alpha: float) -> float:
+        """The acceptance probability of a token in band `band`."""
+        prior = self.prior_of[band]
         over = (WEIGHT * alpha, WEIGHT * (1 - alpha)) if prior is None else (0.0, 0.0)
-        return bands[known].given(over)
+        return bands.rates[band].given(over)
+
+    @cached_property
+    def prior_of(self) -> dict[float, float | None]:
+        return dict(self.priors)
 
 
 @dataclass(frozen=True)
@@ -155,7 +164,15 @@ class Scoreboard:
         probability that lead accepts it, given the ones before it."""
         record = self.record_of(key)
         bands, alpha = record.bands.get(scale.name) or scale.bands(), record.alpha
-        return tuple(scale.p_accept(bands, k, alpha) for k in known)
+        per_band: dict[float, float] = {}  # a draft's tokens fall in a few bands
+        out = []
+        for k in known:
+            band = bands.band(k)
+            p = per_band.get(band)
+            if p is None:
+                p = per_band[band] = scale.p_band(bands, band, alpha)
+            out.append(p)
+        return tuple(out)
 
     @property
     def leader(self) -> Record:
