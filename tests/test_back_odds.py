@@ -56,6 +56,14 @@ def test_outcomes_are_counted_per_band_up_to_the_first_miss() -> None:
         pytest.approx(((0 + WEIGHT * 0.5) / (1 + WEIGHT),))
 
 
+def test_a_band_is_the_highest_lower_end_at_or_below_what_is_known() -> None:
+    bands = Q.bands()
+    for x in [-1.0, 0.0, 0.05, 0.3, 0.5, 0.85, 0.849, 0.99, 1.0, 7.0]:
+        assert bands.band(x) == max(b for b in bands.rates if b <= max(x, bands.lowest))
+    with pytest.raises(ValueError):
+        bands.band(float("nan"))
+
+
 def test_only_the_latest_drafters_are_kept() -> None:
     scores = Scoreboard(kept=2)
     for key in ("a", "b", "c"):
