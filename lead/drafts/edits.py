@@ -62,8 +62,8 @@ def drafted(tokens: Sequence[int], src: int, changes: Changes, most: int,
     while len(out) < most:
         if i >= n and (source is not None or i - n >= len(out)):
             break
-        old = None if i >= n else next((o for o in changes if tuple(text[i:i + len(o)]) == o),
-                                       None)
+        old = None if i >= n or not changes else next(
+            (o for o in changes if tuple(text[i:i + len(o)]) == o), None)
         if old is None:  # past the sequence's end the copy reads itself
             out.append((text[i] if i < n else out[i - n][0], i + 1, None))
             i += 1
