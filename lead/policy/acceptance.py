@@ -98,10 +98,9 @@ class Bands:
         self._lows = sorted(self.rates)  # (looked up per draft token at every step)
 
     def band(self, x: float) -> float:
-        y = max(x, self.lowest)
-        if y != y:  # NaN: no band, as max() of nothing says
+        if x != x:  # NaN: no band
             raise ValueError(f"no band for {x}")
-        return self._lows[bisect_right(self._lows, y) - 1]
+        return self._lows[bisect_right(self._lows, x) - 1] if x > self.lowest else self.lowest
 
     def __getitem__(self, x: float) -> Rate:
         return self.rates[self.band(x)]
