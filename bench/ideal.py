@@ -171,7 +171,7 @@ def replayed_ideal(cost: Cost, agrees: Sequence[bool], draft_s: float, max_draft
 
 
 def best_length(cost: Cost, p_accept: Sequence[float]) -> int:
-    """The length of a draft whose tokens are right with `odds` (each given the ones before
+    """The length of a draft whose tokens are right with `p_accept` (each given the ones before
     it) that emits the most tokens a second (0: plain decoding pays best)."""
     best, chosen, reach, expected = 1.0 / cost(1), 0, 1.0, 1.0
     for k, p in enumerate(p_accept, 1):
@@ -185,7 +185,7 @@ def best_length(cost: Cost, p_accept: Sequence[float]) -> int:
 def per_token_ideal(cost: Cost, agrees: Sequence[bool], p_accept: Sequence[float], draft_s: float,
                     max_draft: int, covers: Sequence[bool] | None = None) -> float:
     """replayed_ideal with acceptance per token: each step verifies as much of the ready
-    draft as pays for its own tokens' odds (`odds[j]`: that the draft's token at reply
+    draft as pays for its own tokens' probabilities (`p_accept[j]`: that the draft's token at reply
     position j is right, as lead would price it), not the best fixed K for all steps."""
     if not agrees:
         return 1.0
@@ -198,7 +198,7 @@ def per_token_ideal(cost: Cost, agrees: Sequence[bool], p_accept: Sequence[float
 def band_p_accept(agrees: Sequence[Sequence[bool]], probs: Sequence[Sequence[float]],
               bands: Sequence[float]) -> list[list[float]]:
     """Per reply and position, the share of all replies' draft tokens right in the band of
-    the draft's probability of that token (its lower end in `bands`): odds as lead learns
+    the draft's probability of that token (its lower end in `bands`): probabilities as lead learns
     them per band of q (lead/drafts/board.py `Q`), measured on the replies themselves."""
     def band(q: float) -> float:
         return max([b for b in bands if b <= q], default=min(bands))

@@ -99,7 +99,7 @@ def _offered(board: DraftBoard, own: OwnDrafts, cost: CostModel, sid: str, token
 
 def replay_all(pairs: Sequence[tuple[list[int], list[int]]], points: dict[int, float],
                oracle: bool = False) -> list[Replayed]:
-    """Every reply in order, one lead: what earlier replies taught its odds carries over."""
+    """Every reply in order, one lead: what earlier replies taught it carries over."""
     own, cost = OwnDrafts(LONGEST, 65536), CostModel(max_draft=8, longest=LONGEST)
     price = relative(points)
     cost.fix_prices([price(b) for b in range(2, 2 * LONGEST + 2)])

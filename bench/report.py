@@ -284,13 +284,13 @@ def _replayed_branches(data: dict, alone: list[Result], speedup: float) -> dict:
     if data.get("draft_q"):
         ideals["branch_bound_per_token"] = per_token = _per_token(data, alone)
         print(f"the same with acceptance per token (each step verifies as far as pays for "
-              f"its draft's own odds, by band of the draft's q as lead prices a back's): "
+              f"its draft's own probabilities, by band of the draft's q as lead prices a back's): "
               f"{per_token:.2f}x; duo = {speedup / per_token:.2f} of it")
     return ideals
 
 
 def _per_token(data: dict, alone: list[Result]) -> float:
-    """The replayed ideal with branches, each step's length chosen by its tokens' odds."""
+    """The replayed ideal with branches, each step's length chosen by its tokens' probabilities."""
     from bench.ideal import band_p_accept, padded, per_token_ideal
     from lead.drafts.board import Q
     from lead.server.settings import LeadSettings

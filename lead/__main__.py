@@ -14,7 +14,9 @@ from shared.presets import ModelError
 
 # flags that are gone, each with why (a one-line error, not argparse's "unrecognized")
 REMOVED = {"--tree": "lead-side trees were removed: lead verifies chains (a back's branches "
-                     "are still used, as its next draft after a rejection; docs/cost-model.md)"}
+                     "are still used, as its next draft after a rejection; docs/cost-model.md)",
+           "--max-poll-s": "gone, with the long-polls (GET /duo/state): backs hear every "
+                           "session's news on the link (GET /duo/link), which waits for none"}
 DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
                "draft tokens posted by backs (python -m back --lead HOST:PORT).")
 

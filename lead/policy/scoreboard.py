@@ -51,9 +51,6 @@ class Scale:
                       Rate((0.0, 0.0), self.decay, right=p * WEIGHT, wrong=(1 - p) * WEIGHT)
                       for low, p in self.priors})
 
-    def p_accept(self, bands: Bands, known: float, alpha: float) -> float:
-        return self.p_band(bands, bands.band(known), alpha)
-
     def p_band(self, bands: Bands, band: float, alpha: float) -> float:
         """The acceptance probability of a token in band `band`."""
         prior = self.prior_of[band]
@@ -108,9 +105,9 @@ class Record:
         return True
 
     def p_accept(self, n: int, first: bool = False) -> list[float]:
-        """Odds of a draft of n tokens known only by its drafter's acceptance: each right
-        with alpha given the ones before it (its first, at a reply's first step, with the
-        first-token estimate)."""
+        """Acceptance probabilities of a draft of n tokens known only by its drafter's
+        acceptance: each right with alpha given the ones before it (its first, at a reply's
+        first step, with the first-token estimate)."""
         a = min(self.alpha, MAX_ALPHA)
         return [self.first.value if first else a, *[a] * (n - 1)][:n]
 

@@ -191,9 +191,6 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
         json_schema_extra=cli(SERVING))
     max_body_kb: int = Field(1024, ge=1, description="largest request body accepted, in KiB",
         json_schema_extra=cli(SERVING))
-    max_poll_s: float | None = Field(None, description="gone, with the long-polls: backs "
-                                     "hear news on the link",
-        json_schema_extra=cli(BACKS))
     max_draft_posts: float = Field(500.0, gt=0, description="draft posts per second allowed "
                                    "from one back, and four backs' worth from one address "
                                    "(more get 429)",
@@ -207,14 +204,6 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
     @classmethod
     def _context(cls, value: int) -> int:
         return check_context(value)
-
-    @field_validator("max_poll_s")
-    @classmethod
-    def _gone(cls, value: float | None) -> None:
-        if value is None:
-            return None
-        raise ValueError("gone, with the long-polls (GET /duo/state): backs hear every "
-                         "session's news on the link (GET /duo/link), which waits for none")
 
     @field_validator("verify_cost")
     @classmethod

@@ -4,7 +4,7 @@ lead and the fakes share it). Its output is then checked as any grammar is
 converter itself (recursive Python, on lead's event loop) to a bounded input.
 
 A string's min/maxLength and an array's min/maxItems are written x{m,n} (shared/
-llm_grammar.py), which llama.cpp unrolls up to MAX_REPEAT; a pattern's {m,n} the converter
+llama/grammar.py), which llama.cpp unrolls up to MAX_REPEAT; a pattern's {m,n} the converter
 writes as n - m nested groups, held well under MAX_NESTING. OpenAI's structured outputs
 allow 10 levels of nesting, 5,000 properties and 1,000 enum values; a 128 KiB schema of
 1,000 properties converts to a grammar of 155 KiB, in 0.09 s.

@@ -343,7 +343,7 @@ class Hello(BaseModel):
 
 
 class Posted(BaseModel):
-    """Back to lead on the link: a draft post (as POST /duo/draft takes it)."""
+    """Back to lead on the link: a draft post (the link's `draft` message)."""
 
     model_config = ConfigDict(extra="forbid")
     type: Literal["draft"] = "draft"
