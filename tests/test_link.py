@@ -254,8 +254,8 @@ class ScriptedLink:
         """The sessions the next update tells of ([]: none within `timeout` seconds)."""
         try:
             update = json.loads(self.ws.receive_text(timeout=timeout))
-        except queue.Empty:
-            return []
+        except (queue.Empty, TimeoutError):  # httpx-ws's timeout: newer versions raise the
+            return []  # latter (from the queue's Empty)
         told = update.get("sessions", [])  # (a refusal: none)
         for news in told:
             held = self.tokens.setdefault(news["session_id"], [])
