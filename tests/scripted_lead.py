@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> None:
                               argv)
     setup_logging(settings.log_level)
     rules = [(when, reply) for when, reply in json.loads(os.environ["SCRIPTED_RULES"])]
-    app = create_app(settings, ScriptedReplies(rules, n_ctx=settings.ctx_size))
+    app = create_app(settings, ScriptedReplies(rules, n_ctx=settings.slot_ctx))
     if os.environ.get("SCRIPTED_RECORD"):
         app.add_middleware(Recorder, path=os.environ["SCRIPTED_RECORD"])
     serve(app, settings.host, settings.port, settings.log_level)

@@ -1,10 +1,11 @@
-"""The context a generation gets when --ctx-size is left to lead (shared/context.py)."""
+"""The context a generation gets: its share of --ctx-size, or lead's choice where that is
+left to it (shared/context.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.context import SMALLEST, WANTED, check_context, choose, kv_bytes_per_token
+from shared.context import SMALLEST, WANTED, check_context, choose, kv_bytes_per_token, slot_share
 
 GIB = 1 << 30
 # Qwen2.5-Coder-1.5B's keys: 28 layers, 2 KV heads of 128 (28 KiB a token in f16)
@@ -48,3 +49,24 @@ def test_ctx_size_is_chosen_or_at_least_64(given: int, ok: bool) -> None:
     else:
         with pytest.raises(ValueError, match="at least 64"):
             check_context(given)
+
+
+@pytest.mark.parametrize(("ctx", "per_slot", "slots", "unified", "share"), [
+    (2048, 0, 2, False, 1024),  # llama-server's -c 2048 -np 2: 1024 a slot
+    (256, 0, 4, False, 64),
+    (1000, 0, 3, False, 333),
+    (2048, 0, 4, True, 2048),  # -kvu (or -np auto): any slot may fill the cache
+    (2048, 512, 2, False, 512),  # --kv-unified-per-slot caps the share
+    (2048, 4096, 2, False, 1024),  # ... never above it
+    (0, 4096, 4, False, 4096),  # without -c it sizes a slot: the cache is 4 x 4096
+    (0, 0, 4, True, 0),  # neither: lead chooses
+])
+def test_a_slot_holds_its_share_of_ctx_size_as_llama_server_splits_it(
+        ctx: int, per_slot: int, slots: int, unified: bool, share: int) -> None:
+    assert slot_share(ctx, per_slot, slots, unified) == share
+
+
+def test_a_share_under_64_tokens_is_refused_naming_the_flags() -> None:
+    with pytest.raises(ValueError, match="--ctx-size 200 over --parallel 4 .* at least 256"):
+        slot_share(200, 0, 4, False)
+    assert slot_share(200, 0, 4, True) == 200  # one slot may hold all 200

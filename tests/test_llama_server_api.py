@@ -62,6 +62,10 @@ def test_props_in_llama_servers_shape() -> None:
     props = c.get("/props").json()
     assert props["total_slots"] == 2 and props["model_alias"] == "coder"
     assert props["default_generation_settings"]["n_ctx"] == model.n_ctx
+    assert props["default_generation_settings"]["params"]["seed"] == -1  # a new one each
+    seeded = client(seed=42, temp=0.7, max_tokens=64)[0].get("/props").json()
+    assert seeded["default_generation_settings"]["params"] == \
+        {"seed": 42, "temperature": 0.7, "n_predict": 64}
 
 
 def test_the_openai_paths_without_v1_answer_as_with_it() -> None:

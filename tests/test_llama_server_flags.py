@@ -50,7 +50,7 @@ def test_llama_servers_other_names_and_values() -> None:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["-ngl", "auto"], "'auto' sizes offloading"),
-    (["--no-kv-unified"], "lead always keeps one KV cache its slots share"),
+    (["-c", "100", "-np", "4"], "--ctx-size 100 over --parallel 4 slots leaves each 25"),
     (["--no-cont-batching"], "lead always decodes its slots' generations in one batch"),
     (["--context-shift"], "lead does not shift the context"),
     (["--chat-template-file", "/nonexistent/t.jinja"], "cannot read /nonexistent/t.jinja"),
@@ -62,6 +62,24 @@ def test_what_lead_cannot_honour_is_an_error_naming_it(
     with pytest.raises(SystemExit) as exit_:
         parse(*argv)
     assert exit_.value.code == 2 and said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "env", "slot"), [
+    (["-c", "2048", "-np", "2"], {}, 1024),  # each slot its share, as llama-server's
+    (["-c", "2048"], {}, 2048),  # -np not given (llama-server's auto): -kvu, 4 slots
+    (["-c", "2048"], {"LEAD_PARALLEL": "2"}, 1024),  # given in the environment
+    (["-c", "2048", "-np", "2", "-kvu"], {}, 2048),
+    (["-c", "2048", "--no-kv-unified"], {}, 512),  # 4 slots, split
+    (["--ctx-per-slot", "4096", "-np", "2"], {}, 4096),
+    (["-c", "8192", "-np", "2", "--kv-unified-per-slot", "1024"], {}, 1024),
+    ([], {}, 0),  # lead chooses
+])
+def test_ctx_size_is_the_caches_total_split_among_the_slots(
+        argv: list[str], env: dict[str, str], slot: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert parse(*argv).slot_ctx == slot
 
 
 def test_help_groups_the_flags_and_shows_llama_servers_names() -> None:
@@ -121,6 +139,7 @@ def test_a_service_units_llama_server_command_line_serves_as_python_m_lead() -> 
         assert back == {"content": text}
         props = httpx.get(f"{url}/props", headers=key).json()
         assert props["model_path"].endswith(".gguf") and props["total_slots"] == 2
+        assert props["default_generation_settings"]["n_ctx"] == 1024  # -c 2048 over 2 slots
         assert httpx.get(f"{url}/models", headers=key).json()["data"][0]["id"] == "my-model"
         done = httpx.post(f"{url}/completion", headers=key, timeout=60, json={
             "prompt": "def add(a, b):", "n_predict": 8, "return_tokens": True}).json()

@@ -13,7 +13,7 @@ from fastapi import APIRouter, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import shapes
-from lead.apis.prepare import chat_ids, chat_prompt
+from lead.apis.prepare import Defaults, chat_ids, chat_prompt
 from lead.decode.engine import Engine
 from shared.model import Model
 from shared.modelthread import Threads
@@ -36,7 +36,8 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(default_factory=list, max_length=MAX_DETOKENIZE)
 
 
-def llama_server_router(engine: Engine, workers: Threads, slots: bool = True) -> APIRouter:
+def llama_server_router(engine: Engine, defaults: Defaults, workers: Threads,
+                        slots: bool = True) -> APIRouter:
     """`slots`: GET /slots answers (llama-server's --slots; else its 501)."""
     router = APIRouter()
     model = engine.model
@@ -64,7 +65,7 @@ def llama_server_router(engine: Engine, workers: Threads, slots: bool = True) ->
 
     @router.get("/props")
     async def props() -> dict[str, Any]:
-        return properties(engine)
+        return properties(engine, defaults)
 
     @router.get("/slots")
     async def slot_list() -> list[dict[str, Any]]:
@@ -110,10 +111,13 @@ def template_prompt(model: Model, body: shapes.ChatRequest) -> str:
     return chat_prompt(model, body)[1]
 
 
-def properties(engine: Engine) -> dict[str, Any]:
-    """What GET /props says, in llama-server's shape, of what lead has."""
+def properties(engine: Engine, defaults: Defaults) -> dict[str, Any]:
+    """What GET /props says, in llama-server's shape, of what lead has: a request that
+    leaves a field out gets `params` (-1: a new seed a request; no reply's end)."""
     model = engine.model
-    return {"default_generation_settings": {"n_ctx": model.n_ctx, "params": {"seed": -1}},
+    params = {"seed": -1 if defaults.seed is None else defaults.seed,
+              "temperature": defaults.temperature, "n_predict": defaults.max_tokens or -1}
+    return {"default_generation_settings": {"n_ctx": model.n_ctx, "params": params},
             "total_slots": engine.n_slots, "model_alias": model.name,
             "model_path": str(getattr(model, "path", model.name)),
             "chat_template": model.chat_template or "",

@@ -121,7 +121,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     app.include_router(openai_router(engine, defaults, workers, card))
     app.include_router(agent_router(engine, defaults, workers))
     app.include_router(infill_router(engine, defaults, workers))
-    app.include_router(llama_server_router(engine, workers, settings.slots))
+    app.include_router(llama_server_router(engine, defaults, workers, settings.slots))
     app.include_router(slot_actions_router(engine, settings.slot_save_path))
     app.include_router(completion_router(engine, defaults, workers))
     app.include_router(embeddings_router(engine, workers, _embedder(settings, model, embedder,
@@ -158,7 +158,7 @@ def _load_target(settings: LeadSettings, threads: int) -> Model:
     more = Tuning(settings.threads_batch, settings.ubatch_size, settings.mmap, settings.mlock,
                   kv_types, settings.swa_full)
     model = load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,
-                       n_ctx=settings.ctx_size, n_batch=settings.batch_size, rpc=settings.rpc,
+                       n_ctx=settings.slot_ctx, n_batch=settings.batch_size, rpc=settings.rpc,
                        tensor_split=settings.tensor_split, flash_attn=settings.flash_attn,
                        slots=settings.parallel, more=more)
     try:

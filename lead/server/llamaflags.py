@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
 from shared.cli import cli
@@ -36,8 +36,11 @@ class LlamaServerFlags(BaseSettings):
                                     json_schema_extra=cli(MODEL, "-ctv"))
     swa_full: bool = Field(False, description="a full-size cache for sliding-window "
                            "attention layers", json_schema_extra=cli(MODEL))
-    kv_unified: bool = Field(True, description="one KV buffer all slots share (lead's "
-                             "always is: -kvu is accepted, --no-kv-unified refused)",
+    kv_unified: bool = Field(False, description="a slot may hold all of --ctx-size, as "
+                             "llama-server's -kvu; lead keeps that room for every slot, so its "
+                             "cache holds --parallel times --ctx-size where llama-server's "
+                             "slots share one (default: on where --parallel is not given, as "
+                             "llama-server's -np auto; off where it is: each slot its share)",
                              json_schema_extra=cli(MODEL, "-kvu"))
     offline: bool = Field(False, description="download nothing: a preset not yet in the "
                           "cache is an error (lead never reaches a model hub)",
@@ -80,13 +83,11 @@ class LlamaServerFlags(BaseSettings):
                                 "a reply there (finish_reason length), so only --no-context-"
                                 "shift is accepted", json_schema_extra=cli(SERVING))
 
-    @field_validator("kv_unified", "cont_batching")
+    @field_validator("cont_batching")
     @classmethod
-    def _always(cls, value: bool, info: ValidationInfo) -> bool:
+    def _always(cls, value: bool) -> bool:
         if not value:
-            why = {"kv_unified": "keeps one KV cache its slots share",
-                   "cont_batching": "decodes its slots' generations in one batch a step"}
-            raise ValueError(f"lead always {why[str(info.field_name)]}")
+            raise ValueError("lead always decodes its slots' generations in one batch a step")
         return value
 
     @field_validator("context_shift")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lead.server.llamaflags import LlamaServerFlags
 from shared.cli import ApiKey, cli
-from shared.context import check_context
+from shared.context import check_context, slot_share
 from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
 
@@ -80,12 +80,17 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
                                                     "batches 7-50 % "
                                                     "dearer at 1-2k tokens of context",
         json_schema_extra=cli(MODEL, "-fa", bare="on"))
-    ctx_size: int = Field(0, ge=0, description="tokens one generation holds, prompt and "
-                          "reply (the KV cache holds --parallel times as many); 0: 32768, "
-                          "enough for a coding agent's prompt, or less where the model was "
-                          "trained for less or the cache would take over a quarter of "
-                          "memory (lead logs what it chose)",
+    ctx_size: int = Field(0, ge=0, description="tokens the KV cache holds, as llama-server's "
+                          "-c: each of --parallel slots holds its share (all of it with "
+                          "--kv-unified, where lead keeps that for every slot); 0: "
+                          "--ctx-per-slot's, or lead's choice: 32768 a slot, enough for a "
+                          "coding agent's prompt, or less where the model was trained for "
+                          "less or the cache would take over a quarter of memory (logged)",
         json_schema_extra=cli(MODEL, "-c"))
+    ctx_per_slot: int = Field(0, ge=0, description="tokens one generation holds, the cache "
+                              "holding --parallel times as many (llama-server's "
+                              "--kv-unified-per-slot); with --ctx-size, the smaller of the two",
+        json_schema_extra=cli(MODEL, "--kv-unified-per-slot"))
     batch_size: int = Field(512, ge=1, description="tokens per batch when evaluating a prompt",
         json_schema_extra=cli(MODEL, "-b"))
     ubatch_size: int = Field(0, ge=0, description="tokens per llama.cpp compute step within "
@@ -135,7 +140,7 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
                             "length that pays from the first reply",
         json_schema_extra=cli(SPECULATION))
     parallel: int = Field(4, ge=1, le=64, description="generations decoded at once, in one "
-                          "batch a step, each drafted for (slots of --ctx-size tokens each)",
+                          "batch a step, each drafted for (slots sharing --ctx-size)",
                           json_schema_extra=cli(SERVING, "-np"))
     cache_reuse: int = Field(0, ge=0, description="llama-server's least prefix chunk reused "
                              "by shifting the cache: lead always reuses a cached prefix (its "
@@ -200,10 +205,28 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
         json_schema_extra=cli(SERVING))
 
 
-    @field_validator("ctx_size")
+    @field_validator("ctx_size", "ctx_per_slot")
     @classmethod
     def _context(cls, value: int) -> int:
         return check_context(value)
+
+    @model_validator(mode="after")
+    def _shares(self) -> LeadSettings:
+        slot_share(self.ctx_size, self.ctx_per_slot, self.parallel, self.unified)
+        return self
+
+    @property
+    def unified(self) -> bool:
+        """-kvu as llama-server reads it: as given, else on where --parallel is not given
+        (its -np auto: four slots that may each fill the cache)."""
+        if "kv_unified" in self.model_fields_set:
+            return self.kv_unified
+        return "parallel" not in self.model_fields_set
+
+    @property
+    def slot_ctx(self) -> int:
+        """The tokens a slot holds (0: lead chooses, shared/context.py)."""
+        return slot_share(self.ctx_size, self.ctx_per_slot, self.parallel, self.unified)
 
     @field_validator("verify_cost")
     @classmethod

@@ -24,8 +24,8 @@ from typing import Any
 import llama_cpp
 
 from shared.chat_template import ChatTemplate
+from shared.context import Context, gib, kv_bytes_per_token, physical_memory
 from shared.context import choose as choose_context
-from shared.context import gib, kv_bytes_per_token, physical_memory
 from shared.llama.chat import BuiltinTemplate
 from shared.llama.grammar import GrammarState, captured, schema_grammar
 from shared.llama.load import (
@@ -71,7 +71,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
         params, self._split = model_params(n_gpu_layers, tensor_split, more.mmap, more.mlock)
         self._model = load_weights(path, params)
         self.metadata = metadata(self._model)
-        shape = ContextShape((n_ctx or self._chosen_context()) * self.n_slots, n_roles,
+        shape = ContextShape(self._slot_context(n_ctx) * self.n_slots, n_roles,
                              n_batch, threads or os.cpu_count() or 1, flash_attn,
                              more.threads_batch, more.n_ubatch, more.kv_types, more.swa_full)
         self._ctx = new_context(self._model, shape, str(path))
@@ -106,12 +106,15 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self._abort_callback = llama_cpp.ggml_abort_callback(self._abort_requested)  # kept: C
         self._evaluating_thread: int | None = None  # see _check_thread
 
-    def _chosen_context(self) -> int:
-        """--ctx-size 0: what an agent's prompt needs, as the model and memory allow."""
-        meta, memory = self.metadata, physical_memory()
-        chosen = choose_context(meta, self.n_slots, memory)
-        log.info("%s: a generation holds %d tokens (%s; --ctx-size to change): %s of KV "
-                 "cache for %d slot%s", self.name, chosen.n_ctx, chosen.why,
+    def _slot_context(self, given: int) -> int:
+        """The tokens a slot holds: as given, or (0) what an agent's prompt needs, as the
+        model and memory allow; logged with the cache they take."""
+        meta = self.metadata
+        chosen = Context(given, "given") if given else choose_context(
+            meta, self.n_slots, physical_memory())
+        log.info("%s: a generation holds %d tokens (%s; --ctx-size sets the cache's total, "
+                 "--ctx-per-slot a slot's): %s of KV cache for %d slot%s", self.name,
+                 chosen.n_ctx, chosen.why,
                  gib(chosen.n_ctx * self.n_slots * kv_bytes_per_token(meta)), self.n_slots,
                  "" if self.n_slots == 1 else "s")
         return chosen.n_ctx
