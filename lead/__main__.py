@@ -17,6 +17,10 @@ REMOVED = {"--tree": "lead-side trees were removed: lead verifies chains (a back
                      "are still used, as its next draft after a rejection; docs/cost-model.md)",
            "--max-poll-s": "gone, with the long-polls (GET /duo/state): backs hear every "
                            "session's news on the link (GET /duo/link), which waits for none"}
+# llama-server's draft model runs in its process; lead's drafts come from backs
+DRAFT_MODEL = ("lead drafts with a back, on this machine or another: python -m back --lead "
+               "HOST:PORT -m FILE")
+REMOVED |= {flag: DRAFT_MODEL for flag in ("-md", "--model-draft", "--spec-draft-model")}
 DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
                "draft tokens posted by backs (python -m back --lead HOST:PORT).")
 
@@ -26,7 +30,8 @@ def main(argv: list[str] | None = None) -> None:
     if argv is None:  # the program itself (not a test calling main): its memory first
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
-    setup_logging("debug" if settings.verbose else settings.log_level)
+    setup_logging(settings.logging_level(settings.log_level, settings.verbose),
+                  settings.log_file)
     if argv is None:  # a fatal signal names its frames, during the model load too
         crashtrace.install()
     from lead.server.app import create_app, lead_placement
@@ -51,8 +56,9 @@ def main(argv: list[str] | None = None) -> None:
             fail(str(exc))
         raise
     model = app.state.engine.model
-    log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
-             model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
+    log.info("model %s: %d tokens vocabulary, context %d; listening on %s://%s:%d",
+             model.name, model.n_vocab, model.n_ctx,
+             "https" if settings.ssl_cert_file else "http", settings.host, settings.port)
     serve(app, settings.host, settings.port, settings.log_level, sockets=sockets)
 
 

@@ -113,9 +113,13 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
     raise AssertionError("unreachable")
 
 
-def setup_logging(level: str) -> None:
+def setup_logging(level: str, file: str | None = None) -> None:
+    """Log at `level` to stderr, and to `file` too where one is given."""
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if file is not None:
+        handlers.append(logging.FileHandler(file, encoding="utf-8"))
     logging.basicConfig(
-        level=level.upper(), stream=sys.stderr,
+        level=level.upper(), handlers=handlers,
         format="%(asctime)s.%(msecs)03d %(name)s %(levelname)s %(message)s", datefmt="%H:%M:%S",
     )
     if level.upper() != "DEBUG":  # one line per HTTP request is noise at info level

@@ -13,10 +13,10 @@ from lead.server.app import create_app
 from tests.conftest import make_settings
 
 # A small context keeps generated max_tokens cheap; a save folder serves the slot actions
-# (without one each is llama-server's 501, by design).
+# and --props POST /props (without them each is llama-server's 501, by design).
 slot_files = tempfile.TemporaryDirectory(prefix="lead-fuzz-slots-")
-app = create_app(make_settings(max_draft_posts=10_000, slot_save_path=slot_files.name),
-                 FakeModel(n_ctx=256))
+app = create_app(make_settings(max_draft_posts=10_000, slot_save_path=slot_files.name,
+                               props=True), FakeModel(n_ctx=256))
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

@@ -81,7 +81,7 @@ def to_chat(body: MessagesRequest) -> tuple[shapes.ChatRequest, Names]:
     switch = thinking(body)
     fields_: dict[str, Any] = {
         "messages": messages, "max_tokens": body.max_tokens, "stop": body.stop_sequences,
-        "temperature": body.temperature, "top_p": body.top_p, "top_k": body.top_k,
+        **shapes.given(body, "temperature", "top_p", "top_k"),
         "stream": body.stream, "response_format": _format(body),
         "chat_template_kwargs": None if switch is None else {"enable_thinking": switch}}
     names = {"stop": "stop_sequences", "tool_choice.function": "tool_choice",

@@ -37,7 +37,7 @@ class DetokenizeRequest(BaseModel):
 
 
 def llama_server_router(engine: Engine, defaults: Defaults, workers: Threads,
-                        slots: bool = True) -> APIRouter:
+                        slots: bool = True, props_change: bool = False) -> APIRouter:
     """`slots`: GET /slots answers (llama-server's --slots; else its 501)."""
     router = APIRouter()
     model = engine.model
@@ -66,6 +66,13 @@ def llama_server_router(engine: Engine, defaults: Defaults, workers: Threads,
     @router.get("/props")
     async def props() -> dict[str, Any]:
         return properties(engine, defaults)
+
+    @router.post("/props")
+    async def change_props() -> dict[str, Any]:
+        if not props_change:  # llama-server's words
+            raise NotServed("This server does not support changing global properties. "
+                            "Start it with `--props`")
+        return {"success": True}  # as llama-server's: no property changes there either
 
     @router.get("/slots")
     async def slot_list() -> list[dict[str, Any]]:
@@ -116,7 +123,8 @@ def properties(engine: Engine, defaults: Defaults) -> dict[str, Any]:
     leaves a field out gets `params` (-1: a new seed a request; no reply's end)."""
     model = engine.model
     params = {"seed": -1 if defaults.seed is None else defaults.seed,
-              "temperature": defaults.temperature, "n_predict": defaults.max_tokens or -1}
+              "temperature": defaults.temperature, "n_predict": defaults.max_tokens or -1,
+              **defaults.samplers}
     return {"default_generation_settings": {"n_ctx": model.n_ctx, "params": params},
             "total_slots": engine.n_slots, "model_alias": model.name,
             "model_path": str(getattr(model, "path", model.name)),

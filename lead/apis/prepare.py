@@ -7,7 +7,10 @@ wrong, raised from here as from the event loop.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from lead.apis import shapes, structured, toolreply
 from lead.apis.thinking import ThinkSplit, starts_inside
@@ -47,6 +50,8 @@ class Defaults:
     seed: int | None = None
     reasoning: bool = True  # a thinking model's reasoning apart from the content (else in it)
     verbose: bool = False  # every whole chat reply with llama-server's __verbose (--verbose)
+    # --top-k, --min-p, ...: what a request that leaves such a field out gets
+    samplers: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 def prepare_chat(model: Model, defaults: Defaults, body: shapes.ChatRequest) -> Prepared:
@@ -106,7 +111,7 @@ def gen_request(model: Model, defaults: Defaults, body: shapes.CommonRequest,
         raise shapes.FieldRefused("logit_bias", f"logit_bias: token id {outside[0]} is outside "
                                              f"the vocabulary (0-{model.n_vocab - 1})")
     forced = toolreply.forced_grammar(plan, model) if plan is not None else None
-    params = dry.with_restarts(body.sampling(defaults.temperature), model)  # breakers as ids
+    params = dry.with_restarts(body.sampling(defaults.temperature, defaults.samplers), model)
     if body.seed is None and defaults.seed is not None:
         params = params.model_copy(update={"seed": defaults.seed})
     constrained = structured.constraint_of(body, model, forced)

@@ -79,7 +79,7 @@ def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names, Tools]:
     logprobs = LOGPROBS in (body.include or []) or bool(body.top_logprobs)
     effort = thinking(body)
     fields_ = {"messages": messages, "max_tokens": body.max_output_tokens,
-               "temperature": body.temperature, "top_p": body.top_p, "stream": body.stream,
+               **shapes.given(body, "temperature", "top_p"), "stream": body.stream,
                "response_format": _format(body.text), "logprobs": logprobs or None,
                "top_logprobs": body.top_logprobs if logprobs else None,
                "reasoning_effort": None if effort is None else ("low" if effort else "none")}

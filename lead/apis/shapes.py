@@ -9,7 +9,7 @@ from __future__ import annotations
 import codecs
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal
 
@@ -93,6 +93,12 @@ class ResponseFormat(BaseModel):
         return self.type != "text"
 
 
+def given(body: BaseModel, *names: str) -> dict[str, Any]:
+    """The fields the client set, of `names`: a field left out stays out of the chat
+    request made of it, so lead's sampling flags fill it as they would the chat's own."""
+    return {name: getattr(body, name) for name in names if name in body.model_fields_set}
+
+
 class CommonRequest(LlamaSamplers):
     # Fields not declared here (or in LlamaSamplers) are kept in model_extra for
     # check_served to judge.
@@ -129,15 +135,21 @@ class CommonRequest(LlamaSamplers):
     def stops(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
-    def sampling(self, default_temperature: float) -> SamplingParams:
+    def sampling(self, default_temperature: float,
+                 preset: Mapping[str, Any] | None = None) -> SamplingParams:
+        """The request's sampling; a field it leaves out takes `preset`'s value where that
+        has one (lead's --top-k, --min-p, ...)."""
         temperature = default_temperature if self.temperature is None else self.temperature
-        return SamplingParams(temperature=temperature, top_k=self.top_k, top_p=self.top_p,
-                              min_p=self.min_p, seed=self.seed,
-                              frequency_penalty=self.frequency_penalty or 0.0,
-                              presence_penalty=self.presence_penalty or 0.0,
-                              repeat_penalty=self.repeat_penalty,
-                              repeat_last_n=self.repeat_last_n,
-                              logit_bias=self.logit_bias or {}, **self.llama_sampling())
+        params = SamplingParams(temperature=temperature, top_k=self.top_k, top_p=self.top_p,
+                                min_p=self.min_p, seed=self.seed,
+                                frequency_penalty=self.frequency_penalty or 0.0,
+                                presence_penalty=self.presence_penalty or 0.0,
+                                repeat_penalty=self.repeat_penalty,
+                                repeat_last_n=self.repeat_last_n,
+                                logit_bias=self.logit_bias or {}, **self.llama_sampling())
+        unset = {k: v for k, v in (preset or {}).items()
+                 if k not in self.model_fields_set or getattr(self, k) is None}
+        return params.model_copy(update=unset) if unset else params
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens

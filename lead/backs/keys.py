@@ -20,6 +20,7 @@ def _bearer(key: str | None) -> bytes | None:
 class Keys:
     api_key: str | None = None
     back_key: str | None = None  # None: the API key
+    more_keys: tuple[str, ...] = ()  # --api-key-file's: each admits as the API key does
 
     @property
     def _api(self) -> bytes | None:
@@ -33,6 +34,7 @@ class Keys:
         """Whether a request with this Authorization header may go on: anyone where there is
         no API key; else the API key, or on the back protocol's routes the back key too."""
         return self._api is None or _equal(authorization, self._api) or \
+            any(_equal(authorization, _bearer(k)) for k in self.more_keys) or \
             (back_route and _equal(authorization, self._back))
 
     def trusted_back(self, authorization: bytes) -> bool:

@@ -111,17 +111,19 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     # before the lifespan ends, and the page's live stream would never end by itself.
     app.state.on_exit = live.close
     install_error_handlers(app)
-    keys = Keys(settings.api_key, settings.back_key)
+    keys = Keys(settings.first_api_key, settings.back_key, tuple(settings.api_keys()))
     app.add_middleware(Gate, limit=settings.max_body_kb * 1024, keys=keys)
     # outside the gate: a browser's preflight carries no key
     app.add_middleware(Cors, **cors_options(settings.cors_origins))
     app.add_middleware(RequestLog)
     defaults = Defaults(settings.max_tokens, settings.temp, settings.seed,
-                        settings.reasoning_format != "none", settings.verbose)
+                        settings.reasoning_format != "none", settings.verbose,
+                        settings.sampler_preset())
     app.include_router(openai_router(engine, defaults, workers, card))
     app.include_router(agent_router(engine, defaults, workers))
     app.include_router(infill_router(engine, defaults, workers))
-    app.include_router(llama_server_router(engine, defaults, workers, settings.slots))
+    app.include_router(llama_server_router(engine, defaults, workers, settings.slots,
+                                       settings.props))
     app.include_router(slot_actions_router(engine, settings.slot_save_path))
     app.include_router(completion_router(engine, defaults, workers))
     app.include_router(embeddings_router(engine, workers, _embedder(settings, model, embedder,
@@ -135,7 +137,7 @@ def create_app(settings: LeadSettings, target: Model | None = None,
     async def health() -> dict[str, Any]:
         # api_key: whether a key is needed, so that the page asks for one before any 401
         return {"status": "ok", "model": model.name, "busy": engine.busy,
-                "slots": engine.n_slots, "api_key": settings.api_key is not None}
+                "slots": engine.n_slots, "api_key": keys.api_key is not None}
 
     if settings.metrics:
         @app.get("/metrics")

@@ -73,6 +73,8 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
                           # the link's frames: one up to the limit (max_body_kb) gets a
                           # 413 and the link stays; one over twice that ends the link (1009)
                           ws_max_size=2 * app.state.settings.max_body_kb * 1024,
+                          ssl_keyfile=app.state.settings.ssl_key_file,
+                          ssl_certfile=app.state.settings.ssl_cert_file,
                           http=protocol_class(app.state.settings.write_timeout,
                                               app.state.engine.metrics.count_cut))
 
@@ -83,7 +85,7 @@ def serve(app: FastAPI, host: str, port: int, log_level: str = "info",
     as llama-server takes them, at port here if not given); in-flight requests get up to
     `drain_s` to finish."""
     for address in host.split(","):
-        warning = exposure_warning(address.strip(), app.state.settings.api_key)
+        warning = exposure_warning(address.strip(), app.state.settings.first_api_key)
         if warning is not None:
             log.warning("%s", warning)
     bound = sockets if sockets is not None else bound_sockets(host, port)

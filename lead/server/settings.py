@@ -8,7 +8,9 @@ from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from lead.server.llamaflags import LlamaServerFlags
-from shared.cli import ApiKey, cli
+from lead.server.samplerflags import SamplerFlags
+from lead.server.serveflags import ServeFlags
+from shared.cli import ApiKey, check_api_key, cli
 from shared.context import check_context, slot_share
 from shared.devicesettings import DeviceChecks
 from shared.placement import parse_cpus
@@ -45,7 +47,7 @@ def parse_costs(text: str) -> list[float]:
     return costs
 
 
-class LeadSettings(LlamaServerFlags, DeviceChecks):
+class LeadSettings(LlamaServerFlags, SamplerFlags, ServeFlags, DeviceChecks):
     model_config = SettingsConfigDict(env_prefix="LEAD_", extra="ignore")
 
     model: str = Field("qwen2.5-coder-1.5b", description="GGUF path or preset name "
@@ -110,7 +112,7 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
     mmap: bool = Field(True, description="map the model file (--no-mmap: read it whole)",
                        json_schema_extra=cli(MODEL))
     max_draft: int = Field(8, ge=0, le=64, description="most draft tokens verified per step",
-        json_schema_extra=cli(SPECULATION))
+        json_schema_extra=cli(SPECULATION, "--spec-draft-n-max"))
     ngram: bool = Field(True, description="lead's own drafts, model-free: what followed the "
                         "longest earlier match of the reply's last tokens in the prompt and "
                         "reply, verified where the cost model says they pay (edits, code "
@@ -215,6 +217,14 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
         slot_share(self.ctx_size, self.ctx_per_slot, self.parallel, self.unified)
         return self
 
+    @model_validator(mode="after")
+    def _tls_and_keys(self) -> LeadSettings:
+        if (self.ssl_key_file is None) != (self.ssl_cert_file is None):
+            raise ValueError("--ssl-key-file and --ssl-cert-file go together")
+        for key in self.api_keys():
+            check_api_key(key)
+        return self
+
     @property
     def unified(self) -> bool:
         """-kvu as llama-server reads it: as given, else on where --parallel is not given
@@ -222,6 +232,11 @@ class LeadSettings(LlamaServerFlags, DeviceChecks):
         if "kv_unified" in self.model_fields_set:
             return self.kv_unified
         return "parallel" not in self.model_fields_set
+
+    @property
+    def first_api_key(self) -> str | None:
+        """--api-key, else --api-key-file's first: whether clients need a key at all."""
+        return self.api_key or next(iter(self.api_keys()), None)
 
     @property
     def slot_ctx(self) -> int:

@@ -1,0 +1,70 @@
+"""llama-server's serving and logging flags that lead takes under their names: each does
+what it does there, or is accepted saying why it changes nothing here."""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings
+
+from shared.cli import cli
+
+SERVING = "serving"
+# -lv: llama-server's verbosity thresholds as lead's log levels
+VERBOSITY = {0: "error", 1: "error", 2: "warning", 3: "info", 4: "debug", 5: "debug"}
+
+
+class ServeFlags(BaseSettings):
+    props: bool = Field(False, description="POST /props answers (llama-server's: it changes "
+                        "no property there either); without it, its 501",
+                        json_schema_extra=cli(SERVING))
+    api_key_file: str | None = Field(None, description="a file of API keys, one a line ('#' "
+                                     "starts a comment), each admitted as --api-key is",
+                                     json_schema_extra=cli(SERVING))
+    ssl_key_file: str | None = Field(None, description="serve HTTPS with this PEM key "
+                                     "(with --ssl-cert-file)", json_schema_extra=cli(SERVING))
+    ssl_cert_file: str | None = Field(None, description="serve HTTPS with this PEM "
+                                      "certificate (with --ssl-key-file)",
+                                      json_schema_extra=cli(SERVING))
+    log_file: str | None = Field(None, description="log to this file too",
+                                 json_schema_extra=cli(SERVING))
+    log_disable: bool = Field(False, description="log errors only (llama-server's: nothing)",
+                              json_schema_extra=cli(SERVING))
+    verbosity: int | None = Field(None, ge=0, le=5, description="llama-server's log "
+                                  "threshold: 0-1 errors, 2 warnings, 3 info, 4-5 debug "
+                                  "(as --log-level)",
+                                  json_schema_extra=cli(SERVING, "-lv", "--log-verbosity"))
+    warmup: bool = Field(True, description="llama-server's empty warm-up run: lead's "
+                         "startup pricing runs the model anyway (--no-calibrate skips "
+                         "that), so this is accepted and changes nothing",
+                         json_schema_extra=cli(SERVING))
+    threads_http: int = Field(0, ge=0, description="llama-server's HTTP threads: lead's "
+                              "HTTP is one event loop that never waits on the model, so this "
+                              "is accepted and changes nothing", json_schema_extra=cli(SERVING))
+
+    @field_validator("api_key_file", "ssl_key_file", "ssl_cert_file")
+    @classmethod
+    def _readable(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                with open(value, encoding="utf-8") as f:
+                    f.read(1)
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"cannot read {value}: {getattr(exc, 'strerror', exc)}") \
+                    from None
+        return value
+
+    def api_keys(self) -> list[str]:
+        """--api-key-file's keys, in order (comments and blank lines skipped)."""
+        if self.api_key_file is None:
+            return []
+        with open(self.api_key_file, encoding="utf-8") as f:
+            lines = [line.strip() for line in f]
+        return [line for line in lines if line and not line.startswith("#")]
+
+    def logging_level(self, level: str, verbose: bool) -> str:
+        """The level lead logs at: --verbose, -lv or --log-disable over --log-level."""
+        if verbose:
+            return "debug"
+        if self.verbosity is not None:
+            return VERBOSITY[self.verbosity]
+        return "error" if self.log_disable else level
