@@ -149,3 +149,25 @@ def test_ssl_flags_serve_https(tmp_path: Path) -> None:
     finally:
         lead.terminate()
         lead.wait(30)
+
+
+@pytest.mark.parametrize(("argv", "reasoning"), [
+    ([], "auto"), (["--reasoning-budget", "-1"], "auto"), (["--reasoning-budget", "0"], "off"),
+    (["--chat-template-kwargs", '{"enable_thinking": false}'], "off"),
+    (["--chat-template-kwargs", '{"enable_thinking": true}'], "on"),
+])
+def test_llama_servers_other_reasoning_switches(argv: list[str], reasoning: str) -> None:
+    assert parse(*argv).reasoning == reasoning
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--reasoning-budget", "512"], "lead ends no reasoning at a token budget"),
+    (["--chat-template-kwargs", '{"custom": 1}'], "enable_thinking (true or false) only"),
+    (["--chat-template-kwargs", "[1]"], "a JSON object"),
+    (["--chat-template-kwargs", "{"], "not JSON"),
+])
+def test_reasoning_switches_lead_cannot_honour_are_one_line_errors(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert said in capsys.readouterr().err

@@ -3,6 +3,8 @@ what it does there, or is accepted saying why it changes nothing here."""
 
 from __future__ import annotations
 
+import json
+
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
@@ -11,6 +13,23 @@ from shared.cli import cli
 SERVING = "serving"
 # -lv: llama-server's verbosity thresholds as lead's log levels
 VERBOSITY = {0: "error", 1: "error", 2: "warning", 3: "info", 4: "debug", 5: "debug"}
+
+
+def thinking_switch(kwargs: str) -> bool | None:
+    """--chat-template-kwargs' enable_thinking (None: not given); ValueError for JSON that
+    is not an object, or for an argument lead's templates do not take."""
+    try:
+        parsed = json.loads(kwargs)
+    except ValueError:
+        raise ValueError("not JSON: give an object, e.g. '{\"enable_thinking\": false}'") \
+            from None
+    if not isinstance(parsed, dict):
+        raise ValueError("a JSON object, e.g. '{\"enable_thinking\": false}'")
+    other = sorted(set(parsed) - {"enable_thinking"})
+    if other or not isinstance(parsed.get("enable_thinking", False), bool):
+        raise ValueError(f"lead's templates take enable_thinking (true or false) only, not "
+                         f"{', '.join(other) or repr(parsed['enable_thinking'])}")
+    return parsed.get("enable_thinking")
 
 
 class ServeFlags(BaseSettings):
@@ -40,6 +59,30 @@ class ServeFlags(BaseSettings):
     threads_http: int = Field(0, ge=0, description="llama-server's HTTP threads: lead's "
                               "HTTP is one event loop that never waits on the model, so this "
                               "is accepted and changes nothing", json_schema_extra=cli(SERVING))
+
+    reasoning_budget: int = Field(-1, ge=-1, description="a thinking model's reasoning "
+                                  "budget, as llama-server's: -1 none, 0 reasoning off (as "
+                                  "--reasoning off); lead cuts no reasoning at a count",
+                                  json_schema_extra=cli(SERVING))
+    chat_template_kwargs: str | None = Field(None, description="the template's arguments, as "
+                                             "JSON: lead's templates take enable_thinking (as "
+                                             "--reasoning on/off)",
+                                             json_schema_extra=cli(SERVING))
+
+    @field_validator("reasoning_budget")
+    @classmethod
+    def _budget(cls, value: int) -> int:
+        if value > 0:
+            raise ValueError("lead ends no reasoning at a token budget: -1 (none) or 0 "
+                             "(reasoning off)")
+        return value
+
+    @field_validator("chat_template_kwargs")
+    @classmethod
+    def _kwargs(cls, value: str | None) -> str | None:
+        if value is not None:
+            thinking_switch(value)
+        return value
 
     @field_validator("api_key_file", "ssl_key_file", "ssl_cert_file")
     @classmethod

@@ -9,7 +9,7 @@ from pydantic_settings import SettingsConfigDict
 
 from lead.server.llamaflags import LlamaServerFlags
 from lead.server.samplerflags import SamplerFlags
-from lead.server.serveflags import ServeFlags
+from lead.server.serveflags import ServeFlags, thinking_switch
 from shared.cli import ApiKey, check_api_key, cli
 from shared.context import check_context, slot_share
 from shared.devicesettings import DeviceChecks
@@ -215,6 +215,18 @@ class LeadSettings(LlamaServerFlags, SamplerFlags, ServeFlags, DeviceChecks):
     @model_validator(mode="after")
     def _shares(self) -> LeadSettings:
         slot_share(self.ctx_size, self.ctx_per_slot, self.parallel, self.unified)
+        return self
+
+    @model_validator(mode="after")
+    def _reasoning_switches(self) -> LeadSettings:
+        """llama-server's other ways to say --reasoning: a budget of 0 and the template's
+        enable_thinking."""
+        switch = thinking_switch(self.chat_template_kwargs) \
+            if self.chat_template_kwargs else None
+        if self.reasoning_budget == 0 or switch is False:
+            self.reasoning = "off"
+        elif switch:
+            self.reasoning = "on"
         return self
 
     @model_validator(mode="after")
