@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> None:
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging("debug" if settings.verbose else settings.log_level)
+    if settings.list_devices:  # as llama-server: the list, and exit
+        print_devices(settings.rpc)
+        return
     if argv is None:  # a fatal signal names its frames, during the model load too
         crashtrace.install()
     from lead.server.app import create_app, lead_placement
@@ -54,6 +57,16 @@ def main(argv: list[str] | None = None) -> None:
     log.info("model %s: %d tokens vocabulary, context %d; listening on http://%s:%d",
              model.name, model.n_vocab, model.n_ctx, settings.host, settings.port)
     serve(app, settings.host, settings.port, settings.log_level, sockets=sockets)
+
+
+def print_devices(rpc: str | None) -> None:
+    """--list-devices: the devices --device may name (--rpc's servers' among them)."""
+    from shared.llama.load import list_devices  # the llama.cpp edge, only when asked
+
+    try:
+        print(list_devices(rpc))
+    except ModelError as exc:
+        fail(str(exc))
 
 
 def refuse_removed(argv: list[str]) -> None:
