@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
     setup_logging(settings.logging_level(settings.log_level, settings.verbose),
                   settings.log_file)
+    if settings.list_devices:  # as llama-server: the list, and exit
+        print_devices(settings.rpc)
+        return
     if argv is None:  # a fatal signal names its frames, during the model load too
         crashtrace.install()
     from lead.server.app import create_app, lead_placement
@@ -60,6 +63,16 @@ def main(argv: list[str] | None = None) -> None:
              model.name, model.n_vocab, model.n_ctx,
              "https" if settings.ssl_cert_file else "http", settings.host, settings.port)
     serve(app, settings.host, settings.port, settings.log_level, sockets=sockets)
+
+
+def print_devices(rpc: str | None) -> None:
+    """--list-devices: the devices --device may name (--rpc's servers' among them)."""
+    from shared.llama.load import list_devices  # the llama.cpp edge, only when asked
+
+    try:
+        print(list_devices(rpc))
+    except ModelError as exc:
+        fail(str(exc))
 
 
 def refuse_removed(argv: list[str]) -> None:

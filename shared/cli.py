@@ -49,21 +49,35 @@ def _help(description: str, default: Any) -> str:
     return f"{description} (default: {default})"
 
 
-def cli(group: str, *flags: str, bare: str | None = None) -> dict[str, Any]:
+def cli(group: str, *flags: str, bare: str | None = None,
+        repeat: bool = False) -> dict[str, Any]:
     """A field's CLI extras: its --help section, more names for its flag (`-c`, a short
-    one first, or llama-server's), and what the flag means given bare (`-fa`: on)."""
+    one first, or llama-server's), what the flag means given bare (`-fa`: on), and
+    whether it may be given again, adding to its list (`-ot a=CPU -ot b=CPU`: a=CPU,b=CPU)."""
     short = [f[1:] for f in flags[:1] if not f.startswith("--") and len(f) == 2]
     extra: dict[str, Any] = {"group": group, "flags": [f for f in flags if f[1:] not in short]}
     if short:
         extra["short"] = short[0]
     if bare is not None:
         extra["bare"] = bare
+    if repeat:
+        extra["repeat"] = True
     return extra
+
+
+class _Join(argparse.Action):
+    """A flag given again: its values joined with commas, as llama-server adds each."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, values if before is None else f"{before},{values}")
 
 
 def _extra(field: Any) -> dict[str, Any]:
     """A field's CLI extras: `short` (-x), `flags` (more names, e.g. llama-server's),
-    `bare` (the value a flag given without one means), `group` (its --help section)."""
+    `bare` (the value a flag given without one means), `repeat` (given again: added to),
+    `group` (its --help section)."""
     extra = field.json_schema_extra
     return extra if isinstance(extra, dict) else {}
 
@@ -89,12 +103,14 @@ def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse
                                action=argparse.BooleanOptionalAction,
                                default=argparse.SUPPRESS, help=help_text)
             continue
-        bare = {"nargs": "?", "const": extra["bare"]} if "bare" in extra else {}
+        how = {"nargs": "?", "const": extra["bare"]} if "bare" in extra else {}
+        if extra.get("repeat"):
+            how["action"] = _Join
         # a field that reads words itself (-ngl all) gets them as text
         words = any(isinstance(m, BeforeValidator) for m in field.metadata)
         where.add_argument(*_flags(name, extra), dest=name,
                            type=str if words else _flag_type(field.annotation),
-                           default=argparse.SUPPRESS, help=help_text, **bare)
+                           default=argparse.SUPPRESS, help=help_text, **how)
     return parser
 
 

@@ -91,6 +91,22 @@ def test_a_target_split_over_two_servers_answers_as_a_local_one(
         split.stop()
 
 
+def test_device_picks_among_the_rpc_servers_as_llama_server_names_them(
+        servers: list[RpcServer]) -> None:
+    endpoints = ",".join(str(s.endpoint) for s in servers)  # their devices: RPC0, RPC1
+    args = ["-m", "lead", "-m", "smollm2-135m", "--rpc", endpoints, "-ngl", "99"]
+    wrong = Proc([*args, "-dev", "CUDA9"], None, "lead-no-such-device")
+    assert wrong.p.wait(60) == 1
+    assert wrong.log().strip().splitlines()[-1].startswith(
+        "error: --device: no device 'CUDA9' to offload to (devices: RPC0, RPC1"), wrong.log()
+    lead = Lead("smollm2-135m", "--max-draft", "0", *args[4:], "-dev", "RPC1")
+    try:
+        greedy(lead, PROMPTS[1], 8)
+        assert serving(servers[1]) and not serving(servers[0])  # the layers on RPC1 only
+    finally:
+        lead.stop()
+
+
 def test_a_back_drafts_with_its_model_on_a_server() -> None:
     # The default pair: SmolLM2 drafting for itself through RPC is slower than its lead
     # alone, so its drafts would come too late. A fixed draft length keeps lead asking

@@ -6,18 +6,22 @@ Each means what it means there, or is refused naming why: a script written for
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 from pydantic_settings import BaseSettings
 
 from shared.cli import cli
+from shared.offload import all_overrides, device_names, tensor_overrides
 
 MODEL, SERVING = "model and devices", "serving"
 # -ctk/-ctv: the KV cache types llama-server takes, as ggml's type numbers (ggml.h)
 CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
                "iq4_nl": 20, "bf16": 30}
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+# --numa given empty: distribute, as llama-server reads it
+Numa = Annotated[Literal["distribute", "isolate", "numactl"] | None,
+                 BeforeValidator(lambda v: "distribute" if v == "" else v)]
 
 
 class LlamaServerFlags(BaseSettings):
@@ -42,6 +46,33 @@ class LlamaServerFlags(BaseSettings):
                              "slots share one (default: on where --parallel is not given, as "
                              "llama-server's -np auto; off where it is: each slot its share)",
                              json_schema_extra=cli(MODEL, "-kvu"))
+    device: str | None = Field(None, description="devices to offload to, comma-separated, "
+                               "as --list-devices names them (none: offload nothing; default: "
+                               "every GPU and --rpc server)", json_schema_extra=cli(MODEL, "-dev"))
+    list_devices: bool = Field(False, description="print the devices --device may name, "
+                               "and exit", json_schema_extra=cli(MODEL))
+    override_tensor: str | None = Field(None, description="PATTERN=BUFFER_TYPE,...: the "
+                                        "tensors whose names match the regular expression "
+                                        "go to that buffer type (CPU, CUDA0, ...); given "
+                                        "again, added to", json_schema_extra=cli(
+                                            MODEL, "-ot", repeat=True))
+    cpu_moe: bool = Field(False, description="keep every Mixture of Experts layer's expert "
+                          "weights on the CPU", json_schema_extra=cli(MODEL, "-cmoe"))
+    n_cpu_moe: int = Field(0, ge=0, description="keep the expert weights of the first N "
+                           "layers on the CPU", json_schema_extra=cli(MODEL, "-ncmoe"))
+    n_cpu_ffn: int = Field(0, ge=0, description="keep the dense feed-forward weights of the "
+                           "first N layers on the CPU", json_schema_extra=cli(MODEL, "-ncffn"))
+    split_mode: Literal["none", "layer", "row", "tensor"] | None = Field(
+        None, description="how the model is split across GPUs: none (--main-gpu only), layer, "
+        "row, tensor (default: layer; none where no layer is offloaded and no device is "
+        "chosen)", json_schema_extra=cli(MODEL, "-sm"))
+    main_gpu: int | None = Field(None, description="the GPU for the whole model with "
+                                 "--split-mode none, for intermediate results and the KV "
+                                 "cache with row (default: 0)",
+                                 json_schema_extra=cli(MODEL, "-mg"))
+    numa: Numa = Field(None, description="ggml's NUMA strategy: distribute (threads over "
+                       "every node), isolate (the starting node's CPUs), numactl (numactl's "
+                       "CPU map)", json_schema_extra=cli(MODEL))
     offline: bool = Field(False, description="download nothing: a preset not yet in the "
                           "cache is an error (lead never reaches a model hub)",
                           json_schema_extra=cli(MODEL))
@@ -82,6 +113,25 @@ class LlamaServerFlags(BaseSettings):
                                 "the oldest tokens to go on past the context's end): lead ends "
                                 "a reply there (finish_reason length), so only --no-context-"
                                 "shift is accepted", json_schema_extra=cli(SERVING))
+
+    @field_validator("device")
+    @classmethod
+    def _devices(cls, value: str | None) -> str | None:
+        device_names(value)
+        return value
+
+    @field_validator("override_tensor")
+    @classmethod
+    def _overrides(cls, value: str | None) -> str | None:
+        tensor_overrides(value)
+        return value
+
+    def offload(self) -> dict[str, Any]:
+        """Where the weights go, as shared.llama.load.Tuning takes it."""
+        return {"devices": device_names(self.device), "split_mode": self.split_mode,
+                "main_gpu": self.main_gpu,
+                "overrides": all_overrides(self.override_tensor, self.n_cpu_moe,
+                                           self.n_cpu_ffn, self.cpu_moe)}
 
     @field_validator("cont_batching")
     @classmethod

@@ -1,9 +1,10 @@
-"""ggml calls llama-cpp-python does not bind: llama.cpp's RPC backend and ggml's abort hook.
+"""ggml calls llama-cpp-python does not bind: llama.cpp's RPC backend, ggml's abort hook,
+and its devices and buffer types by name (--device, --override-tensor, --list-devices).
 
-The library llama-cpp-python ships exports them once llama.cpp is built with GGML_RPC=ON;
-they are reached the way llama.cpp's own `--rpc` and `rpc-server` reach them, through the
-RPC backend registry's proc addresses. Only shared.llama.model, shared.llama.load and shared.rpc
-import this module.
+The RPC backend's calls (in the library llama-cpp-python ships once llama.cpp is built with
+GGML_RPC=ON) are reached the way llama.cpp's own `--rpc` and `rpc-server` reach them,
+through the RPC backend registry's proc addresses. Only shared.llama.model,
+shared.llama.load and shared.rpc import this module.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ _dev_get = _bind("ggml_backend_dev_get", ctypes.c_void_p, ctypes.c_size_t)
 _dev_type = _bind("ggml_backend_dev_type", ctypes.c_int, ctypes.c_void_p)
 _dev_name = _bind("ggml_backend_dev_name", ctypes.c_char_p, ctypes.c_void_p)
 _dev_description = _bind("ggml_backend_dev_description", ctypes.c_char_p, ctypes.c_void_p)
+_dev_by_name = _bind("ggml_backend_dev_by_name", ctypes.c_void_p, ctypes.c_char_p)
+_dev_buffer_type = _bind("ggml_backend_dev_buffer_type", ctypes.c_void_p, ctypes.c_void_p)
+_buft_name = _bind("ggml_backend_buft_name", ctypes.c_char_p, ctypes.c_void_p)
+_dev_memory = _bind("ggml_backend_dev_memory", None, ctypes.c_void_p,
+                    ctypes.POINTER(ctypes.c_size_t), ctypes.POINTER(ctypes.c_size_t))
 _AbortHook = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
 _set_abort_callback = _bind("ggml_set_abort_callback", ctypes.c_void_p, _AbortHook)
 _AddServer = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)
@@ -81,6 +87,49 @@ def devices() -> list[tuple[str, int, str]]:
         dev = _dev_get(i)
         found.append((_text(_dev_name(dev)), int(_dev_type(dev)), _text(_dev_description(dev))))
     return found
+
+
+def offload_devices() -> list[str]:
+    """The devices --device may name: every one but the CPU (llama-server's list)."""
+    return [name for name, kind, _ in devices() if kind != DEVICE_TYPE_CPU]
+
+
+def device_handles(names: tuple[str, ...]) -> list[int]:
+    """--device's devices, looked up as llama-server looks them up (never the CPU, where
+    a layer on no device stays anyway); ModelError naming those there are."""
+    found = []
+    for name in names:
+        dev = _dev_by_name(name.encode())
+        if not dev or _dev_type(dev) == DEVICE_TYPE_CPU:
+            known = ", ".join(offload_devices()) or "none here"
+            raise ModelError(f"--device: no device {name!r} to offload to (devices: {known}; "
+                             "'none': offload nothing)")
+        found.append(dev)
+    return found
+
+
+def buffer_types() -> dict[str, int]:
+    """Each device's buffer type by the name --override-tensor gives it (CPU, CUDA0, ...)."""
+    found = {}
+    for i in range(_dev_count()):
+        buft = _dev_buffer_type(_dev_get(i))
+        if buft:
+            found[_text(_buft_name(buft))] = buft
+    return found
+
+
+def device_listing() -> str:
+    """--list-devices' text, as llama-server prints it."""
+    lines = ["Available devices:"]
+    for i in range(_dev_count()):
+        dev = _dev_get(i)
+        if _dev_type(dev) == DEVICE_TYPE_CPU:
+            continue
+        free, total = ctypes.c_size_t(), ctypes.c_size_t()
+        _dev_memory(dev, ctypes.byref(free), ctypes.byref(total))
+        lines.append(f"  {_text(_dev_name(dev))}: {_text(_dev_description(dev))} "
+                     f"({total.value >> 20} MiB, {free.value >> 20} MiB free)")
+    return "\n".join(lines if len(lines) > 1 else [*lines, "  (none)"])
 
 
 def start_rpc_server(endpoint: str, cache_dir: str | None, threads: int) -> None:

@@ -4,11 +4,11 @@
 One context, made once: slots x (1 + branches) sequences in one unified KV cache of the
 chosen size, its batch read back from the context. (llama_cpp.Llama makes a context of
 its own first; replacing it meant two GPU backends made and one torn down before the
-first token.) A model with no layers offloaded gets no GPU device at all: llama.cpp would
-otherwise add every GPU it finds, start its backend in each context and send large CPU
-batches there. llama.cpp's log goes through `route_log`: warnings and errors always, the
-rest with DUO_LLAMA_LOG=1; stdout and stderr are never redirected, so a crash's trace
-still prints.
+first token.) A model with no layers offloaded gets no GPU device at all, unless --device,
+--split-mode or --main-gpu choose one: llama.cpp would otherwise add every GPU it finds,
+start its backend in each context and send large CPU batches there. llama.cpp's log goes
+through `route_log`: warnings and errors always, the rest with DUO_LLAMA_LOG=1; stdout and
+stderr are never redirected, so a crash's trace still prints.
 """
 
 from __future__ import annotations
@@ -61,23 +61,98 @@ class Tuning:
     mlock: bool = False  # keep the weights in RAM
     kv_types: tuple[int, int] = (1, 1)  # ggml types of the cache's keys and values (f16)
     swa_full: bool = False  # a full-size cache for sliding-window layers (--swa-full)
+    devices: tuple[str, ...] | None = None  # --device's (None: llama.cpp's choice; (): none)
+    overrides: tuple[tuple[str, str], ...] = ()  # (tensor pattern, buffer type name)
+    split_mode: str | None = None  # --split-mode (None: llama.cpp's)
+    main_gpu: int | None = None  # --main-gpu (None: llama.cpp's)
+
+    @property
+    def places_devices(self) -> bool:
+        """Whether the devices were chosen: then llama.cpp is told exactly that."""
+        return (self.devices, self.split_mode, self.main_gpu) != (None, None, None)
 
 
-def model_params(n_gpu_layers: int, tensor_split: list[float] | None, mmap: bool = True,
-                 mlock: bool = False) -> tuple[llama_cpp.llama_model_params, Any]:
-    """llama.cpp's model parameters, and the tensor split array they point to (keep it).
-    `mmap`: map the file (else read it); `mlock`: keep the weights in RAM."""
+SPLIT_MODES = {"none": llama_cpp.LLAMA_SPLIT_MODE_NONE, "layer": llama_cpp.LLAMA_SPLIT_MODE_LAYER,
+               "row": llama_cpp.LLAMA_SPLIT_MODE_ROW, "tensor": llama_cpp.LLAMA_SPLIT_MODE_TENSOR}
+NUMA = {"distribute": llama_cpp.GGML_NUMA_STRATEGY_DISTRIBUTE,
+        "isolate": llama_cpp.GGML_NUMA_STRATEGY_ISOLATE,
+        "numactl": llama_cpp.GGML_NUMA_STRATEGY_NUMACTL}
+
+
+class BuftOverride(ctypes.Structure):
+    """llama.h's llama_model_tensor_buft_override (llama-cpp-python does not declare it)."""
+
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+def model_params(n_gpu_layers: int, tensor_split: list[float] | None,
+                 more: Tuning = Tuning()) -> tuple[llama_cpp.llama_model_params, Any]:
+    """llama.cpp's model parameters, and the arrays they point to (keep them as long):
+    the tensor split, --device's devices and --override-tensor's overrides. ModelError
+    where a device or buffer type is not there."""
     params = llama_cpp.llama_model_default_params()
     params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
-    if mlock or not mmap:
-        params.load_mode = LOAD_MODES[mmap, mlock]
-    if n_gpu_layers == 0:  # no device list at all: no GPU backend, no pinned host buffers
-        params.split_mode, params.main_gpu = llama_cpp.LLAMA_SPLIT_MODE_NONE, -1
+    if more.mlock or not more.mmap:
+        params.load_mode = LOAD_MODES[more.mmap, more.mlock]
+    _choose_devices(params, n_gpu_layers, more)
     split = None
     if tensor_split:
         split = (ctypes.c_float * llama_cpp.LLAMA_MAX_DEVICES)(*tensor_split)
         params.tensor_split = split
-    return params, split
+    devices = None if more.devices is None else device_array(more.devices)
+    overrides = override_array(more.overrides) if more.overrides else None
+    params.devices = ctypes.addressof(devices) if devices is not None else None
+    params.tensor_buft_overrides = ctypes.addressof(overrides) if overrides is not None else None
+    return params, (split, devices, overrides)
+
+
+def _choose_devices(params: llama_cpp.llama_model_params, n_gpu_layers: int,
+                    more: Tuning) -> None:
+    """--split-mode and --main-gpu as given; with neither (nor --device) and no layer
+    offloaded, no device at all (split mode none with no main GPU clears llama.cpp's list)."""
+    if n_gpu_layers == 0 and not more.places_devices:
+        params.split_mode, params.main_gpu = llama_cpp.LLAMA_SPLIT_MODE_NONE, -1
+    if more.split_mode is not None:
+        params.split_mode = SPLIT_MODES[more.split_mode]
+    if more.main_gpu is not None:
+        params.main_gpu = more.main_gpu
+
+
+def device_array(names: tuple[str, ...]) -> ctypes.Array[ctypes.c_void_p]:
+    """The NULL-terminated ggml_backend_dev_t array of --device's names (just NULL: none)."""
+    from shared.llama import ggml
+
+    handles = ggml.device_handles(names)
+    return (ctypes.c_void_p * (len(handles) + 1))(*handles, None)
+
+
+def override_array(pairs: tuple[tuple[str, str], ...]) -> ctypes.Array[BuftOverride]:
+    """llama.cpp's override array, ended by {NULL, NULL}; ModelError for a buffer type
+    no device has."""
+    from shared.llama import ggml
+
+    types = ggml.buffer_types()
+    for _, name in pairs:
+        if name not in types:
+            raise ModelError(f"--override-tensor: no buffer type {name!r} (buffer types: "
+                             f"{', '.join(types)})")
+    entries = [BuftOverride(pattern.encode(), types[name]) for pattern, name in pairs]
+    return (BuftOverride * (len(pairs) + 1))(*entries)
+
+
+def init_numa(strategy: str) -> None:
+    """--numa: ggml's NUMA strategy, set before the model loads (as llama-server does)."""
+    _ready()
+    llama_cpp.llama_numa_init(NUMA[strategy])
+
+
+def list_devices(rpc: str | None) -> str:
+    """--list-devices' text, --rpc's servers' devices among them."""
+    from shared.llama import ggml
+
+    _ready()
+    ggml.attach_rpc(rpc)
+    return ggml.device_listing()
 
 
 def context_params(shape: ContextShape) -> llama_cpp.llama_context_params:

@@ -68,7 +68,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self.can_fork = self.n_branches > 0
         self.n_slots = max(slots, 1)
         n_roles = self.n_slots * (1 + self.n_branches)
-        params, self._split = model_params(n_gpu_layers, tensor_split, more.mmap, more.mlock)
+        params, self._arrays = model_params(n_gpu_layers, tensor_split, more)  # kept: C reads them
         self._model = load_weights(path, params)
         self.metadata = metadata(self._model)
         shape = ContextShape(self._slot_context(n_ctx) * self.n_slots, n_roles,
