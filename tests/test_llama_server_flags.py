@@ -150,19 +150,23 @@ def test_a_service_units_llama_server_command_line_serves_as_python_m_lead() -> 
         lead.wait(30)
 
 
-@pytest.mark.parametrize(("devices", "rpc", "one_cpu"), [
-    ([("CPU", 0, "AMD EPYC")], None, False),  # nothing to offload to: every core
-    ([("CUDA0", 1, "NVIDIA H100"), ("CPU", 0, "Intel Xeon")], None, True),
-    ([("CPU", 0, "AMD EPYC")], "127.0.0.1:50052", True),  # the layers go to the RPC server
+H100 = [("CUDA0", 1, "NVIDIA H100"), ("CPU", 0, "Intel Xeon")]
+
+
+@pytest.mark.parametrize(("devices", "more", "one_cpu"), [
+    ([("CPU", 0, "AMD EPYC")], [], False),  # nothing to offload to: every core
+    (H100, [], True),
+    (H100, ["-dev", "none"], False),  # told to offload nothing: every core
+    ([("CPU", 0, "AMD EPYC")], ["--rpc", "127.0.0.1:50052"], True),  # to the RPC server
 ])
 def test_ngl_all_leaves_cpus_to_backs_only_where_a_device_takes_the_layers(
-        monkeypatch: pytest.MonkeyPatch, devices: list, rpc: str | None,
+        monkeypatch: pytest.MonkeyPatch, devices: list, more: list[str],
         one_cpu: bool) -> None:
     from lead.server.app import lead_placement
     from shared.llama import ggml
 
     monkeypatch.setattr(ggml, "devices", lambda: devices)
-    placement = lead_placement(parse("-ngl", "all", *(["--rpc", rpc] if rpc else [])))
+    placement = lead_placement(parse("-ngl", "all", *more))
     assert (placement.threads == 1 and placement.cpus is not None) is one_cpu, placement
 
 

@@ -52,8 +52,9 @@ def lead_placement(settings: LeadSettings, target: Model | None = None) -> Place
     """Where lead runs; with every layer offloaded (`-ngl -1`/`all`) one CPU, where there
     is a device to offload to (an --rpc server or a GPU: on a CPU-only build every layer
     stays on the CPU, and lead takes every core as llama-server would)."""
-    on_gpu = settings.n_gpu_layers < 0 and (bool(settings.rpc) or
-                                            (target is None and _has_accelerator()))
+    offloads = settings.device != "none"  # (-dev none: every layer stays here)
+    on_gpu = settings.n_gpu_layers < 0 and offloads and \
+        (bool(settings.rpc) or (target is None and _has_accelerator()))
     return choose_lead(settings.cpus, settings.threads, allowed_cpus(), on_gpu=on_gpu)
 
 
