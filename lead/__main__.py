@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
+from lead.server.refused import refused
 from lead.server.settings import LeadSettings
 from shared import crashtrace
 from shared.cli import fail, parse_settings, setup_logging
@@ -12,21 +13,12 @@ from shared.hugepages import restart_with_huge_pages
 from shared.placement import PlacementError, allowed_cpus, apply
 from shared.presets import ModelError
 
-# flags that are gone, each with why (a one-line error, not argparse's "unrecognized")
-REMOVED = {"--tree": "lead-side trees were removed: lead verifies chains (a back's branches "
-                     "are still used, as its next draft after a rejection; docs/cost-model.md)",
-           "--max-poll-s": "gone, with the long-polls (GET /duo/state): backs hear every "
-                           "session's news on the link (GET /duo/link), which waits for none"}
-# llama-server's draft model runs in its process; lead's drafts come from backs
-DRAFT_MODEL = ("lead drafts with a back, on this machine or another: python -m back --lead "
-               "HOST:PORT -m FILE")
-REMOVED |= {flag: DRAFT_MODEL for flag in ("-md", "--model-draft", "--spec-draft-model")}
 DESCRIPTION = ("duo lead: serves the target model with an OpenAI-compatible API and verifies "
                "draft tokens posted by backs (python -m back --lead HOST:PORT).")
 
 
 def main(argv: list[str] | None = None) -> None:
-    refuse_removed(sys.argv[1:] if argv is None else argv)
+    refuse_flags(sys.argv[1:] if argv is None else argv)
     if argv is None:  # the program itself (not a test calling main): its memory first
         restart_with_huge_pages("lead", sys.argv[1:])
     settings = parse_settings(LeadSettings, "python -m lead", DESCRIPTION, argv)
@@ -75,12 +67,11 @@ def print_devices(rpc: str | None) -> None:
         fail(str(exc))
 
 
-def refuse_removed(argv: list[str]) -> None:
-    """A one-line error for a flag that is gone."""
-    for arg in argv:
-        why = REMOVED.get(arg.split("=", 1)[0])
-        if why is not None:
-            fail(f"{arg.split('=', 1)[0]}: {why}")
+def refuse_flags(argv: list[str]) -> None:
+    """A one-line error for a flag lead refuses by name (lead/server/refused.py)."""
+    why = refused(argv)
+    if why is not None:
+        fail(why)
 
 
 if __name__ == "__main__":

@@ -171,3 +171,18 @@ def test_reasoning_switches_lead_cannot_honour_are_one_line_errors(
     with pytest.raises(SystemExit):
         parse(*argv)
     assert said in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--mmproj", "p.gguf"], "lead serves text models"),
+    (["--lora=a.gguf"], "merge it into the GGUF"),
+    (["-ngld", "99"], "python -m back --lead"),
+    (["--tools", "all"], "the client runs the tools it offers"),
+    (["--tree"], "lead-side trees were removed"),
+])
+def test_llama_server_flags_for_what_lead_lacks_say_why(
+        argv: list[str], said: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["-m", "smollm2-135m", *argv])
+    err = capsys.readouterr().err
+    assert said in err and argv[0].split("=")[0] in err and len(err.splitlines()) == 1
