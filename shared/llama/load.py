@@ -185,8 +185,9 @@ def new_context(model: Any, shape: ContextShape, name: str) -> Any:
     context = llama_cpp.llama_init_from_model(model, context_params(shape))
     if not context:
         llama_cpp.llama_model_free(model)
-        raise ModelError(f"cannot load {name}: a context of {shape.n_ctx} tokens does not "
-                         "fit: try a smaller --ctx-size")
+        raise ModelError(f"cannot load {name}: a KV cache of {shape.n_ctx} tokens does not "
+                         "fit: try a smaller --ctx-size (lead: or fewer --parallel slots; "
+                         "without -np, or with -kvu, each keeps room for all of -c)")
     return context
 
 
