@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import sys
 from collections.abc import Sequence
 from typing import Annotated, Any, TypeVar, get_args, get_origin
@@ -89,7 +90,8 @@ def _flags(name: str, extra: dict[str, Any]) -> list[str]:
 
 def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse.ArgumentParser:
     prefix = settings_cls.model_config.get("env_prefix", "")
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    # no abbreviations: llama-server's --draft would be taken for --draft-len
+    parser = argparse.ArgumentParser(prog=prog, description=description, allow_abbrev=False)
     groups: dict[str, argparse._ArgumentGroup] = {}
     for name, field in settings_cls.model_fields.items():
         extra = _extra(field)
@@ -118,6 +120,9 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
                    argv: Sequence[str] | None = None) -> S:
     """Parse flags over env vars; a bad value is a one-line error and exit 2."""
     parser = build_parser(settings_cls, prog, description)
+    unknown = unknown_short_flags(parser, sys.argv[1:] if argv is None else argv)
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     flags = vars(parser.parse_args(argv))
     try:
         return settings_cls(**flags)
@@ -127,6 +132,14 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
         message = str(first["msg"]).removeprefix("Value error, ")  # (pydantic's prefix)
         parser.error(f"{where}: {message}" if where else message)  # (none: flags together)
     raise AssertionError("unreachable")
+
+
+def unknown_short_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
+    """llama-server's one-dash names the parser does not know (-nkvo, -ctxcp): argparse
+    would read them as a short flag and its value run together (-n kvo, -c txcp)."""
+    known = parser._option_string_actions
+    return [arg for arg in argv if re.fullmatch(r"-[A-Za-z][A-Za-z0-9-]+", arg.split("=")[0])
+            and arg.split("=")[0] not in known]
 
 
 def setup_logging(level: str, file: str | None = None) -> None:

@@ -186,3 +186,20 @@ def test_llama_server_flags_for_what_lead_lacks_say_why(
         main(["-m", "smollm2-135m", *argv])
     err = capsys.readouterr().err
     assert said in err and argv[0].split("=")[0] in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["-nkvo"], ["-ctxcp", "8"], ["--draft", "16"],
+                                  ["--ctx", "4096"], ["-xyz=1"]])
+def test_an_unknown_flag_is_never_read_as_another(argv: list[str],
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    # -nkvo is not -n kvo, -ctxcp not -c txcp, --draft not an abbreviated --draft-len
+    with pytest.raises(SystemExit):
+        parse(*argv)
+    assert f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
+
+
+def test_flags_lead_has_in_its_own_way_are_accepted() -> None:
+    s = parse("--log-timestamps", "--no-log-prefix", "--log-colors", "off", "--no-perf",
+              "--keep", "-1", "-sps", "0.5", "--cache-idle-slots", "-n", "-1", "--seed", "-1")
+    assert (s.log_colors, s.perf, s.keep, s.slot_prompt_similarity) == ("off", False, -1, 0.5)
+    assert s.max_tokens == 0 and s.seed is None  # negative values stay values

@@ -10,7 +10,7 @@ from pydantic_settings import BaseSettings
 
 from shared.cli import cli
 
-SERVING = "serving"
+SERVING, LOG = "serving", "logging"
 # -lv: llama-server's verbosity thresholds as lead's log levels
 VERBOSITY = {0: "error", 1: "error", 2: "warning", 3: "info", 4: "debug", 5: "debug"}
 
@@ -45,13 +45,13 @@ class ServeFlags(BaseSettings):
                                       "certificate (with --ssl-key-file)",
                                       json_schema_extra=cli(SERVING))
     log_file: str | None = Field(None, description="log to this file too",
-                                 json_schema_extra=cli(SERVING))
+                                 json_schema_extra=cli(LOG))
     log_disable: bool = Field(False, description="log errors only (llama-server's: nothing)",
-                              json_schema_extra=cli(SERVING))
+                              json_schema_extra=cli(LOG))
     verbosity: int | None = Field(None, ge=0, le=5, description="llama-server's log "
                                   "threshold: 0-1 errors, 2 warnings, 3 info, 4-5 debug "
                                   "(as --log-level)",
-                                  json_schema_extra=cli(SERVING, "-lv", "--log-verbosity"))
+                                  json_schema_extra=cli(LOG, "-lv", "--log-verbosity"))
     warmup: bool = Field(True, description="llama-server's empty warm-up run: lead's "
                          "startup pricing runs the model anyway (--no-calibrate skips "
                          "that), so this is accepted and changes nothing",
@@ -60,6 +60,29 @@ class ServeFlags(BaseSettings):
                               "HTTP is one event loop that never waits on the model, so this "
                               "is accepted and changes nothing", json_schema_extra=cli(SERVING))
 
+    log_timestamps: bool = Field(True, description="lead's log lines always carry the "
+                                 "time: accepted, changing nothing", json_schema_extra=cli(LOG))
+    log_prefix: bool = Field(True, description="lead's log lines always name their source "
+                             "and level: accepted, changing nothing",
+                             json_schema_extra=cli(LOG))
+    log_colors: str = Field("auto", pattern="^(on|off|auto)$", description="lead's log is "
+                            "plain text: on, off or auto accepted, changing nothing",
+                            json_schema_extra=cli(LOG, bare="on"))
+    perf: bool = Field(True, description="llama.cpp's own timing report: lead times each "
+                       "reply itself (the log, a reply's timings), so --no-perf changes "
+                       "nothing", json_schema_extra=cli(LOG))
+    keep: int = Field(0, ge=-1, description="tokens a context shift keeps: lead shifts no "
+                      "context, so this is accepted and changes nothing",
+                      json_schema_extra=cli(SERVING))
+    slot_prompt_similarity: float = Field(0.1, ge=0.0, le=1.0, description="llama-server's "
+                                          "least prompt likeness for choosing a slot by it: "
+                                          "lead always takes the free slot sharing the "
+                                          "longest prefix, so this changes nothing",
+                                          json_schema_extra=cli(SERVING, "-sps"))
+    cache_idle_slots: bool = Field(True, description="an idle slot's cells go to host "
+                                   "memory when the slot is taken (lead always does, as "
+                                   "--cache-ram allows; --cache-ram 0: never)",
+                                   json_schema_extra=cli(SERVING))
     reasoning_budget: int = Field(-1, ge=-1, description="a thinking model's reasoning "
                                   "budget, as llama-server's: -1 none, 0 reasoning off (as "
                                   "--reasoning off); lead cuts no reasoning at a count",
@@ -68,6 +91,14 @@ class ServeFlags(BaseSettings):
                                              "JSON: lead's templates take enable_thinking (as "
                                              "--reasoning on/off)",
                                              json_schema_extra=cli(SERVING))
+
+    @field_validator("cache_idle_slots")
+    @classmethod
+    def _idle(cls, value: bool) -> bool:
+        if not value:
+            raise ValueError("lead always keeps an idle slot's cells when the slot is "
+                             "taken; --cache-ram 0 keeps none")
+        return value
 
     @field_validator("reasoning_budget")
     @classmethod
