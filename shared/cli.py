@@ -50,11 +50,12 @@ def _help(description: str, default: Any) -> str:
     return f"{description} (default: {default})"
 
 
-def cli(group: str, *flags: str, bare: str | None = None,
-        repeat: bool = False) -> dict[str, Any]:
+def cli(group: str, *flags: str, bare: str | None = None, repeat: bool = False,
+        negative: str | None = None) -> dict[str, Any]:
     """A field's CLI extras: its --help section, more names for its flag (`-c`, a short
-    one first, or llama-server's), what the flag means given bare (`-fa`: on), and
-    whether it may be given again, adding to its list (`-ot a=CPU -ot b=CPU`: a=CPU,b=CPU)."""
+    one first, or llama-server's), what the flag means given bare (`-fa`: on), whether
+    it may be given again, adding to its list (`-ot a=CPU -ot b=CPU`: a=CPU,b=CPU), and
+    a bool's negative name beside its --no- one (`-nkvo`)."""
     short = [f[1:] for f in flags[:1] if not f.startswith("--") and len(f) == 2]
     extra: dict[str, Any] = {"group": group, "flags": [f for f in flags if f[1:] not in short]}
     if short:
@@ -63,6 +64,8 @@ def cli(group: str, *flags: str, bare: str | None = None,
         extra["bare"] = bare
     if repeat:
         extra["repeat"] = True
+    if negative is not None:
+        extra["negative"] = negative
     return extra
 
 
@@ -88,6 +91,31 @@ def _flags(name: str, extra: dict[str, Any]) -> list[str]:
     return [*short, f"--{name.replace('_', '-')}", *extra.get("flags", [])]
 
 
+class _Negatable(argparse.BooleanOptionalAction):
+    """A bool flag that also takes a negative name of llama-server's (`-nkvo`, as
+    --no-kv-offload), listed with its others."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, negative: str,
+                 **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, **kwargs)
+        self.negative = negative
+        self.option_strings.append(negative)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if option_string == self.negative:
+            setattr(namespace, self.dest, False)
+        else:
+            super().__call__(parser, namespace, values, option_string)
+
+
+def _bool_action(extra: dict[str, Any]) -> dict[str, Any]:
+    """A bool field's argparse action: --name/--no-name, and its negative name if any."""
+    if "negative" in extra:
+        return {"action": _Negatable, "negative": extra["negative"]}
+    return {"action": argparse.BooleanOptionalAction}
+
+
 def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse.ArgumentParser:
     prefix = settings_cls.model_config.get("env_prefix", "")
     # no abbreviations: llama-server's --draft would be taken for --draft-len
@@ -101,8 +129,7 @@ def build_parser(settings_cls: type[S], prog: str, description: str) -> argparse
                     f"[env {prefix}{name.upper()}]"
         help_text = help_text.replace("%", "%%")  # argparse %-formats help: keep a % as is
         if field.annotation is bool:
-            where.add_argument(*_flags(name, extra), dest=name,
-                               action=argparse.BooleanOptionalAction,
+            where.add_argument(*_flags(name, extra), dest=name, **_bool_action(extra),
                                default=argparse.SUPPRESS, help=help_text)
             continue
         how = {"nargs": "?", "const": extra["bare"]} if "bare" in extra else {}

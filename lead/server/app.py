@@ -152,14 +152,15 @@ def create_app(settings: LeadSettings, target: Model | None = None,
 
 
 def _load_target(settings: LeadSettings, threads: int) -> Model:
-    from shared.llama.load import Tuning, init_numa
+    from shared.llama.load import RopeScaling, Tuning, init_numa
     from shared.llama.model import load_model  # the llama.cpp edge, imported only when needed
 
     if settings.offline:
         require_cached(settings.model)
     kv_types = CACHE_TYPES[settings.cache_type_k], CACHE_TYPES[settings.cache_type_v]
     more = Tuning(settings.threads_batch, settings.ubatch_size, settings.mmap, settings.mlock,
-                  kv_types, settings.swa_full, **settings.offload())
+                  kv_types, settings.swa_full, rope=RopeScaling(**settings.rope()),
+                  **settings.offload(), **settings.switches())
     if settings.numa:
         init_numa(settings.numa)
     model = load_model(settings.model, threads=threads, n_gpu_layers=settings.n_gpu_layers,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
 from shared.cli import cli
@@ -19,6 +19,22 @@ MODEL, SERVING = "model and devices", "serving"
 CACHE_TYPES = {"f32": 0, "f16": 1, "q4_0": 2, "q4_1": 3, "q5_0": 6, "q5_1": 7, "q8_0": 8,
                "iq4_nl": 20, "bf16": 30}
 CacheType = Literal["f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"]
+# arg.cpp's is_truthy and is_falsey: the spellings of on and off
+TRUTHY, FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def fit_off(value: Any) -> Any:
+    """--fit: off as arg.cpp spells it; on refused (lead does not fit), else unknown."""
+    if value is None or value in FALSEY:
+        return None if value is None else "off"
+    if value in TRUTHY:
+        raise ValueError("lead does not shrink parameters to fit device memory: it sizes "
+                         "its context from memory itself (-c 0) and offloads the layers -ngl "
+                         "names; give --fit off (or leave it out), with -c and -ngl as wanted")
+    raise ValueError(f"unknown value {value!r} (on or off)")
+
+
+Fit = Annotated[Literal["off"] | None, BeforeValidator(fit_off)]
 # --numa given empty: distribute, as llama-server reads it
 Numa = Annotated[Literal["distribute", "isolate", "numactl"] | None,
                  BeforeValidator(lambda v: "distribute" if v == "" else v)]
@@ -73,6 +89,48 @@ class LlamaServerFlags(BaseSettings):
     numa: Numa = Field(None, description="ggml's NUMA strategy: distribute (threads over "
                        "every node), isolate (the starting node's CPUs), numactl (numactl's "
                        "CPU map)", json_schema_extra=cli(MODEL))
+    rope_scaling: Literal["none", "linear", "yarn"] | None = Field(
+        None, description="RoPE frequency scaling: none, linear, yarn (default: the model's, "
+        "else linear)", json_schema_extra=cli(MODEL))
+    rope_scale: float | None = Field(None, gt=0, allow_inf_nan=False, description="RoPE "
+                                     "context scaling factor: expands the context N times "
+                                     "(--rope-freq-scale 1/N)", json_schema_extra=cli(MODEL))
+    rope_freq_base: float | None = Field(None, ge=0, allow_inf_nan=False, description="RoPE "
+                                         "base frequency, for NTK-aware scaling (default: the "
+                                         "model's)", json_schema_extra=cli(MODEL))
+    rope_freq_scale: float | None = Field(None, ge=0, allow_inf_nan=False, description="RoPE "
+                                          "frequency scaling factor: expands the context 1/N "
+                                          "times (default: the model's)",
+                                          json_schema_extra=cli(MODEL))
+    yarn_orig_ctx: int | None = Field(None, ge=0, description="YaRN: the model's original "
+                                      "context size (default: its training context)",
+                                      json_schema_extra=cli(MODEL))
+    yarn_ext_factor: float | None = Field(None, allow_inf_nan=False, description="YaRN: "
+                                          "extrapolation mix factor, 0.0 full interpolation "
+                                          "(default: the model's, else 1.0 with YaRN "
+                                          "scaling, 0.0 without)", json_schema_extra=cli(MODEL))
+    yarn_attn_factor: float | None = Field(None, allow_inf_nan=False, description="YaRN: "
+                                           "scale sqrt(t) or attention magnitude (default: "
+                                           "the model's)", json_schema_extra=cli(MODEL))
+    yarn_beta_slow: float | None = Field(None, allow_inf_nan=False, description="YaRN: high "
+                                         "correction dim or alpha (default: the model's)",
+                                         json_schema_extra=cli(MODEL))
+    yarn_beta_fast: float | None = Field(None, allow_inf_nan=False, description="YaRN: low "
+                                         "correction dim or beta (default: the model's)",
+                                         json_schema_extra=cli(MODEL))
+    kv_offload: bool = Field(True, description="keep the KV cache on the devices its layers "
+                             "are offloaded to (-nkvo: in host memory)",
+                             json_schema_extra=cli(MODEL, "-kvo", negative="-nkvo"))
+    op_offload: bool = Field(True, description="offload host tensors' operations to the "
+                             "device", json_schema_extra=cli(MODEL))
+    repack: bool = Field(True, description="repack weights for the CPU's faster kernels "
+                         "(llama.cpp's extra buffer types)",
+                         json_schema_extra=cli(MODEL, negative="-nr"))
+    check_tensors: bool = Field(False, description="check the model's tensor data for "
+                                "invalid values as it loads", json_schema_extra=cli(MODEL))
+    fit: Fit = Field(None, description="llama-server's fitting of unset parameters to "
+                     "device memory: lead sizes its context itself (-c 0), so only off is "
+                     "accepted (default: off)", json_schema_extra=cli(MODEL, "-fit"))
     offline: bool = Field(False, description="download nothing: a preset not yet in the "
                           "cache is an error (lead never reaches a model hub)",
                           json_schema_extra=cli(MODEL))
@@ -132,6 +190,26 @@ class LlamaServerFlags(BaseSettings):
                 "main_gpu": self.main_gpu,
                 "overrides": all_overrides(self.override_tensor, self.n_cpu_moe,
                                            self.n_cpu_ffn, self.cpu_moe)}
+
+    @model_validator(mode="after")
+    def _one_rope_scale(self) -> LlamaServerFlags:
+        if self.rope_scale is not None and self.rope_freq_scale is not None:
+            raise ValueError("--rope-scale N is --rope-freq-scale 1/N: give one")
+        return self
+
+    def rope(self) -> dict[str, Any]:
+        """--rope-* and --yarn-*, as shared.llama.load.RopeScaling takes them (None: the
+        model's own)."""
+        scale = 1 / self.rope_scale if self.rope_scale else self.rope_freq_scale
+        return {"scaling": self.rope_scaling, "freq_base": self.rope_freq_base,
+                "freq_scale": scale, "yarn_orig_ctx": self.yarn_orig_ctx,
+                "yarn_ext_factor": self.yarn_ext_factor, "yarn_attn_factor": self.yarn_attn_factor,
+                "yarn_beta_slow": self.yarn_beta_slow, "yarn_beta_fast": self.yarn_beta_fast}
+
+    def switches(self) -> dict[str, bool]:
+        """llama.cpp's on/off knobs, as shared.llama.load.Tuning takes them."""
+        return {"kv_offload": self.kv_offload, "op_offload": self.op_offload,
+                "repack": self.repack, "check_tensors": self.check_tensors}
 
     @field_validator("cont_batching")
     @classmethod

@@ -36,6 +36,34 @@ LOAD_MODES = {(True, True): llama_cpp.LLAMA_LOAD_MODE_MMAP_MLOCK,  # (mmap, mloc
               (False, False): llama_cpp.LLAMA_LOAD_MODE_NONE}
 
 
+ROPE_SCALING = {"none": llama_cpp.LLAMA_ROPE_SCALING_TYPE_NONE,
+                "linear": llama_cpp.LLAMA_ROPE_SCALING_TYPE_LINEAR,
+                "yarn": llama_cpp.LLAMA_ROPE_SCALING_TYPE_YARN}
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """--rope-* and --yarn-*: None leaves llama.cpp's default, which means the model's own."""
+
+    scaling: str | None = None  # none, linear, yarn
+    freq_base: float | None = None
+    freq_scale: float | None = None
+    yarn_orig_ctx: int | None = None
+    yarn_ext_factor: float | None = None
+    yarn_attn_factor: float | None = None
+    yarn_beta_slow: float | None = None
+    yarn_beta_fast: float | None = None
+
+    def fields(self) -> dict[str, float]:
+        """llama_context_params' fields that were given, by their C names."""
+        given = {"rope_scaling_type": ROPE_SCALING.get(self.scaling or ""),
+                 "rope_freq_base": self.freq_base, "rope_freq_scale": self.freq_scale,
+                 "yarn_orig_ctx": self.yarn_orig_ctx, "yarn_ext_factor": self.yarn_ext_factor,
+                 "yarn_attn_factor": self.yarn_attn_factor,
+                 "yarn_beta_slow": self.yarn_beta_slow, "yarn_beta_fast": self.yarn_beta_fast}
+        return {name: value for name, value in given.items() if value is not None}
+
+
 @dataclass(frozen=True)
 class ContextShape:
     """What the one context holds: `n_seq` sequences over `n_ctx` cells in all."""
@@ -49,6 +77,9 @@ class ContextShape:
     n_ubatch: int = 0  # a compute step within a batch (0: n_batch)
     kv_types: tuple[int, int] = (1, 1)  # ggml types of the cache's keys and values (f16)
     swa_full: bool = False  # a full-size cache for sliding-window layers
+    rope: RopeScaling = RopeScaling()
+    kv_offload: bool = True  # the KV cache on its layers' devices (-nkvo: host memory)
+    op_offload: bool = True  # host tensors' operations offloaded to the device
 
 
 @dataclass(frozen=True)
@@ -65,6 +96,11 @@ class Tuning:
     overrides: tuple[tuple[str, str], ...] = ()  # (tensor pattern, buffer type name)
     split_mode: str | None = None  # --split-mode (None: llama.cpp's)
     main_gpu: int | None = None  # --main-gpu (None: llama.cpp's)
+    rope: RopeScaling = RopeScaling()
+    kv_offload: bool = True  # --no-kv-offload: False
+    op_offload: bool = True  # --no-op-offload: False
+    repack: bool = True  # llama.cpp's extra buffer types (--no-repack: False)
+    check_tensors: bool = False  # check tensor data as it loads
 
     @property
     def places_devices(self) -> bool:
@@ -94,6 +130,7 @@ def model_params(n_gpu_layers: int, tensor_split: list[float] | None,
     params.n_gpu_layers = ALL_LAYERS if n_gpu_layers < 0 else n_gpu_layers
     if more.mlock or not more.mmap:
         params.load_mode = LOAD_MODES[more.mmap, more.mlock]
+    params.use_extra_bufts, params.check_tensors = more.repack, more.check_tensors
     _choose_devices(params, n_gpu_layers, more)
     split = None
     if tensor_split:
@@ -163,6 +200,9 @@ def context_params(shape: ContextShape) -> llama_cpp.llama_context_params:
     params.n_threads, params.n_threads_batch = shape.threads, shape.threads_batch or shape.threads
     params.type_k, params.type_v = shape.kv_types
     params.swa_full = shape.swa_full
+    for name, value in shape.rope.fields().items():
+        setattr(params, name, value)
+    params.offload_kqv, params.op_offload = shape.kv_offload, shape.op_offload
     params.flash_attn_type = (llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED if shape.flash_attn
                               else llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED)
     return params

@@ -73,7 +73,8 @@ class LlamaModel(Sequences, Batches, SlotStates):
         self.metadata = metadata(self._model)
         shape = ContextShape(self._slot_context(n_ctx) * self.n_slots, n_roles,
                              n_batch, threads or os.cpu_count() or 1, flash_attn,
-                             more.threads_batch, more.n_ubatch, more.kv_types, more.swa_full)
+                             more.threads_batch, more.n_ubatch, more.kv_types, more.swa_full,
+                             more.rope, more.kv_offload, more.op_offload)
         self._ctx = new_context(self._model, shape, str(path))
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
