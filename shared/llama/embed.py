@@ -9,6 +9,7 @@ context's memory is cleared. The context is as large as that batch, for one sequ
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -47,8 +48,12 @@ class LlamaEmbedder:
         if not isinstance(model, LlamaModel):
             raise ModelError("--embeddings needs a GGUF model loaded in llama.cpp")
         weights = model._model  # the loaded weights, shared with the generation context
-        self._ctx = _embedding_context(weights, pooling_type(pooling, model.metadata),
-                                       max(1, min(n_ctx, model.n_ctx)), threads)
+        size = max(1, min(n_ctx, model.n_ctx))
+        # the model's RoPE scaling and offloading (-nkvo, --no-op-offload), its own size
+        shape = dataclasses.replace(model.shape, n_ctx=size, n_seq=1, n_batch=size,
+                                    threads=threads, flash_attn=False, threads_batch=0,
+                                    n_ubatch=0, kv_types=(1, 1), swa_full=False)
+        self._ctx = _embedding_context(weights, pooling_type(pooling, model.metadata), shape)
         self.n_ctx = min(llama_cpp.llama_n_ctx(self._ctx), llama_cpp.llama_n_ubatch(self._ctx))
         self.n_embd = llama_cpp.llama_model_n_embd_out(weights)
         self.pooled = llama_cpp.llama_pooling_type(self._ctx) != llama_cpp.LLAMA_POOLING_TYPE_NONE
@@ -87,8 +92,9 @@ class LlamaEmbedder:
                         dtype=np.float32)
 
 
-def _embedding_context(weights: Any, pooling: int, n_ctx: int, threads: int) -> Any:
-    params = context_params(ContextShape(n_ctx, 1, n_ctx, threads, flash_attn=False))
+def _embedding_context(weights: Any, pooling: int, shape: ContextShape) -> Any:
+    params = context_params(shape)
+    n_ctx = shape.n_ctx
     params.embeddings, params.pooling_type = True, pooling
     params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO  # where the device has it
     context = llama_cpp.llama_init_from_model(weights, params)

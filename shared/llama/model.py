@@ -76,6 +76,7 @@ class LlamaModel(Sequences, Batches, SlotStates):
                              more.threads_batch, more.n_ubatch, more.kv_types, more.swa_full,
                              more.rope, more.kv_offload, more.op_offload)
         self._ctx = new_context(self._model, shape, str(path))
+        self.shape = shape  # (an embeddings context takes its RoPE and offload from it)
         self._vocab = llama_cpp.llama_model_get_vocab(self._model)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(self._vocab)
         self.n_ctx = llama_cpp.llama_n_ctx(self._ctx) // self.n_slots
