@@ -60,7 +60,7 @@ def test_n_choices_stream_each_with_its_index(client: TestClient) -> None:
     finishes = {}
     for e in events:
         choice = e["choices"][0]
-        texts[choice["index"]] += choice["delta"].get("content", "")
+        texts[choice["index"]] += choice["delta"].get("content") or ""
         if choice["finish_reason"]:
             finishes[choice["index"]] = choice["finish_reason"]
     assert dict(texts) == {c["index"]: c["message"]["content"] for c in whole["choices"]}
@@ -136,9 +136,27 @@ def test_chat_usage_says_how_much_of_the_prompt_was_cached() -> None:
     assert usage["prompt_tokens_details"] == {"cached_tokens": usage["prompt_tokens"] - 1}
 
 
-def test_the_first_chunk_is_openai_s_role_and_empty_content(client: TestClient) -> None:
+def test_the_first_chunk_is_the_role_and_null_content_as_llama_server_sends(
+        client: TestClient) -> None:
     events = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+
+
+def test_include_usage_puts_usage_and_timings_in_a_last_chunk_with_no_choices(
+        client: TestClient) -> None:
+    body = chat_body(stream=True, stream_options={"include_usage": True})
+    *_, finish, last = sse_events(client.post(CHAT, json=body).text)
+    assert finish["choices"][0]["finish_reason"] and "usage" not in finish
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+    assert last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
+
+
+def test_without_include_usage_the_finish_chunk_carries_usage_and_timings(
+        client: TestClient) -> None:
+    last = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)[-1]
+    assert last["choices"][0]["finish_reason"] and last["usage"]["completion_tokens"] > 0
+    assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == \
+        last["usage"]["prompt_tokens"]
 
 
 # --- a system message after the start ---

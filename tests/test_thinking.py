@@ -22,7 +22,7 @@ CALLING = ["<think>", "Weather: a tool.", "</think>", "\n\n", "<tool_call>",
 
 
 def joined(deltas: list[dict[str, str]], key: str) -> str:
-    return "".join(d.get(key, "") for d in deltas)
+    return "".join(d.get(key) or "" for d in deltas)
 
 
 @pytest.mark.parametrize("pieces", [

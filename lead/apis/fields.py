@@ -89,7 +89,9 @@ OPENAI_COMMON = {
     "safety_identifier": accepted("metadata"),
     "prompt_cache_key": accepted("lead caches every prompt by its tokens"),
     "prompt_cache_retention": accepted("lead keeps prompts while memory allows"),
-    "stream_options": accepted("usage always comes with the last chunk"),
+    "stream_options": served("include_usage: the usage (and llama-server's timings) in a "
+                             "last chunk of its own, with no choices; without it, on the "
+                             "finish chunk"),
     "cache_prompt": accepted("llama-server's: lead always caches"),
     "id_slot": served("llama-server's: the slot the request runs in, once it is free (-1: "
                       "the one holding most of the prompt)"),

@@ -93,6 +93,11 @@ class ResponseFormat(BaseModel):
         return self.type != "text"
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # include_obfuscation ...: nothing to add
+    include_usage: bool = False
+
+
 class CommonRequest(LlamaSamplers):
     # Fields not declared here (or in LlamaSamplers) are kept in model_extra for
     # check_served to judge.
@@ -110,6 +115,7 @@ class CommonRequest(LlamaSamplers):
     id_slot: int | None = None  # llama-server's: the slot the request runs in (-1: any)
     stop: Text | list[Text] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
     frequency_penalty: OpenAIPenalty | None = None
     presence_penalty: OpenAIPenalty | None = None
     repeat_penalty: RepeatPenalty = 1.0
@@ -138,6 +144,10 @@ class CommonRequest(LlamaSamplers):
                               repeat_penalty=self.repeat_penalty,
                               repeat_last_n=self.repeat_last_n,
                               logit_bias=self.logit_bias or {}, **self.llama_sampling())
+
+    def usage_apart(self) -> bool:
+        """OpenAI's include_usage: the usage in a last chunk of its own, with no choices."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -290,9 +300,10 @@ def chat_choice(text: str, finish: str | None, delta: bool, first: bool = False,
     if not delta:
         return {"index": 0, "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs, "finish_reason": finish}
-    body: dict[str, Any] = {"content": text} if text or first else {}
-    if first:  # OpenAI's first chunk: {"role": "assistant", "content": ""}
-        body = {"role": "assistant", **body}
+    if first:  # llama-server's first chunk (OpenAI's has "content": "")
+        body: dict[str, Any] = {"role": "assistant", "content": None}
+    else:
+        body = {"content": text} if text else {}
     return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
 
 
