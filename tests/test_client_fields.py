@@ -91,6 +91,26 @@ def test_an_assistant_message_last_is_continued(path: str) -> None:
     assert text == text_of(model, model.greedy_continuation(prompt, 8))
 
 
+def test_text_parts_join_by_a_newline_and_a_prefill_s_by_a_blank_line(
+        client: TestClient) -> None:
+    parts = [{"type": "text", "text": t} for t in ("Wh", "ill")]
+    asked = {"messages": [{"role": "user", "content": parts},
+                          {"role": "assistant", "content": parts}]}
+    prompt = client.post("/apply-template", json=asked).json()["prompt"]
+    assert prompt == "user: Wh\nill\nassistant: Wh\n\nill"  # as llama-server joins them
+
+
+def test_anthropic_and_responses_text_blocks_join_as_chat_parts(client: TestClient) -> None:
+    blocks = [{"type": "text", "text": t} for t in ("ab", "cd")]
+    counted = client.post("/v1/messages/count_tokens", json={
+        "model": "any", "messages": [{"role": "user", "content": blocks}]}).json()
+    assert counted["input_tokens"] == len("user: ab\ncd\nassistant: ")
+    parts = [{"type": "input_text", "text": t} for t in ("ab", "cd")]
+    usage = client.post("/v1/responses", json={"max_output_tokens": 1, "input": [
+        {"type": "message", "role": "user", "content": parts}]}).json()["usage"]
+    assert usage["input_tokens"] == len("user: ab\ncd\nassistant: ")
+
+
 def test_a_chat_reply_does_not_continue_a_message_before_the_users(client: TestClient) -> None:
     body = {"messages": [{"role": "assistant", "content": "hello"},
                          {"role": "user", "content": "hi"}], "max_tokens": 4}

@@ -140,7 +140,7 @@ def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     texts, calls, results = [], [], []
     for j, block in enumerate(content):
         _take_block(f"messages[{i}].content[{j}]", block, texts, calls, results)
-    text = "".join(texts)
+    text = shapes.text_parts(texts) if texts else ""  # joined as llama-server joins parts
     own = [{"role": role, "content": text, ORIGIN: origin,
             **({"tool_calls": calls} if calls else {})}] if text or calls else []
     return results + own

@@ -56,17 +56,38 @@ class ChatMessage(BaseModel):
     tool_calls: list[Any] | None = None  # an assistant's calls (checked in lead/apis/tools.py)
     tool_call_id: str | None = None  # a tool result's call
 
-    def text(self) -> str:
+    def text(self, delimiter: str = "\n") -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return joined([p.text for p in self.content], delimiter)
         return self.content or ""
 
-    def for_template(self) -> dict[str, Any]:
+    def for_template(self, last: bool = False) -> dict[str, Any]:
+        """The message as templates take it. Text parts joined as llama-server joins them:
+        by a newline, but with blank lines in a prefill (`last`: the assistant's message
+        that ends the conversation, which the reply continues)."""
         # OpenAI's newer name for system; many templates reject roles they do not know.
         role = "system" if self.role == "developer" else self.role
         extra = {k: v for k, v in (("name", self.name), ("tool_calls", self.tool_calls),
                                    ("tool_call_id", self.tool_call_id)) if v}
-        return {"role": role, "content": self.text(), **extra}
+        prefill = last and role == "assistant" and not self.tool_calls
+        return {"role": role, "content": self.text("\n\n" if prefill else "\n"), **extra}
+
+
+def joined(texts: Sequence[str], delimiter: str = "\n") -> str:
+    """Text parts as llama.cpp joins them: `delimiter` between, none while the text so far
+    is empty."""
+    out = ""
+    for text in texts:
+        out += (delimiter if out else "") + text
+    return out
+
+
+def text_parts(texts: Sequence[str]) -> str | list[dict[str, str]]:
+    """Texts as a chat message's content: one as it is, several as text parts (which
+    ChatMessage joins as llama-server does)."""
+    if len(texts) == 1:
+        return texts[0]
+    return [{"type": "text", "text": text} for text in texts]
 
 
 class JsonSchemaFormat(BaseModel):
