@@ -105,7 +105,8 @@ OPENAI_COMMON = {
 }
 CHAT = {
     **OPENAI_COMMON,
-    "messages": served("system, developer, user, assistant, tool; text parts"),
+    "messages": served("system, developer, user, assistant, tool; text parts; an "
+                       "assistant's reasoning_content where the template renders it"),
     "top_logprobs": served("the n likeliest tokens at each position (up to 20)"),
     "tools": served("function tools, through the model's own chat template"),
     "tool_choice": served("auto, none, required, a named function (a grammar forces it)"),
@@ -198,7 +199,9 @@ MESSAGES = {
     "model": accepted("lead serves the one model it loaded, whatever the name"),
     "max_tokens": served("at most this many tokens (past the context: up to its end)"),
     "messages": served("text, tool_use and tool_result blocks; a system message in "
-                       "place; thinking and server tools' blocks of earlier turns skipped"),
+                       "place; earlier turns' thinking as the template renders an "
+                       "assistant's reasoning_content; redacted thinking and server "
+                       "tools' blocks skipped"),
     "system": served("text or text blocks"),
     "stop_sequences": served("stop strings; the one that ended the reply is named"),
     "tools": served("client tools; server tools lead has none of (web search, web fetch, "

@@ -55,6 +55,8 @@ class ChatMessage(BaseModel):
     name: Text | None = None  # passed to the chat template, which may use it
     tool_calls: list[Any] | None = None  # an assistant's calls (checked in lead/apis/tools.py)
     tool_call_id: str | None = None  # a tool result's call
+    # an earlier turn's thinking, rendered where the template uses it (Qwen3's <think>)
+    reasoning_content: Text | None = None
 
     def text(self, delimiter: str = "\n") -> str:
         if isinstance(self.content, list):
@@ -68,7 +70,8 @@ class ChatMessage(BaseModel):
         # OpenAI's newer name for system; many templates reject roles they do not know.
         role = "system" if self.role == "developer" else self.role
         extra = {k: v for k, v in (("name", self.name), ("tool_calls", self.tool_calls),
-                                   ("tool_call_id", self.tool_call_id)) if v}
+                                   ("tool_call_id", self.tool_call_id),
+                                   ("reasoning_content", self.reasoning_content)) if v}
         prefill = last and role == "assistant" and not self.tool_calls
         return {"role": role, "content": self.text("\n\n" if prefill else "\n"), **extra}
 
