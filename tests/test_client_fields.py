@@ -171,6 +171,32 @@ def test_include_usage_puts_usage_and_timings_in_a_last_chunk_with_no_choices(
     assert last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
 
 
+def progress_of(c: TestClient, text: str) -> list[dict[str, int]]:
+    body = chat_body(text, stream=True, return_progress=True, max_tokens=2)
+    return [e["prompt_progress"] for e in sse_events(c.post(CHAT, json=body).text)
+            if "prompt_progress" in e]
+
+
+def test_return_progress_tells_each_prompt_batch_as_it_is_evaluated() -> None:
+    text = "a prompt of some forty characters or so"
+    with TestClient(app_over(batch_size=8)) as c:
+        cold, warm = progress_of(c, text), progress_of(c, text)
+    total = len(f"user: {text}\nassistant: ")  # the fake's template, a token a character
+    # found cached; each batch of 8 evaluated; the last, with the prompt's last token (its
+    # first decoding step evaluates that), as one batch
+    processed = [0, *range(8, total - 1, 8), total]
+    assert [(p["total"], p["cache"], p["processed"]) for p in cold] == \
+        [(total, 0, n) for n in processed]
+    assert [(p["cache"], p["processed"]) for p in warm] == [(total - 1, total - 1),
+                                                            (total - 1, total)]
+    assert all(p["time_ms"] >= 0 for p in cold + warm)
+
+
+def test_no_progress_unless_asked(client: TestClient) -> None:
+    events = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)
+    assert not any("prompt_progress" in e for e in events)
+
+
 def test_without_include_usage_the_finish_chunk_carries_usage_and_timings(
         client: TestClient) -> None:
     last = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)[-1]

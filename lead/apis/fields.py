@@ -93,6 +93,9 @@ OPENAI_COMMON = {
                              "last chunk of its own, with no choices; without it, on the "
                              "finish chunk"),
     "cache_prompt": accepted("llama-server's: lead always caches"),
+    "return_progress": served("llama-server's: a streamed reply's chunks tell how far its "
+                              "prompt's evaluation is (prompt_progress: total, cache, "
+                              "processed, time_ms), after each batch lead evaluates"),
     "id_slot": served("llama-server's: the slot the request runs in, once it is free (-1: "
                       "the one holding most of the prompt)"),
     "samplers": accepted("llama-server's order of samplers: lead's order is llama.cpp's "

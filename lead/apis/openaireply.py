@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 from lead.apis import shapes, toolreply
@@ -50,6 +51,9 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
             yield event(i, None, opening=True)
     async for e in emissions:
         i = e.choice
+        if e.progress is not None:  # as llama-server tells it: a chunk like the opening one
+            yield event(i, None, opening=True, prompt_progress=asdict(e.progress))
+            continue
         if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
             parts = deltas[i].push(e.text)
             yield event(i, e, parts[0] if parts else None)

@@ -140,6 +140,9 @@ class CommonRequest(LlamaSamplers):
     stop: Text | list[Text] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # llama-server's: a streamed reply tells how far its prompt's evaluation is, a batch
+    # at a time (prompt_progress)
+    return_progress: bool = False
     frequency_penalty: OpenAIPenalty | None = None
     presence_penalty: OpenAIPenalty | None = None
     repeat_penalty: RepeatPenalty = 1.0
