@@ -98,7 +98,7 @@ def _streamed(lead: Lead, body: dict, t0: float) -> tuple[dict, list[str], float
             if event["duo"]["tokens"]:
                 t_last = time.perf_counter()
                 t_first = t_first or t_last
-            pieces.append(event["choices"][0]["delta"].get("content", ""))
+            pieces.append(event["choices"][0]["delta"].get("content") or "")
             usage = event.get("usage") or usage
     first = t_first or time.perf_counter()
     return usage, pieces, (t_last or first) - first, first - t0

@@ -48,7 +48,7 @@ def reply_of(r: httpx.Response, stream: bool) -> tuple[str, str]:
     """(text, finish_reason) of a chat reply, streamed or not."""
     if stream:
         events = sse_events(r.text)
-        text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
         return text, events[-1]["choices"][0]["finish_reason"]
     choice = r.json()["choices"][0]
     return choice["message"]["content"], choice["finish_reason"]
@@ -82,7 +82,7 @@ def test_stream_matches_non_stream_and_ends_with_done(client: TestClient) -> Non
     assert r.headers["content-type"].startswith("text/event-stream")
     events = sse_events(r.text)
     assert events[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert text == whole["choices"][0]["message"]["content"]
     assert events[-1]["choices"][0]["finish_reason"] == "length"
     assert events[-1]["usage"]["completion_tokens"] == 20
@@ -153,7 +153,7 @@ def test_utf8_split_across_tokens_streams_intact() -> None:
     model.script = model.tokenize("caf") + [e1, e2] + model.tokenize("!") + [0]
     client = TestClient(create_app(make_settings(), model))
     events = sse_events(ask(client, model, stream=True).text)
-    pieces = [e["choices"][0]["delta"].get("content", "") for e in events]
+    pieces = [e["choices"][0]["delta"].get("content") or "" for e in events]
     assert "".join(pieces) == "café!" and "é" in pieces and "\ufffd" not in "".join(pieces)
 
 

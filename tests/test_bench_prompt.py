@@ -50,7 +50,7 @@ def _text(piece: str) -> dict:
 def test_a_turn_is_timed_from_sending_to_the_first_text() -> None:
     usage = {"choices": [], "usage": {"prompt_tokens": 7240, "completion_tokens": 8,
                                       "prompt_tokens_details": {"cached_tokens": 7204}}}
-    stamped = [(10.5, {"choices": [{"delta": {"role": "assistant", "content": ""}}]}),
+    stamped = [(10.5, {"choices": [{"delta": {"role": "assistant", "content": None}}]}),
                (12.0, _text("Hello")), (12.3, _text("!")), (12.4, usage)]
     turn = promptbench.turn_of(PEER, "next turn", 1, stamped, t0=10.0)
     assert turn == Turn(PEER, "next turn", 1, 2.0, 7240, 7204, "Hello!")

@@ -60,7 +60,7 @@ def test_n_choices_stream_each_with_its_index(client: TestClient) -> None:
     finishes = {}
     for e in events:
         choice = e["choices"][0]
-        texts[choice["index"]] += choice["delta"].get("content", "")
+        texts[choice["index"]] += choice["delta"].get("content") or ""
         if choice["finish_reason"]:
             finishes[choice["index"]] = choice["finish_reason"]
     assert dict(texts) == {c["index"]: c["message"]["content"] for c in whole["choices"]}
@@ -89,6 +89,26 @@ def test_an_assistant_message_last_is_continued(path: str) -> None:
         reply["content"][0]["text"]
     prompt = model.tokenize("user: count\nassistant: one, two,")  # the fake's template
     assert text == text_of(model, model.greedy_continuation(prompt, 8))
+
+
+def test_text_parts_join_by_a_newline_and_a_prefill_s_by_a_blank_line(
+        client: TestClient) -> None:
+    parts = [{"type": "text", "text": t} for t in ("Wh", "ill")]
+    asked = {"messages": [{"role": "user", "content": parts},
+                          {"role": "assistant", "content": parts}]}
+    prompt = client.post("/apply-template", json=asked).json()["prompt"]
+    assert prompt == "user: Wh\nill\nassistant: Wh\n\nill"  # as llama-server joins them
+
+
+def test_anthropic_and_responses_text_blocks_join_as_chat_parts(client: TestClient) -> None:
+    blocks = [{"type": "text", "text": t} for t in ("ab", "cd")]
+    counted = client.post("/v1/messages/count_tokens", json={
+        "model": "any", "messages": [{"role": "user", "content": blocks}]}).json()
+    assert counted["input_tokens"] == len("user: ab\ncd\nassistant: ")
+    parts = [{"type": "input_text", "text": t} for t in ("ab", "cd")]
+    usage = client.post("/v1/responses", json={"max_output_tokens": 1, "input": [
+        {"type": "message", "role": "user", "content": parts}]}).json()["usage"]
+    assert usage["input_tokens"] == len("user: ab\ncd\nassistant: ")
 
 
 def test_a_chat_reply_does_not_continue_a_message_before_the_users(client: TestClient) -> None:
@@ -136,9 +156,53 @@ def test_chat_usage_says_how_much_of_the_prompt_was_cached() -> None:
     assert usage["prompt_tokens_details"] == {"cached_tokens": usage["prompt_tokens"] - 1}
 
 
-def test_the_first_chunk_is_openai_s_role_and_empty_content(client: TestClient) -> None:
+def test_the_first_chunk_is_the_role_and_null_content_as_llama_server_sends(
+        client: TestClient) -> None:
     events = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)
-    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": None}
+
+
+def test_include_usage_puts_usage_and_timings_in_a_last_chunk_with_no_choices(
+        client: TestClient) -> None:
+    body = chat_body(stream=True, stream_options={"include_usage": True})
+    *_, finish, last = sse_events(client.post(CHAT, json=body).text)
+    assert finish["choices"][0]["finish_reason"] and "usage" not in finish
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] > 0
+    assert last["timings"]["predicted_n"] == last["usage"]["completion_tokens"]
+
+
+def progress_of(c: TestClient, text: str) -> list[dict[str, int]]:
+    body = chat_body(text, stream=True, return_progress=True, max_tokens=2)
+    return [e["prompt_progress"] for e in sse_events(c.post(CHAT, json=body).text)
+            if "prompt_progress" in e]
+
+
+def test_return_progress_tells_each_prompt_batch_as_it_is_evaluated() -> None:
+    text = "a prompt of some forty characters or so"
+    with TestClient(app_over(batch_size=8)) as c:
+        cold, warm = progress_of(c, text), progress_of(c, text)
+    total = len(f"user: {text}\nassistant: ")  # the fake's template, a token a character
+    # found cached; each batch of 8 evaluated; the last, with the prompt's last token (its
+    # first decoding step evaluates that), as one batch
+    processed = [0, *range(8, total - 1, 8), total]
+    assert [(p["total"], p["cache"], p["processed"]) for p in cold] == \
+        [(total, 0, n) for n in processed]
+    assert [(p["cache"], p["processed"]) for p in warm] == [(total - 1, total - 1),
+                                                            (total - 1, total)]
+    assert all(p["time_ms"] >= 0 for p in cold + warm)
+
+
+def test_no_progress_unless_asked(client: TestClient) -> None:
+    events = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)
+    assert not any("prompt_progress" in e for e in events)
+
+
+def test_without_include_usage_the_finish_chunk_carries_usage_and_timings(
+        client: TestClient) -> None:
+    last = sse_events(client.post(CHAT, json=chat_body(stream=True)).text)[-1]
+    assert last["choices"][0]["finish_reason"] and last["usage"]["completion_tokens"] > 0
+    assert last["timings"]["prompt_n"] + last["timings"]["cache_n"] == \
+        last["usage"]["prompt_tokens"]
 
 
 # --- a system message after the start ---

@@ -33,7 +33,7 @@ def stream(url: str, prompt: str, on_event=None, tokens: int = TOKENS  # type: i
     with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=60) as r:
         assert r.status_code == 200
         for event in sse_events(r):
-            text.append(event["choices"][0]["delta"].get("content", ""))
+            text.append(event["choices"][0]["delta"].get("content") or "")
             accepted += event["duo"]["accepted"]
             finish = event["choices"][0]["finish_reason"] or finish
             if on_event:

@@ -231,7 +231,7 @@ def test_a_constrained_stream_is_the_plain_reply_in_pieces(client: TestClient) -
     whole = content(client.post(CHAT, json=body))
     with client.stream("POST", CHAT, json={**body, "stream": True}) as r:
         events = list(sse_events(r))
-    pieces = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    pieces = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert pieces == whole and whole in literals(2)
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
 

@@ -74,7 +74,7 @@ def ask(url: str, schema: dict, prompt: str, stream: bool = False) -> tuple[str,
     with httpx.stream("POST", f"{url}/v1/chat/completions", json={**body, "stream": True},
                       timeout=120) as r:
         events = list(sse_events(r))
-    text = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     return text, events[-1]
 
 

@@ -97,7 +97,7 @@ def test_a_stop_strings_tokens_have_entries_up_to_the_one_completing_it(stream: 
         events = sse_events(r.text)
         tokens = [e["token"] for ev in events if ev["choices"][0]["logprobs"]
                   for e in ev["choices"][0]["logprobs"]["content"]]
-        text = "".join(ev["choices"][0]["delta"].get("content", "") for ev in events)
+        text = "".join(ev["choices"][0]["delta"].get("content") or "" for ev in events)
     else:
         choice = r.json()["choices"][0]
         tokens = [e["token"] for e in choice["logprobs"]["content"]]
@@ -111,7 +111,7 @@ def test_a_character_split_across_tokens_streams_its_entries_with_its_bytes() ->
     model.script = model.tokenize("caf") + [e1, e2] + [0]
     client = TestClient(create_app(make_settings(), model))
     events = sse_events(ask_scripted(client, model, logprobs=True, stream=True).text)
-    pieces = [(ev["choices"][0]["delta"].get("content", ""),
+    pieces = [(ev["choices"][0]["delta"].get("content") or "",
                [(e["token"], e["bytes"]) for e in ev["choices"][0]["logprobs"]["content"]])
               for ev in events[1:-1]]
     assert pieces[3:] == [("", [("\\xc3", [0xC3])]), ("é", [("\\xa9", [0xA9])]), ("", [])]

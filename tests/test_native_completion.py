@@ -40,6 +40,19 @@ def test_a_text_prompt_gives_llama_servers_reply() -> None:
     assert c.post("/completion", json={"prompt": "abc", "n_predict": 2}).json()["tokens"] == []
 
 
+def test_return_progress_streams_the_prompt_s_evaluation_before_its_reply() -> None:
+    model = FakeModel()
+    c = TestClient(create_app(make_settings(batch_size=4), model))
+    objects = stream(c, prompt="abcdefghij", n_predict=2, return_progress=True)
+    told = [o["prompt_progress"] for o in objects if "prompt_progress" in o]
+    total = len(model.tokenize("abcdefghij"))
+    # found cached (none), batches of 4, the last with the prompt's last token
+    assert [(p["total"], p["cache"], p["processed"]) for p in told] == \
+        [(total, 0, n) for n in (0, 4, 8, total)]
+    assert all("prompt_progress" in o for o in objects[:len(told)])  # before any text
+    assert not any("prompt_progress" in o for o in stream(c, prompt="abc", n_predict=2))
+
+
 def test_ids_and_mixed_prompts_are_the_text_they_stand_for() -> None:
     c, model = client()
     ids = model.tokenize("abc")

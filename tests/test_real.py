@@ -58,7 +58,7 @@ def test_chat_completion_and_stream_agree(lead: Lead) -> None:
     text = reply["choices"][0]["message"]["content"]
     assert len(text) > 20 and reply["usage"]["completion_tokens"] <= 40
     events = list(stream_chat(lead, max_tokens=40))
-    streamed = "".join(e["choices"][0]["delta"].get("content", "") for e in events)
+    streamed = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
     assert streamed == text  # same prompt, same greedy path, no drafts: identical
     assert events[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 

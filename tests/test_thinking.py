@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.fake import FakeModel
 from lead.apis.thinking import ThinkSplit, starts_inside
 from lead.server.app import create_app
+from shared.chat_template import ChatTemplate
 from tests.conftest import make_settings
 from tests.test_api import sse_events
 from tests.test_tools_api import WEATHER, PieceModel
@@ -22,7 +24,7 @@ CALLING = ["<think>", "Weather: a tool.", "</think>", "\n\n", "<tool_call>",
 
 
 def joined(deltas: list[dict[str, str]], key: str) -> str:
-    return "".join(d.get(key, "") for d in deltas)
+    return "".join(d.get(key) or "" for d in deltas)
 
 
 @pytest.mark.parametrize("pieces", [
@@ -130,3 +132,44 @@ def test_responses_carry_reasoning_as_a_reasoning_item() -> None:
     done = events[-1]["response"]["output"]
     assert [item["type"] for item in done] == ["reasoning", "message"]
     assert done[1]["content"][0]["text"] == "Hello there."
+
+
+# --- earlier turns' thinking, back into the prompt ---
+
+THINKING_TEMPLATE = ("{% for m in messages %}{{ m.role }}: {% if m.reasoning_content %}"
+                     "<think>{{ m.reasoning_content }}</think>{% endif %}{{ m.content }}\n"
+                     "{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+
+
+class ThinkingTemplateModel(FakeModel):
+    """A fake whose template renders an assistant's reasoning_content, as Qwen3's does."""
+
+    def format_chat(self, messages: list[dict[str, Any]], tools: Any = None,
+                    add_generation_prompt: bool = True, thinking: bool | None = None) -> str:
+        return ChatTemplate(THINKING_TEMPLATE).render(messages, tools, add_generation_prompt)
+
+
+def test_an_earlier_turn_s_reasoning_content_is_rendered_by_the_template() -> None:
+    messages = [{"role": "user", "content": "fix it"},
+                {"role": "assistant", "content": "done", "reasoning_content": "look first"},
+                {"role": "user", "content": "thanks"}]
+    with TestClient(create_app(make_settings(calibrate=False), ThinkingTemplateModel())) as c:
+        prompt = c.post("/apply-template", json={"messages": messages}).json()["prompt"]
+    assert prompt == ("user: fix it\nassistant: <think>look first</think>done\n"
+                      "user: thanks\nassistant: ")
+
+
+def test_anthropic_thinking_blocks_reach_the_prompt_as_reasoning_content() -> None:
+    def counted(blocks: list[dict[str, Any]]) -> int:
+        body = {"model": "any", "messages": [
+            {"role": "user", "content": "fix it"}, {"role": "assistant", "content": blocks},
+            {"role": "user", "content": "thanks"}]}
+        return c.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    said = {"type": "text", "text": "done"}
+    thought = [{"type": "thinking", "thinking": "look ", "signature": "s"},
+               {"type": "thinking", "thinking": "first", "signature": "s"}]
+    with TestClient(create_app(make_settings(calibrate=False), ThinkingTemplateModel())) as c:
+        assert counted([*thought, said]) - counted([said]) == len("<think>look first</think>")
+        alone = counted(thought)  # thinking alone: an assistant turn with no text
+    assert alone == len("user: fix it\nassistant: <think>look first</think>\n"
+                        "user: thanks\nassistant: ")

@@ -79,7 +79,7 @@ def test_a_call_in_the_reply_becomes_tool_calls() -> None:
 def test_a_streamed_call_comes_as_deltas_that_add_up_to_the_plain_reply() -> None:
     events = ask_streamed(client_for(CALL))
     deltas = [e["choices"][0]["delta"] for e in events]
-    content = "".join(d.get("content", "") for d in deltas)
+    content = "".join(d.get("content") or "" for d in deltas)
     calls = [c for d in deltas for c in d.get("tool_calls", [])]
     assert content == "I will look." and len(calls) == 1
     assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "get_weather"
@@ -95,7 +95,7 @@ def test_a_reply_without_calls_is_plain_content() -> None:
         "index": 0, "message": {"role": "assistant", "content": "It is sunny."},
         "logprobs": None, "finish_reason": "stop"}
     events = ask_streamed(client_for(pieces))
-    assert "".join(e["choices"][0]["delta"].get("content", "") for e in events) == \
+    assert "".join(e["choices"][0]["delta"].get("content") or "" for e in events) == \
         "It is sunny."
     assert events[-1]["choices"][0]["finish_reason"] == "stop"
 

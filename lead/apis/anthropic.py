@@ -21,9 +21,10 @@ from lead.apis.renames import ORIGIN, Names, chat_request
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                403: "permission_error", 404: "not_found_error", 413: "request_too_large",
                429: "rate_limit_error", 529: "overloaded_error"}
-# Blocks of earlier turns the model cannot read again: its thinking (this model writes
-# none; another's is signed for Anthropic's), server tools' calls and results lead never ran
-SKIPPED = {"thinking", "redacted_thinking", "server_tool_use", "web_search_tool_result",
+# Blocks of earlier turns the model cannot read again: redacted thinking (encrypted for
+# Anthropic's), server tools' calls and results lead never ran. Thinking is read again:
+# the assistant's reasoning_content, which templates render where they use it
+SKIPPED = {"redacted_thinking", "server_tool_use", "web_search_tool_result",
            "web_fetch_tool_result", "code_execution_tool_result",
            "bash_code_execution_tool_result", "text_editor_code_execution_tool_result",
            "tool_search_tool_result", "mcp_tool_use", "mcp_tool_result", "container_upload"}
@@ -137,12 +138,18 @@ def _turn(i: int, message: dict[str, Any]) -> list[dict[str, Any]]:
     if not isinstance(content, list) or (role == "user" and not content):
         raise shapes.FieldRefused(f"messages[{i}].content", f"messages[{i}].content: text or "
                                                          "a list of blocks, not empty")
-    texts, calls, results = [], [], []
+    texts: list[str] = []
+    calls: list[dict[str, Any]] = []
+    results: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         _take_block(f"messages[{i}].content[{j}]", block, texts, calls, results)
-    text = "".join(texts)
-    own = [{"role": role, "content": text, ORIGIN: origin,
-            **({"tool_calls": calls} if calls else {})}] if text or calls else []
+    thought = "".join(str(b.get("thinking", "")) for b in content
+                      if isinstance(b, dict) and b.get("type") == "thinking")
+    text = shapes.text_parts(texts) if texts else ""  # joined as llama-server joins parts
+    extra = {**({"tool_calls": calls} if calls else {}),
+             **({"reasoning_content": thought} if thought else {})}
+    own = [{"role": role, "content": text, ORIGIN: origin, **extra}] \
+        if text or calls or thought else []
     return results + own
 
 
@@ -164,7 +171,7 @@ def _take_block(where: str, block: Any, texts: list[str], calls: list[dict[str, 
         results.append({"role": "tool", "tool_call_id": block.get("tool_use_id"),
                         "content": f"error: {text}" if block.get("is_error") else text,
                         ORIGIN: {"": where, ".tool_call_id": f"{where}.tool_use_id"}})
-    elif kind not in SKIPPED:
+    elif kind not in SKIPPED and kind != "thinking":  # thinking: the caller's
         raise shapes.FieldRefused(f"{where}.type", f"{where}.type: {kind!r} blocks are not "
                                                 "served: the model reads text (text, "
                                                 "tool_use, tool_result blocks)")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from functools import partial
 from typing import Any
 
@@ -49,6 +49,7 @@ class CompletionRequest(InfillRequest):
     return_tokens: bool = False  # the reply's token ids beside its text
     n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # each token's and the n likeliest's
     post_sampling_probs: bool = False  # those of the distribution sampled, not logprobs
+    return_progress: bool = False  # streamed: how far the prompt's evaluation is, a batch a time
 
 
 def completion_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
@@ -102,7 +103,8 @@ def prepare_completion(model: Model, defaults: Defaults, clock: Callable[[], flo
     text = partial(InfillText, req.stop, body.n_indent, body.t_max_predict_ms, clock)
     return Prepared(replace(req, max_tokens=0 if body.n_predict == 0 else req.max_tokens,
                             text=text, top_logprobs=body.n_probs or None,
-                            post_sampling=body.post_sampling_probs))
+                            post_sampling=body.post_sampling_probs,
+                            progress=body.return_progress and body.stream))
 
 
 class CompletionShape(InfillShape):
@@ -133,6 +135,10 @@ class CompletionShape(InfillShape):
         last = None
         async for e in emissions:
             session = e.prompt or session
+            if e.progress is not None:  # llama-server's: an empty piece with it
+                yield sse({"index": 0, "content": "", "tokens": [], "stop": False,
+                           "prompt_progress": asdict(e.progress)})
+                continue
             ids = session.tokens[session.n_prompt + sent:][:e.n_tokens] if session else []
             sent += e.n_tokens
             if e.text or ids:

@@ -89,8 +89,13 @@ OPENAI_COMMON = {
     "safety_identifier": accepted("metadata"),
     "prompt_cache_key": accepted("lead caches every prompt by its tokens"),
     "prompt_cache_retention": accepted("lead keeps prompts while memory allows"),
-    "stream_options": accepted("usage always comes with the last chunk"),
+    "stream_options": served("include_usage: the usage (and llama-server's timings) in a "
+                             "last chunk of its own, with no choices; without it, on the "
+                             "finish chunk"),
     "cache_prompt": accepted("llama-server's: lead always caches"),
+    "return_progress": served("llama-server's: a streamed reply's chunks tell how far its "
+                              "prompt's evaluation is (prompt_progress: total, cache, "
+                              "processed, time_ms), after each batch lead evaluates"),
     "id_slot": served("llama-server's: the slot the request runs in, once it is free (-1: "
                       "the one holding most of the prompt)"),
     "samplers": accepted("llama-server's order of samplers: lead's order is llama.cpp's "
@@ -103,7 +108,8 @@ OPENAI_COMMON = {
 }
 CHAT = {
     **OPENAI_COMMON,
-    "messages": served("system, developer, user, assistant, tool; text parts"),
+    "messages": served("system, developer, user, assistant, tool; text parts; an "
+                       "assistant's reasoning_content where the template renders it"),
     "top_logprobs": served("the n likeliest tokens at each position (up to 20)"),
     "tools": served("function tools, through the model's own chat template"),
     "tool_choice": served("auto, none, required, a named function (a grammar forces it)"),
@@ -196,7 +202,9 @@ MESSAGES = {
     "model": accepted("lead serves the one model it loaded, whatever the name"),
     "max_tokens": served("at most this many tokens (past the context: up to its end)"),
     "messages": served("text, tool_use and tool_result blocks; a system message in "
-                       "place; thinking and server tools' blocks of earlier turns skipped"),
+                       "place; earlier turns' thinking as the template renders an "
+                       "assistant's reasoning_content; redacted thinking and server "
+                       "tools' blocks skipped"),
     "system": served("text or text blocks"),
     "stop_sequences": served("stop strings; the one that ended the reply is named"),
     "tools": served("client tools; server tools lead has none of (web search, web fetch, "

@@ -28,6 +28,7 @@ from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming, validated
 from lead.apis.streaming import StreamedReply
+from lead.apis.timings import timings
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
 from lead.decode.textstream import TextStream
@@ -333,26 +334,6 @@ class InfillShape:
     def prompt_text(self, session: Session) -> str:
         data = b"".join(self.model.token_bytes(t) for t in session.tokens[:session.n_prompt])
         return data.decode("utf-8", "replace")
-
-
-def timings(session: Session, now: float) -> dict[str, Any]:
-    """llama.cpp's `timings`: the prompt's tokens found cached and evaluated, the reply's,
-    milliseconds and rates; its drafts where there were any."""
-    decoding = session.t_decode or now
-    prompt_n, prompt_ms = session.n_prompt - session.n_cached, (decoding - session.t_start) * 1000
-    predicted_n, predicted_ms = session.n_generated, (now - decoding) * 1000
-    out = {"cache_n": session.n_cached, **rates("prompt", prompt_n, prompt_ms),
-           **rates("predicted", predicted_n, predicted_ms)}
-    if session.drafted:
-        out.update(draft_n=session.drafted, draft_n_accepted=session.accepted)
-    return out
-
-
-def rates(kind: str, n: int, ms: float) -> dict[str, Any]:
-    ms = max(ms, 0.0)
-    return {f"{kind}_n": n, f"{kind}_ms": ms,
-            f"{kind}_per_token_ms": ms / n if n else 0.0,
-            f"{kind}_per_second": 1e3 * n / ms if ms > 0 else 0.0}
 
 
 def picked(fields: dict[str, Any], paths: list[str] | None) -> dict[str, Any]:

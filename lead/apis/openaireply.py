@@ -6,21 +6,26 @@ Beside Anthropic's (anthropicreply.py) and the Responses API's (responsereply.py
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 from lead.apis import shapes, toolreply
 from lead.apis.prepare import Prepared
+from lead.apis.timings import timings
 from lead.apis.toolparse import Delta
 from lead.decode.session import Emission, Session
 
 
 async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
-              shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1
+              shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1,
+              usage_apart: bool = False, clock: Callable[[], float] = time.perf_counter
               ) -> AsyncIterator[str]:
     """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
-    with the last, then [DONE]. `n`: the choices, each parsed (tool calls, reasoning) on
-    its own."""
+    and llama-server's timings with the last (`usage_apart`: in a chunk of their own
+    after it, with no choices, as OpenAI's include_usage asks), then [DONE]. `n`: the
+    choices, each parsed (tool calls, reasoning) on its own; `clock`: the engine's."""
     head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
     deltas = [prepared.deltas() if prepared else toolreply.Deltas(None) for _ in range(n)]
     sessions: dict[int, Session] = {}
@@ -46,6 +51,9 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
             yield event(i, None, opening=True)
     async for e in emissions:
         i = e.choice
+        if e.progress is not None:  # as llama-server tells it: a chunk like the opening one
+            yield event(i, None, opening=True, prompt_progress=asdict(e.progress))
+            continue
         if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
             parts = deltas[i].push(e.text)
             yield event(i, e, parts[0] if parts else None)
@@ -56,12 +64,24 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
         for part in deltas[i].finish():
             yield event(i, None, part)
         sessions[i] = e.session
-        last = {"usage": sessions_usage(*sessions.values())} if len(sessions) == n else {}
-        yield event(i, None, finish=deltas[i].finish_reason(e.session.finish_reason), **last)
+        last = _last(sessions, n, e.session, clock())
+        finish = deltas[i].finish_reason(e.session.finish_reason)
+        yield event(i, None, finish=finish, **({} if usage_apart else last))
+        if usage_apart and last:
+            yield f"data: {json.dumps({**head, 'choices': [], **last})}\n\n"
     assert len(sessions) == n, "each choice's last emission carries its session"
     yield "data: [DONE]\n\n"
 
 
+
+
+def _last(sessions: dict[int, Session], n: int, session: Session, now: float
+          ) -> dict[str, Any]:
+    """What the last chunk adds once every choice has ended: the usage, and llama-server's
+    timings (of the choice that ended last)."""
+    if len(sessions) < n:
+        return {}
+    return {"usage": sessions_usage(*sessions.values()), "timings": timings(session, now)}
 
 
 def sessions_usage(*sessions: Session) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from lead.apis.choices import choice_requests, interleaved
 from lead.apis.openaireply import sessions_usage, sse
 from lead.apis.prepare import Defaults, Prepared, prepare_chat, prepare_completion
 from lead.apis.streaming import StreamedReply, unless_gone
+from lead.apis.timings import timings
 from lead.decode.admission import Place, QueueFull
 from lead.decode.engine import Engine
 from lead.decode.session import Emission
@@ -112,13 +113,16 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
     def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
                  ) -> Response:
         return StreamedReply(gen, partial(sse, name, rid=rid, shape=shape, prepared=prepared,
-                                          n=body.n), release)
+                                          n=body.n, usage_apart=body.usage_apart(),
+                                          clock=engine.clock), release)
     return await reply(engine, workers, request, body.stream, prepare,
-                       partial(_whole, name, rid, shape, verbose), streamed, body.n)
+                       partial(_whole, name, rid, shape, verbose, engine.clock), streamed,
+                       body.n)
 
 
 def _whole(model: str, rid: str, shape: shapes.ReplyShape, verbose: bool,
-           emissions: list[Emission], prepared: Prepared) -> JSONResponse:
+           clock: Callable[[], float], emissions: list[Emission], prepared: Prepared
+           ) -> JSONResponse:
     """A reply not streamed, from all of its emissions (each choice's)."""
     choices, sessions = [], []
     for i, own in sorted(by_choice(emissions).items()):
@@ -131,7 +135,7 @@ def _whole(model: str, rid: str, shape: shapes.ReplyShape, verbose: bool,
         choices.append(toolreply.with_parts(choice, prepared.parts(text)) if chat else choice)
         sessions.append(session)
     body = {**shapes.envelope(shape.kind, rid, model), "choices": choices,
-            "usage": sessions_usage(*sessions)}
+            "usage": sessions_usage(*sessions), "timings": timings(sessions[-1], clock())}
     if verbose:  # llama-server's debugging aid: what the model was given
         body["__verbose"] = {"prompt": prepared.prompt,
                              "prompt_tokens": len(prepared.req.prompt_ids)}

@@ -119,4 +119,5 @@ def gen_request(model: Model, defaults: Defaults, body: shapes.CommonRequest,
         params = params.model_copy(update={"grammar": constrained[0]})
     return GenRequest(prompt_ids, wanted or defaults.max_tokens or n_ctx, params, body.stops(),
                       body.top_logprobs_wanted(),
-                      constraint=constrained[1] if constrained else None, slot=body.id_slot)
+                      constraint=constrained[1] if constrained else None, slot=body.id_slot,
+                      progress=body.return_progress and body.stream)

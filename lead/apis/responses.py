@@ -165,7 +165,8 @@ def _messages(given: str | list[dict[str, Any]]) -> list[dict[str, Any]]:
     for i, item in enumerate(given):
         kind = item.get("type", "message") if isinstance(item, dict) else None
         if kind == "message":
-            out.append({"role": _role(i, item), "content": _text(f"input[{i}]", item),
+            out.append({"role": _role(i, item),
+                        "content": shapes.text_parts(_texts(f"input[{i}]", item)),
                         ORIGIN: {"": f"input[{i}]"}})
         elif kind in ("function_call", "custom_tool_call"):
             _add_call(out, i, item)
@@ -191,10 +192,15 @@ def _role(i: int, item: dict[str, Any]) -> str:
 
 
 def _text(where: str, item: dict[str, Any], key: str = "content") -> str:
-    """A message's text: a string, or its text parts joined."""
+    """An item's text: a string, or its text parts joined."""
+    return "".join(_texts(where, item, key))
+
+
+def _texts(where: str, item: dict[str, Any], key: str = "content") -> list[str]:
+    """An item's texts: a string, or its text parts."""
     content = item.get(key)
     if isinstance(content, str):
-        return content
+        return [content]
     if not isinstance(content, list):
         raise shapes.FieldRefused(f"{where}.{key}", f"{where}.{key}: text or a list of parts")
     for j, part in enumerate(content):
@@ -202,7 +208,7 @@ def _text(where: str, item: dict[str, Any], key: str = "content") -> str:
         if kind not in ("input_text", "output_text", "text"):
             raise shapes.FieldRefused(f"{where}.{key}[{j}].type", f"{where}.{key}[{j}].type: "
                                    f"only text parts are served, not {kind!r}")
-    return "".join(str(part.get("text", "")) for part in content)
+    return [str(part.get("text", "")) for part in content]
 
 
 def _add_call(out: list[dict[str, Any]], i: int, item: dict[str, Any]) -> None:

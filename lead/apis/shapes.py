@@ -55,18 +55,42 @@ class ChatMessage(BaseModel):
     name: Text | None = None  # passed to the chat template, which may use it
     tool_calls: list[Any] | None = None  # an assistant's calls (checked in lead/apis/tools.py)
     tool_call_id: str | None = None  # a tool result's call
+    # an earlier turn's thinking, rendered where the template uses it (Qwen3's <think>)
+    reasoning_content: Text | None = None
 
-    def text(self) -> str:
+    def text(self, delimiter: str = "\n") -> str:
         if isinstance(self.content, list):
-            return "".join(p.text for p in self.content)
+            return joined([p.text for p in self.content], delimiter)
         return self.content or ""
 
-    def for_template(self) -> dict[str, Any]:
+    def for_template(self, last: bool = False) -> dict[str, Any]:
+        """The message as templates take it. Text parts joined as llama-server joins them:
+        by a newline, but with blank lines in a prefill (`last`: the assistant's message
+        that ends the conversation, which the reply continues)."""
         # OpenAI's newer name for system; many templates reject roles they do not know.
         role = "system" if self.role == "developer" else self.role
         extra = {k: v for k, v in (("name", self.name), ("tool_calls", self.tool_calls),
-                                   ("tool_call_id", self.tool_call_id)) if v}
-        return {"role": role, "content": self.text(), **extra}
+                                   ("tool_call_id", self.tool_call_id),
+                                   ("reasoning_content", self.reasoning_content)) if v}
+        prefill = last and role == "assistant" and not self.tool_calls
+        return {"role": role, "content": self.text("\n\n" if prefill else "\n"), **extra}
+
+
+def joined(texts: Sequence[str], delimiter: str = "\n") -> str:
+    """Text parts as llama.cpp joins them: `delimiter` between, none while the text so far
+    is empty."""
+    out = ""
+    for text in texts:
+        out += (delimiter if out else "") + text
+    return out
+
+
+def text_parts(texts: Sequence[str]) -> str | list[dict[str, str]]:
+    """Texts as a chat message's content: one as it is, several as text parts (which
+    ChatMessage joins as llama-server does)."""
+    if len(texts) == 1:
+        return texts[0]
+    return [{"type": "text", "text": text} for text in texts]
 
 
 class JsonSchemaFormat(BaseModel):
@@ -99,6 +123,11 @@ def given(body: BaseModel, *names: str) -> dict[str, Any]:
     return {name: getattr(body, name) for name in names if name in body.model_fields_set}
 
 
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")  # include_obfuscation ...: nothing to add
+    include_usage: bool = False
+
+
 class CommonRequest(LlamaSamplers):
     # Fields not declared here (or in LlamaSamplers) are kept in model_extra for
     # check_served to judge.
@@ -116,6 +145,10 @@ class CommonRequest(LlamaSamplers):
     id_slot: int | None = None  # llama-server's: the slot the request runs in (-1: any)
     stop: Text | list[Text] | None = None
     stream: bool = False
+    stream_options: StreamOptions | None = None
+    # llama-server's: a streamed reply tells how far its prompt's evaluation is, a batch
+    # at a time (prompt_progress)
+    return_progress: bool = False
     frequency_penalty: OpenAIPenalty | None = None
     presence_penalty: OpenAIPenalty | None = None
     repeat_penalty: RepeatPenalty = 1.0
@@ -150,6 +183,10 @@ class CommonRequest(LlamaSamplers):
         unset = {k: v for k, v in (preset or {}).items()
                  if k not in self.model_fields_set or getattr(self, k) is None}
         return params.model_copy(update=unset) if unset else params
+
+    def usage_apart(self) -> bool:
+        """OpenAI's include_usage: the usage in a last chunk of its own, with no choices."""
+        return bool(self.stream_options and self.stream_options.include_usage)
 
     def wanted_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
@@ -302,9 +339,10 @@ def chat_choice(text: str, finish: str | None, delta: bool, first: bool = False,
     if not delta:
         return {"index": 0, "message": {"role": "assistant", "content": text},
                 "logprobs": logprobs, "finish_reason": finish}
-    body: dict[str, Any] = {"content": text} if text or first else {}
-    if first:  # OpenAI's first chunk: {"role": "assistant", "content": ""}
-        body = {"role": "assistant", **body}
+    if first:  # llama-server's first chunk (OpenAI's has "content": "")
+        body: dict[str, Any] = {"role": "assistant", "content": None}
+    else:
+        body = {"content": text} if text else {}
     return {"index": 0, "delta": body, "logprobs": logprobs, "finish_reason": finish}
 
 

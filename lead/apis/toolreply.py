@@ -23,7 +23,9 @@ def chat_prompt(model: Model, body: ChatRequest) -> tuple[ToolPlan, str]:
     ValueError where the chat template refuses the messages."""
     try:
         plan = plan_tools(model.chat_template, body.tools, body.tool_choice)
-        messages = template_messages([m.for_template() for m in body.messages])
+        last = len(body.messages) - 1
+        messages = template_messages([m.for_template(i == last)
+                                      for i, m in enumerate(body.messages)])
     except ToolsError as exc:
         raise FieldRefused(exc.param, str(exc)) from None
     if plan.generic:

@@ -194,7 +194,7 @@ class Engine:
                 run.prefilled(len(job.prompt), self.clock())
                 continue
             self._score(run, job, result, offered.get(run.session.id))
-            run.apply(result, self.model, self.grammar_s)
+            run.apply(result, self.model, self.grammar_s, self.clock())
             self.cost.scores.settle(run.session.id, run.session.tokens)
             if run.session.finish_reason is not None:
                 self._end(run)

@@ -11,7 +11,7 @@ import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from lead.decode.session import Emission, GenRequest, Session, StepResult, merged
+from lead.decode.session import Emission, GenRequest, Progress, Session, StepResult, merged
 from lead.decode.textstream import TextStream
 from lead.drafts.board import DraftBoard
 from lead.drafts.own import OWN
@@ -40,17 +40,32 @@ class Run:
         return self.slot is not None and not self.todo
 
     def prefilled(self, n: int, now: float) -> None:
-        """`n` more of its prompt's tokens are cached."""
+        """`n` more of its prompt's tokens are cached (0: seated, those found cached)."""
         del self.todo[:n]
         self.session.prompt_evaluated += n
         if not self.todo:
             self.session.t_decode = now
+        # its last chunk is told with its last token, evaluated by its first step (`apply`):
+        # one batch in llama-server's count, which evaluates them together
+        if n == 0 or self.todo:
+            self._progress(self.session.n_prompt - 1 - len(self.todo), now)
 
-    def apply(self, result: StepResult, vocab: Model, grammar_s: float) -> None:
+    def _progress(self, processed: int, now: float) -> None:
+        """Where the request asked: how far its prompt's evaluation is, told as it goes."""
+        s = self.session
+        if not self.req.progress or s.n_generated:
+            return
+        cache = s.n_prompt - 1 - len(self.todo) - s.prompt_evaluated
+        progress = Progress(s.n_prompt, cache, processed, int((now - s.t_start) * 1000))
+        self._out.put_nowait(Emission("", 0, 0, progress=progress))
+
+    def apply(self, result: StepResult, vocab: Model, grammar_s: float, now: float = 0.0
+              ) -> None:
         """What a verify step's verdict does: the session extended by the tokens it emits
         (cut at max_tokens, an EOS, a stop string), counted, finished where it ends, and its
         emissions to the reader (the last one carrying the session, if it finished)."""
         s = self.session
+        self._progress(s.n_prompt, now)  # its first step evaluated the prompt's last token
         emitted = _emitted(s, result, self.req.max_tokens, vocab.eos_token_ids)
         _count(s, result, len(emitted))
         s.tokens.extend(emitted)

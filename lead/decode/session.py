@@ -30,6 +30,17 @@ class GenRequest:
     # the reply's text as its tokens are decided (None: a TextStream of `stop`); an API's
     # own ends the reply by rules of its own too (/infill's: lead/apis/infill.py)
     text: Callable[[], TextStream] | None = None
+    progress: bool = False  # llama-server's return_progress: an emission per prompt batch
+
+
+@dataclass(frozen=True)
+class Progress:
+    """How far a prompt's evaluation is (llama-server's prompt_progress): its tokens, those
+    found cached, those in the slot's cache now (found or evaluated), ms since it began."""
+    total: int
+    cache: int
+    processed: int
+    time_ms: int
 
 
 @dataclass
@@ -42,6 +53,7 @@ class Emission:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # if asked, of its tokens
     choice: int = 0  # the request's choice it belongs to (OpenAI's n: lead/apis/choices.py)
     prompt: Session | None = None  # set on a generation's first: its prompt is read by then
+    progress: Progress | None = None  # an emission of no tokens: how far its prompt is
 
 
 def merged(emissions: list[Emission]) -> list[Emission]:

@@ -13,9 +13,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
-from uvicorn.protocols.http.auto import AutoHTTPProtocol  # httptools, else h11
+from uvicorn.protocols.http.h11_impl import H11Protocol  # httptools lower-cases header names
 
 from lead.server.gate import exposure_warning
+from lead.server.headercase import with_canonical_headers
 from lead.server.sendwatch import Wire
 
 log = logging.getLogger("lead")
@@ -40,14 +41,16 @@ def protocol_class(write_timeout: float, on_cut: Callable[[], None] = lambda: No
                    ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol with a Wire on every connection (lead/server/sendwatch.py):
     small send buffers, and a client that reads nothing for `write_timeout` seconds cut off.
-    Only the protocol sees the transport, and only there is a silent client visible at all."""
+    Only the protocol sees the transport, and only there is a silent client visible at all.
+    Outermost, header names as llama-server writes them (lead/server/headercase.py)."""
 
-    class LeadHttpProtocol(AutoHTTPProtocol):  # type: ignore[misc, valid-type]
+    class LeadHttpProtocol(H11Protocol):
         wire: Wire
 
         def connection_made(self, transport: Any) -> None:
             self.wire = Wire(transport, write_timeout, self.loop, on_cut=on_cut)
-            self.app = self.wire.wrap(self.app)  # a fresh protocol per connection
+            # a fresh protocol per connection
+            self.app = with_canonical_headers(self.wire.wrap(self.app))
             super().connection_made(transport)
 
         def pause_writing(self) -> None:
@@ -70,6 +73,8 @@ def uvicorn_config(app: FastAPI, host: str, port: int, log_level: str = "info",
     return uvicorn.Config(app, host=host, port=port, log_level=log_level.lower(),
                           access_log=log_level.lower() == "debug",
                           timeout_graceful_shutdown=drain_s,
+                          # written lower-case after the app: headercase.py writes Date
+                          server_header=False, date_header=False,
                           # the link's frames: one up to the limit (max_body_kb) gets a
                           # 413 and the link stays; one over twice that ends the link (1009)
                           ws_max_size=2 * app.state.settings.max_body_kb * 1024,
