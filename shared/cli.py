@@ -162,8 +162,8 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
 
 
 def unknown_short_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
-    """llama-server's one-dash names the parser does not know (-nkvo, -ctxcp): argparse
-    would read them as a short flag and its value run together (-n kvo, -c txcp)."""
+    """llama-server's one-dash names the parser does not know (-ctxcp): argparse
+    would read them as a short flag and its value run together (-c txcp)."""
     known = parser._option_string_actions
     return [arg for arg in argv if re.fullmatch(r"-[A-Za-z][A-Za-z0-9-]+", arg.split("=")[0])
             and arg.split("=")[0] not in known]

@@ -188,11 +188,11 @@ def test_llama_server_flags_for_what_lead_lacks_say_why(
     assert said in err and argv[0].split("=")[0] in err and len(err.splitlines()) == 1
 
 
-@pytest.mark.parametrize("argv", [["-nkvo"], ["-ctxcp", "8"], ["--draft", "16"],
+@pytest.mark.parametrize("argv", [["-nabc"], ["-ctxcp", "8"], ["--draft", "16"],
                                   ["--ctx", "4096"], ["-xyz=1"]])
 def test_an_unknown_flag_is_never_read_as_another(argv: list[str],
                                                   capsys: pytest.CaptureFixture[str]) -> None:
-    # -nkvo is not -n kvo, -ctxcp not -c txcp, --draft not an abbreviated --draft-len
+    # -nabc is not -n abc, -ctxcp not -c txcp, --draft not an abbreviated --draft-len
     with pytest.raises(SystemExit):
         parse(*argv)
     assert f"unrecognized arguments: {argv[0]}" in capsys.readouterr().err
