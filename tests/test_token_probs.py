@@ -201,6 +201,17 @@ def test_bad_values_are_a_400_naming_the_field_and_lead_keeps_serving(body: dict
     assert whole(c, n_probs=1)["completion_probabilities"]
 
 
-def test_infill_still_refuses_them() -> None:
-    r = client().post("/infill", json={"input_prefix": "a", "n_probs": 2})
-    assert r.status_code == 400 and "/completion serves them" in r.text
+def test_infill_serves_them_as_completion_does() -> None:
+    c = TestClient(create_app(make_settings(), FakeModel(fim=True)))
+    body = {"input_prefix": "def f(", "input_suffix": "):", "n_predict": 6, "n_probs": 3,
+            "return_tokens": True}
+    reply = c.post("/infill", json=body).json()
+    entries = reply["completion_probabilities"]
+    assert [e["id"] for e in entries] == reply["tokens"] and len(entries) == 6
+    assert all(set(e) == KEYS and len(e["top_logprobs"]) == 3 for e in entries)
+    assert "".join(e["token"] for e in entries) == reply["content"]
+    with c.stream("POST", "/infill", json={**body, "stream": True}) as r:
+        events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ")]
+    assert [e["completion_probabilities"][0] for e in events[:-1]] == entries
+    bad = c.post("/infill", json={"input_prefix": "a", "n_probs": -1})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "n_probs"

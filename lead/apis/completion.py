@@ -24,14 +24,22 @@ from pydantic import Field
 
 from lead.apis import shapes
 from lead.apis.embedinput import piece_ids, prompts
-from lead.apis.infill import InfillRequest, InfillShape, InfillText, native_reply, picked, sse
+from lead.apis.infill import (
+    INFILL_NAMES,
+    InfillRequest,
+    InfillShape,
+    InfillText,
+    native_reply,
+    picked,
+    prepare_infill,
+    sse,
+)
 from lead.apis.infill import infill_request as checked_request
 from lead.apis.prepare import Defaults, Prepared, gen_request
 from lead.apis.renames import renaming
 from lead.apis.tokenprobs import probabilities, token_objects
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
-from shared.logprobs import MAX_TOP_LOGPROBS
 from shared.model import Model
 from shared.modelthread import Threads
 
@@ -46,16 +54,22 @@ class CompletionRequest(InfillRequest):
     # text, ids, both mixed, {"prompt_string": ...}, or a list of those: several prompts
     prompt: shapes.Text | list[Any] | dict[str, Any] = Field(  # type: ignore[assignment]
         "", max_length=MAX_PROMPT_IDS)
-    return_tokens: bool = False  # the reply's token ids beside its text
-    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # each token's and the n likeliest's
-    post_sampling_probs: bool = False  # those of the distribution sampled, not logprobs
     return_progress: bool = False  # streamed: how far the prompt's evaluation is, a batch a time
 
 
 def completion_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
-    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
+    """llama-server's native /completion and /infill. `defaults`: what a request leaves
+    out gets; `workers`: where requests are prepared."""
     router = APIRouter()
     model = engine.model
+
+    @router.post("/infill", response_model=None)
+    async def infill(body: InfillRequest, request: Request) -> Response:
+        completion = checked_request(body)
+        shape = CompletionShape(model, engine.clock, body, defaults.max_tokens)
+        prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, defaults,
+                                                 engine.batch, engine.clock, body, completion))
+        return await native_reply(engine, workers, request, shape, prepare)
 
     @router.post("/completions", include_in_schema=False, response_model=None)
     @router.post("/completion", response_model=None)  # (both llama-server's native API)
@@ -109,9 +123,8 @@ def prepare_completion(model: Model, defaults: Defaults, clock: Callable[[], flo
 
 class CompletionShape(InfillShape):
     """/infill's reply, with each streamed object's token ids, the reply's where
-    `return_tokens` asks, and each token's probabilities where `n_probs` asks."""
-
-    body: CompletionRequest
+    `return_tokens` asks, and each token's probabilities where `n_probs` asks (on /infill
+    too, as llama-server)."""
 
     def whole(self, emissions: list[Emission]) -> dict[str, Any]:
         out = super().whole(emissions)

@@ -243,8 +243,5 @@ INFILL = {
     "response_fields": served("the reply holds only these fields"),
     "model": accepted("lead serves the one model it loaded, whatever the name"),
     "lora": refused("LoRA adapters are not served", lambda v: not v),
-    "n_probs": refused("token probabilities are not served on /infill (/completion serves "
-                       "them)",
-                       lambda v: v == 0),
     "ignore_eos": refused("the end of text always ends the reply", lambda v: v is False),
 }

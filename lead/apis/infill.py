@@ -19,19 +19,20 @@ from dataclasses import replace
 from functools import partial
 from typing import Any
 
-from fastapi import APIRouter, Request
+from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from lead.apis import fields, llamasampling, shapes
 from lead.apis.openairoutes import Generation, reply
 from lead.apis.prepare import Defaults, Prepared, gen_request
-from lead.apis.renames import renaming, validated
+from lead.apis.renames import validated
 from lead.apis.streaming import StreamedReply
 from lead.apis.timings import timings
 from lead.decode.engine import Engine
 from lead.decode.session import Emission, Session
 from lead.decode.textstream import TextStream
+from shared.logprobs import MAX_TOP_LOGPROBS
 from shared.model import Model
 from shared.modelthread import Threads
 
@@ -89,6 +90,9 @@ class InfillRequest(llamasampling.LlamaSamplersAsGiven):
     response_fields: list[str] | None = None  # the reply holds only these (a/b: b in a)
     model: str | None = None  # lead serves one model
     stream: bool = False
+    return_tokens: bool = False  # the reply's token ids beside its text
+    n_probs: int = Field(0, ge=0, le=MAX_TOP_LOGPROBS)  # each token's and the n likeliest's
+    post_sampling_probs: bool = False  # those of the distribution sampled, not logprobs
     temperature: Any = None  # these: as the completion request takes them
     top_k: Any = None
     top_p: Any = None
@@ -99,22 +103,6 @@ class InfillRequest(llamasampling.LlamaSamplersAsGiven):
     repeat_last_n: Any = None
     frequency_penalty: Any = None
     presence_penalty: Any = None
-
-
-def infill_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRouter:
-    """`defaults`: what a request leaves out gets; `workers`: where requests are prepared."""
-    router = APIRouter()
-    model = engine.model
-
-    @router.post("/infill", response_model=None)
-    async def infill(body: InfillRequest, request: Request) -> Response:
-        completion = infill_request(body)
-        shape = InfillShape(model, engine.clock, body, defaults.max_tokens)
-        prepare = renaming(INFILL_NAMES, partial(prepare_infill, model, defaults,
-                                                 engine.batch, engine.clock, body, completion))
-        return await native_reply(engine, workers, request, shape, prepare)
-
-    return router
 
 
 async def native_reply(engine: Engine, workers: Threads, request: Request,
@@ -170,7 +158,8 @@ def prepare_infill(model: Model, defaults: Defaults, n_batch: int, clock: Clock,
                       infill_ids(model, body, n_batch, n_extra), None)
     text = partial(InfillText, req.stop, body.n_indent, body.t_max_predict_ms, clock)
     return Prepared(replace(req, max_tokens=0 if body.n_predict == 0 else req.max_tokens,
-                            text=text))
+                            text=text, top_logprobs=body.n_probs or None,
+                            post_sampling=body.post_sampling_probs))
 
 
 def infill_ids(model: Model, body: InfillRequest, n_batch: int, n_extra: int) -> list[int]:

@@ -21,7 +21,6 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from lead.apis.agentroutes import agent_router
 from lead.apis.completion import completion_router
 from lead.apis.embeddings import embeddings_router, load_embedder
-from lead.apis.infill import infill_router
 from lead.apis.llamaserver import llama_server_router
 from lead.apis.openairoutes import openai_router
 from lead.apis.prepare import Defaults
@@ -122,7 +121,6 @@ def create_app(settings: LeadSettings, target: Model | None = None,
                         settings.sampler_preset())
     app.include_router(openai_router(engine, defaults, workers, card))
     app.include_router(agent_router(engine, defaults, workers))
-    app.include_router(infill_router(engine, defaults, workers))
     app.include_router(llama_server_router(engine, defaults, workers, settings.slots,
                                        settings.props))
     app.include_router(slot_actions_router(engine, settings.slot_save_path))
