@@ -35,7 +35,7 @@ def agent_router(engine: Engine, defaults: Defaults, workers: Threads) -> APIRou
             raise refused
         chat, names, tools = responses.to_chat(body)
         shape = responsereply.ResponseShape(body, model.name, responses.new_id("resp"),
-                                        model.token_bytes, tools)
+                                            model.token_bytes, tools, engine.clock)
 
         def streamed(gen: Generation, prepared: Prepared, release: Callable[[], None]
                      ) -> Response:

@@ -96,6 +96,8 @@ OPENAI_COMMON = {
     "return_progress": served("llama-server's: a streamed reply's chunks tell how far its "
                               "prompt's evaluation is (prompt_progress: total, cache, "
                               "processed, time_ms), after each batch lead evaluates"),
+    "timings_per_token": served("llama-server's: each streamed token's chunk carries the "
+                                "timings so far"),
     "id_slot": served("llama-server's: the slot the request runs in, once it is free (-1: "
                       "the one holding most of the prompt)"),
     "samplers": accepted("llama-server's order of samplers: lead's order is llama.cpp's "
@@ -166,6 +168,10 @@ RESPONSES = {
                     "and web-search items of earlier turns are skipped)"),
     "instructions": served("the system message"),
     "max_output_tokens": served("at most this many tokens (past the context: up to its end)"),
+    "return_progress": served("llama-server's: response.in_progress events with "
+                              "prompt_progress as the prompt is evaluated"),
+    "timings_per_token": served("llama-server's: each text delta with the timings so far "
+                                "(response.completed has them always)"),
     "text": served("format (text, json_object, json_schema); verbosity is a hint"),
     "tools": served("function tools, those in a namespace, custom tools (their input as "
                     "one string); hosted tools lead has none of (web search, file search, "

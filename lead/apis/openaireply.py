@@ -20,12 +20,14 @@ from lead.decode.session import Emission, Session
 
 async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
               shape: shapes.ReplyShape, prepared: Prepared | None = None, n: int = 1,
-              usage_apart: bool = False, clock: Callable[[], float] = time.perf_counter
-              ) -> AsyncIterator[str]:
+              usage_apart: bool = False, clock: Callable[[], float] = time.perf_counter,
+              per_token: bool = False) -> AsyncIterator[str]:
     """An OpenAI reply's events: a chunk per emission, each choice's finish, the usage
     and llama-server's timings with the last (`usage_apart`: in a chunk of their own
     after it, with no choices, as OpenAI's include_usage asks), then [DONE]. `n`: the
-    choices, each parsed (tool calls, reasoning) on its own; `clock`: the engine's."""
+    choices, each parsed (tool calls, reasoning) on its own; `clock`: the engine's;
+    `per_token`: each token's chunk with the timings so far (llama-server's
+    timings_per_token)."""
     head = shapes.envelope(f"{shape.kind}.chunk" if shape.chat else shape.kind, rid, model)
     deltas = [prepared.deltas() if prepared else toolreply.Deltas(None) for _ in range(n)]
     sessions: dict[int, Session] = {}
@@ -49,14 +51,19 @@ async def sse(model: str, emissions: AsyncIterator[Emission], rid: str,
     if shape.chat:
         for i in range(n):
             yield event(i, None, opening=True)
+    started: dict[int, Session] = {}  # each choice's session, from its first emission
     async for e in emissions:
         i = e.choice
         if e.progress is not None:  # as llama-server tells it: a chunk like the opening one
             yield event(i, None, opening=True, prompt_progress=asdict(e.progress))
             continue
+        if e.prompt is not None:
+            started[i] = e.prompt
         if e.text or e.n_tokens:  # a token with no text yet still counts: EOS, held text
             parts = deltas[i].push(e.text)
-            yield event(i, e, parts[0] if parts else None)
+            so_far = {"timings": timings(started[i], clock())} \
+                if per_token and i in started else {}
+            yield event(i, e, parts[0] if parts else None, **so_far)
             for part in parts[1:]:
                 yield event(i, None, part)
         if e.session is None:

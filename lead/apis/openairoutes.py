@@ -114,7 +114,8 @@ async def _reply(engine: Engine, workers: Threads, request: Request,
                  ) -> Response:
         return StreamedReply(gen, partial(sse, name, rid=rid, shape=shape, prepared=prepared,
                                           n=body.n, usage_apart=body.usage_apart(),
-                                          clock=engine.clock), release)
+                                          clock=engine.clock,
+                                          per_token=body.timings_per_token), release)
     return await reply(engine, workers, request, body.stream, prepare,
                        partial(_whole, name, rid, shape, verbose, engine.clock), streamed,
                        body.n)

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from dataclasses import asdict
 from typing import Any
 
 from lead.apis import shapes
 from lead.apis.prepare import Prepared
 from lead.apis.responses import LOGPROBS, ResponsesRequest, Tools, new_id
+from lead.apis.timings import timings
 from lead.decode.session import Emission, Session
 
 
@@ -18,9 +20,11 @@ class ResponseShape:
     """One reply as a response object (whole) or events (streamed)."""
 
     def __init__(self, body: ResponsesRequest, model: str, rid: str,
-                 token_bytes: shapes.TokenBytes, tools: Tools | None = None) -> None:
+                 token_bytes: shapes.TokenBytes, tools: Tools | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        """`clock`: the engine's, which stamps its sessions (llama-server's timings)."""
         self.body, self.model, self.rid = body, model, rid
-        self.token_bytes, self.tools = token_bytes, tools or Tools()
+        self.token_bytes, self.tools, self.clock = token_bytes, tools or Tools(), clock
         self.created = int(time.time())
 
     def response(self, status: str, output: list[dict[str, Any]],
@@ -71,10 +75,18 @@ class ResponseShape:
         writer = EventWriter(self)
         for text in writer.opening():
             yield text
-        deltas, last = prepared.deltas(), None
+        deltas, last, started = prepared.deltas(), None, None
         async for e in emissions:
+            started = e.prompt or started
+            if e.progress is not None:  # llama-server's: in_progress with how far
+                yield writer.event("response.in_progress", response=writer.started,
+                                   prompt_progress=asdict(e.progress))
+                continue
+            so_far = {"timings": timings(started, self.clock())} \
+                if self.body.timings_per_token and started is not None else {}
             for part in deltas.push(e.text):
-                for text in writer.delta(part, e.logprobs if "content" in part else []):
+                for text in writer.delta(part, e.logprobs if "content" in part else [],
+                                         so_far):
                     yield text
             last = e
         for part in deltas.finish():
@@ -82,7 +94,7 @@ class ResponseShape:
                 yield text
         session = last.session if last is not None else None
         assert session is not None, "the last emission carries the session"
-        for text in writer.closing(session):
+        for text in writer.closing(session, timings(session, self.clock())):
             yield text
 
 
@@ -114,6 +126,7 @@ class EventWriter:
         self.text = ""
         self.logprobs: list[Any] = []
         self.thought: dict[str, Any] | None = None  # the reasoning item being written
+        self.started: dict[str, Any] = {}  # the response as it began
 
     def event(self, kind: str, **fields: Any) -> str:
         self.seq += 1
@@ -121,16 +134,18 @@ class EventWriter:
         return f"event: {kind}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
 
     def opening(self) -> list[str]:
-        started = self.shape.response("in_progress", [])
-        return [self.event("response.created", response=started),
-                self.event("response.in_progress", response=started)]
+        self.started = self.shape.response("in_progress", [])
+        return [self.event("response.created", response=self.started),
+                self.event("response.in_progress", response=self.started)]
 
-    def delta(self, part: dict[str, Any], logprobs: list[Any]) -> list[str]:
+    def delta(self, part: dict[str, Any], logprobs: list[Any],
+              extra: dict[str, Any] | None = None) -> list[str]:
+        """A part's events; `extra`: more fields for a text delta (llama-server's timings)."""
         if "reasoning" in part:
             return self._reason(part["reasoning"])
         out = self._close_reasoning()
         if "content" in part:
-            return out + self._text(part["content"], logprobs)
+            return out + self._text(part["content"], logprobs, extra or {})
         out += self._close_message()
         for call in part.get("tool_calls", []):
             out += self._call(call)
@@ -160,14 +175,14 @@ class EventWriter:
                            output_index=index, content_index=0, text=text),
                 self.event("response.output_item.done", output_index=index, item=done)]
 
-    def _text(self, text: str, logprobs: list[Any]) -> list[str]:
+    def _text(self, text: str, logprobs: list[Any], extra: dict[str, Any]) -> list[str]:
         out = [] if self.open is not None else self._open_message()
         self.text += text
         entries = self.shape._logprobs(logprobs) or []
         self.logprobs += entries
         out.append(self.event("response.output_text.delta", item_id=self.open["id"],
                               output_index=len(self.output), content_index=0, delta=text,
-                              logprobs=entries))
+                              logprobs=entries, **extra))
         return out
 
     def _open_message(self) -> list[str]:
@@ -207,9 +222,11 @@ class EventWriter:
                            **{key: item[key]}),
                 self.event("response.output_item.done", output_index=index, item=item)]
 
-    def closing(self, session: Session) -> list[str]:
+    def closing(self, session: Session, timed: dict[str, Any]) -> list[str]:
+        """The open items closed, then completed (or incomplete), with llama-server's
+        `timings` beside the response."""
         out = self._close_reasoning() + self._close_message()
         status = status_of(session)
         done = self.shape.response(status, self.output, session)
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        return [*out, self.event(kind, response=done)]
+        return [*out, self.event(kind, response=done, timings=timed)]

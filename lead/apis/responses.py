@@ -49,6 +49,8 @@ class ResponsesRequest(BaseModel):
     include: list[str] | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     reasoning: dict[str, Any] | None = None
+    return_progress: bool = False  # llama-server's: response.in_progress with prompt_progress
+    timings_per_token: bool = False  # llama-server's: each text delta with the timings so far
 
 
 def refusal(body: ResponsesRequest) -> shapes.FieldRefused | None:
@@ -80,6 +82,7 @@ def to_chat(body: ResponsesRequest) -> tuple[shapes.ChatRequest, Names, Tools]:
     effort = thinking(body)
     fields_ = {"messages": messages, "max_tokens": body.max_output_tokens,
                **shapes.given(body, "temperature", "top_p"), "stream": body.stream,
+               "return_progress": body.return_progress,
                "response_format": _format(body.text), "logprobs": logprobs or None,
                "top_logprobs": body.top_logprobs if logprobs else None,
                "reasoning_effort": None if effort is None else ("low" if effort else "none")}

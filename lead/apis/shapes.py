@@ -149,6 +149,7 @@ class CommonRequest(LlamaSamplers):
     # llama-server's: a streamed reply tells how far its prompt's evaluation is, a batch
     # at a time (prompt_progress)
     return_progress: bool = False
+    timings_per_token: bool = False  # llama-server's: a streamed token's chunk with timings
     frequency_penalty: OpenAIPenalty | None = None
     presence_penalty: OpenAIPenalty | None = None
     repeat_penalty: RepeatPenalty = 1.0
