@@ -99,6 +99,9 @@ def test_pair_back_started_mid_reply_raises_accepted(lead: Lead) -> None:
             back.stop()
 
 
+STALE = 4  # drafts rejected in a reply that parted from the one replayed (3 seen)
+
+
 def junk(token: int) -> int:
     return (token * 7 + 13) % 151936
 
@@ -141,19 +144,21 @@ def test_drafts_of_own_continuation_are_accepted_garbage_never(lead: Lead) -> No
     alone, _, source = _post_drafts_while_generating(lead, [], 0, garbage=False)
     n_prompt = alone["usage"]["prompt_tokens"]
     drafted = accepted = 0
-    # Drafts replay an earlier reply; after a batched-vs-single near-tie the paths part and
-    # the rest are stale (dropped, never verified). Where that comes early (it depends on
-    # the CPU's kernels), replay the helped reply again until 16 tokens have been verified:
-    # one near-tie broken the other way in 9 read 8/9, under the 0.9 bar, on a busy machine.
+    # Drafts replay an earlier reply. Where a batched-vs-single near-tie parts the new reply
+    # from it (it depends on the CPU's kernels: on one machine token 10 flipped at every
+    # replay), the draft there is rejected and the rest are stale: lead verifies a few more
+    # before the back's record says they do not pay. So: a reply that stays on the replayed
+    # one has every draft accepted; one that parts from it, at most STALE rejected.
     for _attempt in range(4):
-        helped, _, source = _post_drafts_while_generating(lead, source, n_prompt,
-                                                          garbage=False)
-        drafted += helped["usage"]["drafted_tokens"]
-        accepted += helped["usage"]["accepted_tokens"]
+        helped, _, replayed = _post_drafts_while_generating(lead, source, n_prompt,
+                                                            garbage=False)
+        d, a = helped["usage"]["drafted_tokens"], helped["usage"]["accepted_tokens"]
+        parted = replayed[n_prompt:] != source[n_prompt:len(replayed)]
+        assert d - a <= (STALE if parted else 0), (d, a, parted)
+        drafted, accepted, source = drafted + d, accepted + a, replayed
         if drafted >= 16:
             break
-    assert drafted >= 8, (drafted, accepted)
-    assert accepted / drafted > 0.9, (drafted, accepted)
+    assert accepted >= 8, (drafted, accepted)
     bad, posted_junk, emitted = _post_drafts_while_generating(lead, source, n_prompt,
                                                               garbage=True)
     assert bad["usage"]["drafted_tokens"] > bad["usage"]["accepted_tokens"] > 0, bad["usage"]
