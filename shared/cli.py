@@ -161,6 +161,19 @@ def parse_settings(settings_cls: type[S], prog: str, description: str,
     raise AssertionError("unreachable")
 
 
+def readable_file(value: str | None) -> str | None:
+    """A flag's file, as given, where it can be read as text (None: none given); else
+    ValueError naming it and why."""
+    if value is not None:
+        try:
+            with open(value, encoding="utf-8") as f:
+                f.read(1)
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ValueError(f"cannot read {value}: {getattr(exc, 'strerror', None) or exc}") \
+                from None
+    return value
+
+
 def unknown_short_flags(parser: argparse.ArgumentParser, argv: Sequence[str]) -> list[str]:
     """llama-server's one-dash names the parser does not know (-ctxcp): argparse
     would read them as a short flag and its value run together (-c txcp)."""

@@ -5,9 +5,6 @@ SmolLM2 with some of them, llama.cpp saying it took them, and serves (real)."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +12,12 @@ import httpx
 import llama_cpp
 import pytest
 
-from bench.procs import ROOT, free_port, wait_until
 from lead.server import app as lead_app
 from lead.server.settings import LeadSettings
 from shared.cli import build_parser, parse_settings
 from shared.llama import model as llm_model
 from shared.llama.load import ContextShape, RopeScaling, Tuning, context_params, model_params
-from shared.presets import PRESETS, cache_dir
+from tests.leadproc import smollm2_lead
 
 
 def parse(*argv: str) -> LeadSettings:
@@ -162,27 +158,11 @@ def test_lead_hands_the_flags_to_the_model_it_loads(monkeypatch: pytest.MonkeyPa
 
 @pytest.mark.real
 def test_lead_loads_and_serves_with_llama_servers_context_flags(tmp_path: Path) -> None:
-    if not (cache_dir() / PRESETS["smollm2-135m"].filename).is_file():
-        pytest.skip("SmolLM2 not installed: make models")
-    port, log = free_port(), tmp_path / "lead.err"
-    argv = ["-m", "smollm2-135m", "-c", "512", "-np", "1", "-t", "1", "--rope-scaling",
+    log = tmp_path / "lead.err"
+    argv = ["-c", "512", "-np", "1", "-t", "1", "--rope-scaling",
             "linear", "--rope-freq-base", "20000", "--rope-scale", "2", "-nkvo",
             "--no-op-offload", "--check-tensors", "-nr", "-fit", "off", "--no-calibrate"]
-    with log.open("w") as err:  # llama.cpp's whole log: to a file, never a full pipe
-        lead = subprocess.Popen([sys.executable, "-m", "lead", *argv, "--port", str(port)],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "DUO_LLAMA_LOG": "1"})
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert lead.poll() is None, log.read_text()[-2000:]
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 300, "lead to serve")
+    with smollm2_lead(argv, log) as url:
         done = httpx.post(f"{url}/completion", timeout=60,
                           json={"prompt": "def add(a, b):", "n_predict": 8}).json()
         assert done["content"] and done["tokens_predicted"] > 0
@@ -190,6 +170,3 @@ def test_lead_loads_and_serves_with_llama_servers_context_flags(tmp_path: Path) 
         text = log.read_text()
         assert "freq_base             = 20000.0" in text
         assert "freq_scale            = 0.5\n" in text
-    finally:
-        lead.terminate()
-        lead.wait(30)

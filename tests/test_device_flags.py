@@ -6,23 +6,20 @@ real lead that loads SmolLM2 with them and serves (real)."""
 from __future__ import annotations
 
 import ctypes
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import llama_cpp
 import pytest
 
-from bench.procs import ROOT, free_port, wait_until
 from lead.__main__ import main
 from lead.server.settings import LeadSettings
 from shared.cli import build_parser, parse_settings
 from shared.llama import ggml
 from shared.llama.load import BuftOverride, Tuning, init_numa, model_params
 from shared.offload import FFN_DENSE, FFN_EXPS
-from shared.presets import PRESETS, ModelError, cache_dir
+from shared.presets import ModelError
+from tests.leadproc import smollm2_lead
 
 EXPS = r"\.ffn_(up|down|gate|gate_up)_(ch|)exps"  # llama.cpp's common.h, as written there
 
@@ -150,27 +147,11 @@ def test_list_devices_prints_those_device_may_name_and_exits(
 
 @pytest.mark.real
 def test_lead_loads_and_serves_with_llama_servers_device_flags(tmp_path: Path) -> None:
-    if not (cache_dir() / PRESETS["smollm2-135m"].filename).is_file():
-        pytest.skip("SmolLM2 not installed: make models")
-    port, log = free_port(), tmp_path / "lead.err"
-    argv = ["-m", "smollm2-135m", "-c", "512", "-np", "1", "-t", "1", "-ngl", "99",
+    log = tmp_path / "lead.err"
+    argv = ["-c", "512", "-np", "1", "-t", "1", "-ngl", "99",
             "-dev", "none", "-ot", r"blk\.0\.=CPU", "-ot", "output_norm=CPU", "-ncmoe", "1",
             "-sm", "none", "-mg", "0", "--numa", "distribute", "--no-calibrate"]
-    with log.open("w") as err:  # llama.cpp's whole log: to a file, never a full pipe
-        lead = subprocess.Popen([sys.executable, "-m", "lead", *argv, "--port", str(port)],
-                                cwd=ROOT, stdout=subprocess.DEVNULL, stderr=err,
-                                env={**os.environ, "DUO_LLAMA_LOG": "1"})
-    try:
-        url = f"http://127.0.0.1:{port}"
-
-        def up() -> bool:
-            assert lead.poll() is None, log.read_text()[-2000:]
-            try:
-                return httpx.get(f"{url}/health", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_until(up, 300, "lead to serve")
+    with smollm2_lead(argv, log) as url:
         done = httpx.post(f"{url}/completion", timeout=60,
                           json={"prompt": "def add(a, b):", "n_predict": 8}).json()
         assert done["content"] and done["tokens_predicted"] > 0
@@ -180,6 +161,3 @@ def test_lead_loads_and_serves_with_llama_servers_device_flags(tmp_path: Path) -
                  if line.startswith("tensor ") and line.endswith("overridden to CPU")}
         assert {"blk.0.attn_q.weight", "blk.0.ffn_up.weight", "output_norm.weight"} <= moved
         assert all(name.startswith("blk.0.") or name == "output_norm.weight" for name in moved)
-    finally:
-        lead.terminate()
-        lead.wait(30)

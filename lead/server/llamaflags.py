@@ -11,7 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings
 
-from shared.cli import cli
+from shared.cli import cli, readable_file
 from shared.offload import all_overrides, device_names, tensor_overrides
 
 MODEL, SERVING = "model and devices", "serving"
@@ -229,10 +229,4 @@ class LlamaServerFlags(BaseSettings):
     @field_validator("chat_template_file")
     @classmethod
     def _template_file(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                with open(value, encoding="utf-8") as f:
-                    f.read(1)
-            except OSError as exc:
-                raise ValueError(f"cannot read {value}: {exc.strerror or exc}") from None
-        return value
+        return readable_file(value)

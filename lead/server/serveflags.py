@@ -8,7 +8,7 @@ import json
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings
 
-from shared.cli import cli
+from shared.cli import cli, readable_file
 
 SERVING, LOG = "serving", "logging"
 # -lv: llama-server's verbosity thresholds as lead's log levels
@@ -118,14 +118,7 @@ class ServeFlags(BaseSettings):
     @field_validator("api_key_file", "ssl_key_file", "ssl_cert_file")
     @classmethod
     def _readable(cls, value: str | None) -> str | None:
-        if value is not None:
-            try:
-                with open(value, encoding="utf-8") as f:
-                    f.read(1)
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"cannot read {value}: {getattr(exc, 'strerror', exc)}") \
-                    from None
-        return value
+        return readable_file(value)
 
     def api_keys(self) -> list[str]:
         """--api-key-file's keys, in order (comments and blank lines skipped)."""
