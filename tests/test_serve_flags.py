@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -138,7 +139,8 @@ def test_ssl_flags_serve_https(tmp_path: Path) -> None:
         def up() -> bool:
             assert lead.poll() is None, lead.communicate()[1][-2000:]
             try:
-                return httpx.get(f"https://127.0.0.1:{port}/health", verify=str(cert),
+                trusted = ssl.create_default_context(cafile=str(cert))
+                return httpx.get(f"https://127.0.0.1:{port}/health", verify=trusted,
                                  timeout=1).status_code == 200
             except httpx.HTTPError:
                 return False
